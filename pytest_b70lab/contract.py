@@ -1,0 +1,241 @@
+"""The experimental identity: one TOML file under fixtures/contracts/, validated on load, hashed.
+
+A contract fixes what is launched (target, draft, engine arguments), what the audits must find, the
+prompt set, the decode accounting and the reproduction rule. Its canonical digest travels into every
+artifact. The teacher is derived, never written: the same contract with speculation removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONTRACTS_DIR = REPO_ROOT / "fixtures" / "contracts"
+SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+GIT_SHA = Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
+
+
+class ContractError(ValueError):
+    """A contract or its prompt set is missing or invalid; the message names the file and the field."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelSource(Strict):
+    """Where a checkpoint comes from: the generated mini model, a local folder, or a pinned hub revision."""
+
+    source: Literal["mini", "path", "hub"]
+    path: str | None = None
+    hub_id: str | None = None
+    revision: GIT_SHA | None = None
+
+    @model_validator(mode="after")
+    def _one_location(self) -> ModelSource:
+        if self.source == "hub" and not (self.hub_id and self.revision):
+            raise ValueError("a hub model needs hub_id and a 40-hex revision")
+        if self.source == "path" and not self.path:
+            raise ValueError("a path model needs path")
+        if self.source == "mini" and (self.path or self.hub_id or self.revision):
+            raise ValueError("a mini model takes no path, hub_id or revision")
+        return self
+
+
+class Engine(Strict):
+    device: Literal["cpu", "xpu"]
+    dtype: Literal["float32", "bfloat16", "float16", "auto"]
+    kv_cache_dtype: Literal["fp8", "fp8_e4m3"]
+    block_size: int = Field(gt=0, multiple_of=16)
+    tensor_parallel: int = Field(ge=1)
+    expert_parallel: bool
+    # The lab's measurement conditions are fixed; the fields exist so that the contract says so.
+    enable_prefix_caching: Literal[False]
+    async_scheduling: Literal[False]
+    max_num_seqs: Literal[1]
+    calculate_kv_scales: Literal[False]
+    max_model_len: int = Field(gt=0)
+    compile_mode: Literal["compiled", "eager"]
+    attention_backend: str | None = None
+    seed: int = 0
+
+
+class Speculative(Strict):
+    method: Literal["dflash"]
+    num_speculative_tokens: int = Field(ge=1)
+    verify_width: int = Field(ge=2)
+
+    @model_validator(mode="after")
+    def _width(self) -> Speculative:
+        if self.verify_width != self.num_speculative_tokens + 1:
+            raise ValueError(f"verify_width {self.verify_width} must be num_speculative_tokens + 1 "
+                             f"({self.num_speculative_tokens + 1})")
+        return self
+
+
+class Expect(Strict):
+    """What the per-rank audits must find."""
+
+    target_kv_scale_count: int = Field(gt=0)
+    target_kv_scale_digest: SHA256
+    draft_unit_scale_layers: int = Field(ge=0)
+    attention_backend: str
+    compile_graphs: int = Field(ge=0)
+    compile_breaks: int = Field(ge=0)
+
+
+class Prompts(Strict):
+    file: str
+    version: int = Field(ge=1)
+    sha256: SHA256
+    count: int = Field(gt=0)
+
+
+class Decode(Strict):
+    tokens_per_request: int = Field(ge=2)
+
+
+class Reproduction(Strict):
+    fresh_starts: int = Field(ge=1)
+    throughput_tolerance: float = Field(gt=0, lt=1)
+
+
+class Deadlines(Strict):
+    start_s: float = Field(gt=0)
+    request_s: float = Field(gt=0)
+
+
+class Contract(Strict):
+    schema_version: Literal[1]
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    description: str
+    kind: Literal["candidate", "teacher"] = "candidate"
+    target: ModelSource
+    draft: ModelSource | None = None
+    engine: Engine
+    speculative: Speculative | None = None
+    expect: Expect
+    prompts: Prompts
+    decode: Decode
+    reproduction: Reproduction
+    deadlines: Deadlines
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Contract:
+        if (self.draft is None) != (self.speculative is None):
+            raise ValueError("draft and speculative go together: both present or both absent")
+        if self.target.source == "mini" and self.draft is not None and self.draft.source != "mini":
+            raise ValueError("a mini target pairs with the mini draft")
+        return self
+
+    def canonical(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+                              .encode()).hexdigest()
+
+    def teacher(self) -> Contract:
+        """The same experiment without speculation: target-only, same parallel layout, KV dtype and compile
+        mode (greedy output across layouts can differ at exact ties, so the teacher must share them)."""
+        if self.kind == "teacher":
+            return self
+        data = self.canonical()
+        data.update(name=f"{self.name}-teacher", kind="teacher", draft=None, speculative=None,
+                    description=f"teacher of {self.name}: target only")
+        data["expect"] = {**data["expect"], "draft_unit_scale_layers": 0}
+        return Contract.model_validate(data, strict=False)
+
+    @field_validator("description")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+
+class Prompt(Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    prompt: str = Field(min_length=1)
+    category: str = "general"
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {where}: {e['msg']}" + (f" (got {e['input']!r})" if e["type"] != "missing"
+                                                 and not isinstance(e["input"], dict) else ""))
+    return "\n".join(lines)
+
+
+def resolve_path(name_or_path: str | Path) -> Path:
+    """A contract name (fixtures/contracts/NAME.toml) or a path to a TOML file."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        return p.resolve()
+    candidate = CONTRACTS_DIR / f"{name_or_path}.toml"
+    if candidate.exists():
+        return candidate
+    known = ", ".join(sorted(q.stem for q in CONTRACTS_DIR.glob("*.toml")))
+    raise ContractError(f"no contract named {name_or_path!r} (looked for {candidate}); known: {known}")
+
+
+def load(name_or_path: str | Path) -> Contract:
+    path = resolve_path(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ContractError(f"contract file {path} does not exist") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ContractError(f"contract {path} is not valid TOML: {e}") from e
+    try:
+        contract = Contract.model_validate(raw)
+    except ValidationError as e:
+        raise ContractError(f"contract {path} is invalid:\n{_format_errors(e)}") from e
+    load_prompts(contract)  # the pinned prompt set must exist and match, or the contract is unusable
+    return contract
+
+
+def prompts_path(contract: Contract) -> Path:
+    """Relative prompt files are relative to the repository root (where fixtures/ is)."""
+    p = Path(contract.prompts.file)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def load_prompts(contract: Contract) -> list[Prompt]:
+    path = prompts_path(contract)
+    where = f"prompt set {path} (contract {contract.name}, field prompts.file)"
+    if not path.is_file():
+        raise ContractError(f"{where} does not exist")
+    data = path.read_bytes()
+    seen = hashlib.sha256(data).hexdigest()
+    if seen != contract.prompts.sha256:
+        raise ContractError(f"{where} has sha256 {seen}, the contract pins {contract.prompts.sha256}: "
+                            f"the prompts changed; a new prompt set needs a new version and digest")
+    prompts = []
+    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            prompts.append(Prompt.model_validate_json(line))
+        except ValidationError as e:
+            raise ContractError(f"{where}, line {number}:\n{_format_errors(e)}") from e
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ContractError(f"{where}: duplicate prompt ids {sorted({i for i in ids if ids.count(i) > 1})}")
+    if len(prompts) != contract.prompts.count:
+        raise ContractError(f"{where}: {len(prompts)} prompts, the contract says {contract.prompts.count}")
+    return prompts
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in CONTRACTS_DIR.glob("*.toml"))

@@ -1,0 +1,121 @@
+"""Requests to a running engine: streamed greedy completions with token IDs and arrival times, the
+per-rank audit, and /metrics."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+
+class EngineRequestError(RuntimeError):
+    """A request to the engine failed or answered something this harness cannot read."""
+
+
+@dataclass
+class Completion:
+    prompt_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    usage: dict[str, Any]
+    chunk_times: list[float] = field(default_factory=list)   # seconds since the request was sent
+    chunk_tokens: list[int] = field(default_factory=list)    # token IDs each chunk carried
+
+    @property
+    def cached_tokens(self) -> int | None:
+        details = self.usage.get("prompt_tokens_details") or {}
+        return details.get("cached_tokens")
+
+    @property
+    def token_ids_sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.token_ids, separators=(",", ":")).encode()).hexdigest()
+
+    @property
+    def text_sha256(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(cached_tokens=self.cached_tokens, token_ids_sha256=self.token_ids_sha256,
+                 text_sha256=self.text_sha256)
+        return d
+
+
+def served_model(client: httpx.Client) -> str:
+    data = client.get("/v1/models").json()
+    try:
+        return data["data"][0]["id"]
+    except (KeyError, IndexError, TypeError) as e:
+        raise EngineRequestError(f"/v1/models answered no model: {data!r}") from e
+
+
+def stream_completion(client: httpx.Client, model: str, prompt: str, max_tokens: int, *,
+                      prompt_id: str = "", timeout_s: float = 300.0) -> Completion:
+    """Greedy, EOS ignored, exactly `max_tokens` tokens, streamed so each chunk's arrival is timed."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True}
+    token_ids: list[int] = []
+    text: list[str] = []
+    times: list[float] = []
+    per_chunk: list[int] = []
+    prompt_ids: list[int] = []
+    usage: dict[str, Any] = {}
+    finish = None
+    t0 = time.perf_counter()
+    try:
+        with client.stream("POST", "/v1/completions", json=body, timeout=timeout_s) as response:
+            if response.status_code != 200:
+                response.read()
+                raise EngineRequestError(f"prompt {prompt_id!r}: HTTP {response.status_code}: "
+                                         f"{response.text[:500]}")
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: "):]
+                if payload == "[DONE]":
+                    break
+                arrived = time.perf_counter() - t0
+                chunk = json.loads(payload)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    ids = choice.get("token_ids") or []
+                    if choice.get("prompt_token_ids"):
+                        prompt_ids = choice["prompt_token_ids"]
+                    if ids:
+                        token_ids.extend(ids)
+                        times.append(arrived)
+                        per_chunk.append(len(ids))
+                    text.append(choice.get("text") or "")
+                    finish = choice.get("finish_reason") or finish
+    except httpx.TimeoutException as e:
+        raise EngineRequestError(f"prompt {prompt_id!r}: no complete answer within {timeout_s:.0f} s "
+                                 f"({len(token_ids)} of {max_tokens} tokens received)") from e
+    return Completion(prompt_id, prompt_ids, token_ids, "".join(text), finish, usage, times, per_chunk)
+
+
+def audit(client: httpx.Client, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """One audit per rank, from the worker extension over /collective_rpc."""
+    response = client.post("/collective_rpc", json={"method": "b70lab_audit"}, timeout=timeout_s)
+    if response.status_code != 200:
+        raise EngineRequestError(f"/collective_rpc b70lab_audit: HTTP {response.status_code}: "
+                                 f"{response.text[:500]} (is the server started with VLLM_SERVER_DEV_MODE=1 "
+                                 f"and the b70lab worker extension?)")
+    results = response.json().get("results")
+    if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+        raise EngineRequestError(f"/collective_rpc b70lab_audit answered {str(results)[:300]}")
+    return results
+
+
+def metrics_text(client: httpx.Client) -> str:
+    response = client.get("/metrics")
+    if response.status_code != 200:
+        raise EngineRequestError(f"/metrics: HTTP {response.status_code}")
+    return response.text

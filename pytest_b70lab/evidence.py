@@ -1,0 +1,154 @@
+"""Evidence: one typed, versioned JSON document per engine start, written atomically, self-digested.
+
+Everything a gate needs is in here, so gates can be re-run from saved evidence with no engine, on any
+machine. A failed start writes its evidence too (status "failed", the failure and each rank's last lines).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA = "b70lab.evidence"
+VERSION = 1
+FILENAME = "evidence.json"
+
+
+class EvidenceError(ValueError):
+    """Evidence is missing, corrupted, of another schema, or does not match its own digest."""
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ContractRef(Loose):
+    name: str
+    kind: Literal["candidate", "teacher"]
+    digest: str
+    canonical: dict[str, Any]
+
+
+class ModelRef(Loose):
+    ref: str
+    revision: str | None = None
+    manifest_digest: str | None = None       # the mini model's manifest `model_digest`
+    manifest_path: str | None = None
+
+
+class EngineInfo(Loose):
+    vllm_version: str | None = None
+    torch_version: str | None = None
+    command: list[str]
+    environment: dict[str, str]
+
+
+class Request(Loose):
+    prompt_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    usage: dict[str, Any]
+    chunk_times: list[float]
+    chunk_tokens: list[int]
+    cached_tokens: int | None
+    token_ids_sha256: str
+    text_sha256: str
+    decode_rate: float | None = None
+
+
+class Throughput(Loose):
+    endpoint_median: float | None = None
+    per_prompt: dict[str, float] = Field(default_factory=dict)
+    server_mean_inter_token_s: float | None = None   # from vllm:inter_token_latency_seconds over the run
+    server_tokens_per_s: float | None = None
+
+
+class Failure(Loose):
+    message: str
+    phase: str | None = None
+    tails: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class Evidence(Loose):
+    schema_name: Literal["b70lab.evidence"] = Field(default=SCHEMA, alias="schema")
+    version: Literal[1] = VERSION
+    role: Literal["candidate", "teacher"]
+    start_index: int
+    created_at: str
+    contract: ContractRef
+    target: ModelRef
+    draft: ModelRef | None
+    engine: EngineInfo
+    status: Literal["ok", "failed"]
+    failure: Failure | None = None
+    ready_s: float | None = None
+    audits: list[dict[str, Any]] = Field(default_factory=list)
+    metrics_before: str | None = None
+    metrics_after: str | None = None
+    requests: list[Request] = Field(default_factory=list)
+    throughput: Throughput = Field(default_factory=Throughput)
+    teardown: dict[str, Any] | None = None
+    logs: dict[str, str] = Field(default_factory=dict)   # relative to the evidence file's folder
+    log_findings: dict[str, list[str]] = Field(default_factory=dict)  # lines that gates care about
+    digest: str | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def body_digest(self) -> str:
+        body = self.model_dump(mode="json", by_alias=True, exclude={"digest"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def request(self, prompt_id: str) -> Request | None:
+        return next((r for r in self.requests if r.prompt_id == prompt_id), None)
+
+
+def write(evidence: Evidence, folder: Path) -> Path:
+    """Atomically (temp file + rename in the same folder) write `folder/evidence.json` with its digest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    evidence.digest = evidence.body_digest()
+    data = json.dumps(evidence.model_dump(mode="json", by_alias=True), indent=1, sort_keys=True) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=".evidence-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / FILENAME)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return folder / FILENAME
+
+
+def read(path: Path) -> Evidence:
+    """Load and check one evidence file; any problem is an EvidenceError that names the file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / FILENAME
+    if not path.is_file():
+        raise EvidenceError(f"no evidence at {path}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EvidenceError(f"evidence {path} is not valid JSON ({e}): the file is corrupted") from e
+    if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+        raise EvidenceError(f"{path} is not b70lab evidence (schema {raw.get('schema') if isinstance(raw, dict) else None!r})")
+    if raw.get("version") != VERSION:
+        raise EvidenceError(f"evidence {path} has version {raw.get('version')!r}; this b70lab reads version {VERSION}")
+    try:
+        evidence = Evidence.model_validate(raw)
+    except ValidationError as e:
+        fields = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
+        raise EvidenceError(f"evidence {path} does not match the schema: {fields}") from e
+    if evidence.digest != evidence.body_digest():
+        raise EvidenceError(f"evidence {path} does not match its own digest (recorded {evidence.digest}, "
+                            f"content {evidence.body_digest()}): it was edited or truncated after it was written")
+    return evidence

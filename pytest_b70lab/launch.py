@@ -1,0 +1,432 @@
+"""Start `vllm serve` as a child in its own process group, watch it come up, and take it down verifiably.
+
+The server listens on a Unix socket inside a private (0700) folder, so only its owner can reach it. Every
+output line is kept (`server.log`) and split by the rank tag vLLM puts in front of it (`ranks/<tag>.log`).
+Teardown escalates SIGINT -> SIGTERM -> SIGKILL on the whole group and then checks every process that was
+ever seen in the group or under the server: the report says, per process, whether it is gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+# "(Worker_TP1_EP1 pid=123)", "(EngineCore pid=7)", "(APIServer pid=5)", "(Worker pid=9)", "(VllmWorker-0 pid=9)"
+RANK_TAG = re.compile(r"^\((?P<tag>[A-Za-z][\w\-]*) pid=(?P<pid>\d+)\)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+# Start-up phases, recognised from vLLM's log lines; the first match of each moves the phase forward.
+PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("loading weights", re.compile(r"Starting to load model|Loading weights|Loading drafter model")),
+    ("compiling", re.compile(r"Warming up model for the compilation|Dynamo bytecode transform|Compiling model")),
+    ("allocating KV cache", re.compile(r"KV cache size|Explicitly set .* for KV cache")),
+    ("starting API server", re.compile(r"init engine .*took|Starting vLLM (API )?server")),
+    ("ready", re.compile(r"Application startup complete")),
+)
+
+FATAL = re.compile(r"Segfault encountered|Traceback \(most recent call last\)|died unexpectedly|"
+                   r"RuntimeError|EngineCore failed to start")
+
+
+class EngineStartError(RuntimeError):
+    """The server did not become ready; the message carries the last lines of every rank."""
+
+
+@dataclass
+class ProcessRecord:
+    pid: int
+    name: str
+    cmdline: str
+    gone: bool = False
+    how: str = ""
+
+
+@dataclass
+class TeardownReport:
+    signals_sent: list[str] = field(default_factory=list)
+    processes: list[ProcessRecord] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return all(p.gone for p in self.processes)
+
+    def survivors(self) -> list[ProcessRecord]:
+        return [p for p in self.processes if not p.gone]
+
+    def as_dict(self) -> dict:
+        return {"clean": self.clean, "signals_sent": self.signals_sent, "seconds": round(self.seconds, 3),
+                "processes": [vars(p) for p in self.processes]}
+
+
+def thread_binding(world_size: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `world_size` ranks on the cores this process may use.
+
+    vLLM's `auto` gives each rank its own NUMA node, and a one-node machine has one: bind by hand,
+    round-robin, several ranks a core when there are more ranks than cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    return "|".join(str(cores[i % len(cores)]) for i in range(world_size))
+
+
+def intel_openmp_library() -> str | None:
+    """vLLM's CPU speculative path wants Intel's OpenMP preloaded; the wheel ships it in the venv."""
+    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
+    return str(lib) if lib.exists() else None
+
+
+def engine_environment(state_dir: Path, world_size: int, extra: dict[str, str] | None = None, *,
+                       device: str = "cpu", offline: bool = True, materialize: bool = True) -> dict[str, str]:
+    """The engine's environment: every cache inside `state_dir`, dev endpoints on; on CPU, the KV budget
+    and thread binding. With materialize=False nothing is created (to show a dry run's environment)."""
+    caches = {
+        "VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton",
+        "XDG_CACHE_HOME": "xdg", "TMPDIR": "tmp", "VLLM_RPC_BASE_PATH": "ipc",
+    }
+    if offline:  # a hub model keeps the caller's HF_HOME: that is where its weights are
+        caches["HF_HOME"] = "hf"
+    state_dir = Path(state_dir).resolve() if materialize else Path(state_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TORCHINDUCTOR_"))}
+    for var, sub in caches.items():
+        path = state_dir / sub
+        if materialize:
+            path.mkdir(parents=True, exist_ok=True)
+        env[var] = str(path)
+    env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1",
+                "PYTHONUNBUFFERED": "1"})
+    if offline:
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    if device == "cpu":
+        env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": thread_binding(world_size)})
+    if os.environ.get("B70LAB_VLLM_FIXES"):
+        env["B70LAB_VLLM_FIXES"] = os.environ["B70LAB_VLLM_FIXES"]
+    env.update(extra or {})
+    return env
+
+
+def vllm_serve_command(model: str, socket_path: Path, args: Iterable[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest_b70lab.vllm_entry", "serve", model, "--uds", str(socket_path),
+            *args]
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The engine arguments this harness passes, and nothing else. Prefix caching and async scheduling
+    are always off and one sequence runs at a time: the lab's decode measurement conditions."""
+
+    model: str | Path
+    revision: str | None = None
+    dtype: str = "float32"
+    kv_cache_dtype: str = "fp8"
+    block_size: int = 32
+    tensor_parallel: int = 1
+    expert_parallel: bool = False
+    draft: str | Path | None = None
+    draft_revision: str | None = None
+    speculative_method: str = "dflash"
+    num_speculative_tokens: int = 11
+    max_model_len: int = 2048
+    enforce_eager: bool = False
+    attention_backend: str | None = None
+    seed: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel
+
+    @property
+    def model_ref(self) -> str:
+        return _model_ref(self.model)
+
+    def args(self) -> list[str]:
+        args = []
+        if self.revision:
+            args += ["--revision", self.revision]
+        args += ["--dtype", self.dtype, "--kv-cache-dtype", self.kv_cache_dtype,
+                 "--block-size", str(self.block_size), "--no-enable-prefix-caching", "--no-async-scheduling",
+                 "--max-num-seqs", "1", "--max-model-len", str(self.max_model_len),
+                 "--enable-prompt-tokens-details", "--seed", str(self.seed),
+                 "--tensor-parallel-size", str(self.tensor_parallel),
+                 "--worker-extension-cls", "pytest_b70lab.worker_ext.AuditExtension"]
+        if self.expert_parallel:
+            args.append("--enable-expert-parallel")
+        if self.enforce_eager:
+            args.append("--enforce-eager")
+        if self.attention_backend:
+            args += ["--attention-backend", self.attention_backend]
+        if self.draft is not None:
+            spec = {"method": self.speculative_method, "model": _model_ref(self.draft),
+                    "num_speculative_tokens": self.num_speculative_tokens}
+            if self.draft_revision:
+                spec["revision"] = self.draft_revision
+            args += ["--speculative-config", json.dumps(spec, sort_keys=True)]
+        return args
+
+
+def _model_ref(model: str | Path) -> str:
+    """A local folder as an absolute path (the server runs in its log folder); a hub id as it is."""
+    return str(Path(model).resolve()) if isinstance(model, Path) else model
+
+
+def start_engine(config: ServeConfig, run_dir: Path, state_dir: Path, *, deadline_s: float = 900.0,
+                 env_extra: dict[str, str] | None = None,
+                 on_progress: Callable[[str, float], None] | None = None) -> EngineServer:
+    """A ready server for `config`, or EngineStartError (after verified teardown of what was started)."""
+    env = engine_environment(state_dir, config.world_size, env_extra)
+    server = EngineServer(lambda sock: vllm_serve_command(config.model_ref, sock, config.args()), env, run_dir,
+                          on_progress=on_progress)
+    server.start()
+    try:
+        server.wait_ready(deadline_s)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: own process group, and SIGTERM when the parent dies (a SIGKILLed pytest
+    must not leave an engine behind)."""
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+_live: set[EngineServer] = set()
+
+
+def _stop_all_at_exit() -> None:
+    for server in list(_live):
+        server.stop()
+
+
+atexit.register(_stop_all_at_exit)
+
+
+class EngineServer:
+    """One `vllm serve` child. Use as a context manager, or call start(), wait_ready() and stop()."""
+
+    def __init__(self, command_args: Callable[[Path], list[str]], env: dict[str, str], log_dir: Path,
+                 on_progress: Callable[[str, float], None] | None = None, tail_lines: int = 40):
+        self._command_args = command_args
+        self.env = env
+        self.log_dir = Path(log_dir).resolve()
+        self.on_progress = on_progress
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="b70lab-"))  # short path: AF_UNIX allows ~107 bytes
+        os.chmod(self.socket_dir, 0o700)
+        self.socket_path = self.socket_dir / "engine.sock"
+        self.command = command_args(self.socket_path)
+        self.proc: subprocess.Popen | None = None
+        self.phase = "starting"
+        self.started_at = 0.0
+        self.ready_after: float | None = None
+        self.fatal_lines: list[str] = []
+        self._tails: dict[str, collections.deque[str]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=tail_lines))
+        self._seen: dict[int, ProcessRecord] = {}
+        self._reader: threading.Thread | None = None
+        self.teardown: TeardownReport | None = None
+
+    # --- start-up -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / "ranks").mkdir(exist_ok=True)
+        (self.log_dir / "command.txt").write_text(" ".join(self.command) + "\n")
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(self.command, env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     preexec_fn=_die_with_parent, cwd=self.log_dir)
+        _live.add(self)
+        self._note_processes()
+        self._reader = threading.Thread(target=self._read_output, name="b70lab-engine-log", daemon=True)
+        self._reader.start()
+
+    def _read_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        rank_files: dict[str, object] = {}
+        with open(self.log_dir / "server.log", "w", encoding="utf-8") as server_log:
+            for raw in self.proc.stdout:
+                line = ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\n")
+                server_log.write(line + "\n")
+                server_log.flush()
+                m = RANK_TAG.match(line)
+                tag = m.group("tag") if m else "main"
+                self._tails[tag].append(line)
+                f = rank_files.get(tag)
+                if f is None:
+                    f = rank_files[tag] = open(self.log_dir / "ranks" / f"{tag}.log", "w", encoding="utf-8")
+                f.write(line + "\n")  # type: ignore[attr-defined]
+                if FATAL.search(line) and len(self.fatal_lines) < 20:
+                    self.fatal_lines.append(line)
+                self._advance_phase(line)
+        for f in rank_files.values():
+            f.close()  # type: ignore[attr-defined]
+
+    def _advance_phase(self, line: str) -> None:
+        names = [name for name, _ in PHASES]
+        current = names.index(self.phase) if self.phase in names else -1
+        for index, (name, pattern) in enumerate(PHASES):
+            if index > current and pattern.search(line):
+                self.phase = name
+                if self.on_progress:
+                    self.on_progress(name, time.monotonic() - self.started_at)
+                return
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def client(self, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
+                            base_url="http://b70lab-engine", timeout=timeout)
+
+    def wait_ready(self, deadline_s: float) -> float:
+        """Block until /health answers; returns seconds from start. Raises EngineStartError on death or
+        on the deadline, with each rank's last lines."""
+        assert self.proc is not None, "start() first"
+        with self.client(timeout=5.0) as client:
+            while True:
+                self._note_processes()
+                if self.proc.poll() is not None:
+                    self._join_reader()
+                    raise EngineStartError(self.failure_report(
+                        f"the server exited with code {self.proc.returncode} during start-up "
+                        f"(phase: {self.phase}, {self.elapsed():.0f} s)"))
+                if self.elapsed() > deadline_s:
+                    raise EngineStartError(self.failure_report(
+                        f"the server was not ready within the {deadline_s:.0f} s start-up deadline "
+                        f"(stalled in phase: {self.phase})"))
+                if self.socket_path.exists():
+                    try:
+                        if client.get("/health").status_code == 200:
+                            self.ready_after = self.elapsed()
+                            self._note_processes()
+                            if self.on_progress and self.phase != "ready":
+                                self.on_progress("ready", self.ready_after)
+                            self.phase = "ready"
+                            return self.ready_after
+                    except httpx.TransportError:
+                        pass
+                time.sleep(1.0)
+
+    def _join_reader(self, timeout: float = 10.0) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout)
+
+    def tails(self) -> dict[str, list[str]]:
+        return {tag: list(lines) for tag, lines in sorted(self._tails.items())}
+
+    def failure_report(self, headline: str) -> str:
+        parts = [headline, f"logs: {self.log_dir / 'server.log'} (per rank: {self.log_dir / 'ranks'})"]
+        if self.fatal_lines:
+            parts.append("first error lines:\n  " + "\n  ".join(self.fatal_lines[:8]))
+        for tag, lines in self.tails().items():
+            parts.append(f"--- last lines of {tag} ---\n  " + "\n  ".join(lines[-12:]))
+        return "\n".join(parts)
+
+    # --- teardown -------------------------------------------------------------------------------------
+
+    def _group_members(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
+        members: dict[int, psutil.Process] = {}
+        try:
+            root = psutil.Process(self.proc.pid)
+            members[root.pid] = root
+            for child in root.children(recursive=True):
+                members[child.pid] = child
+        except psutil.NoSuchProcess:
+            pass
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == self.proc.pid:
+                    members[p.pid] = p
+            except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+                continue
+        return list(members.values())
+
+    def _note_processes(self) -> None:
+        for p in self._group_members():
+            if p.pid not in self._seen:
+                try:
+                    self._seen[p.pid] = ProcessRecord(p.pid, p.name(), " ".join(p.cmdline())[:200])
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def stop(self, grace_s: float = 20.0) -> TeardownReport:
+        """SIGINT, then SIGTERM, then SIGKILL to the group, each with a grace period, then verify."""
+        if self.teardown is not None:
+            return self.teardown
+        report = TeardownReport()
+        t0 = time.monotonic()
+        if self.proc is not None:
+            self._note_processes()
+            ended_by = {pid: "exited before teardown" for pid in self._seen if not self._alive(pid)}
+            for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+                pids = [pid for pid in self._seen if self._alive(pid)]
+                if not pids:
+                    break
+                report.signals_sent.append(sig.name)
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                for pid in pids:  # a process that left the group is still ours to end
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                end = time.monotonic() + wait
+                while time.monotonic() < end:
+                    self.proc.poll()
+                    self._note_processes()
+                    if not any(self._alive(pid) for pid in self._seen):
+                        break
+                    time.sleep(0.2)
+                for pid in self._seen:
+                    if pid not in ended_by and not self._alive(pid):
+                        ended_by[pid] = f"ended after {sig.name}"
+            self.proc.poll()
+            self._join_reader()
+            for pid, record in sorted(self._seen.items()):
+                record.gone = not self._alive(pid)
+                record.how = ended_by.get(pid, "exited") if record.gone else "STILL RUNNING"
+                report.processes.append(record)
+        report.seconds = time.monotonic() - t0
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        _live.discard(self)
+        self.teardown = report
+        return report
+
+    def __enter__(self) -> EngineServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

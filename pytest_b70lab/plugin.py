@@ -1,0 +1,244 @@
+"""pytest surface of b70lab: options, markers, parametrization and fixtures. The work is in the modules."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from . import contract as contract_mod
+from . import evidence as evidence_mod
+
+MARKERS = {
+    "gates": "promotion gates against a real engine start (launches vLLM once per session)",
+    "engine": "tests that start the real vLLM engine themselves (minutes each)",
+    "teacher": "record or check the FP8 teacher snapshots",
+    "kernels": "page-32 FP8 paged-attention and cache-update component tests",
+    "quality": "coding / structured output / tool use / repetition / long-context checks",
+    "bench": "benchmarks: report medians and ratios, never assert on time",
+}
+DEFAULT_CONTRACT = "mini-laguna-cpu"
+WORKER_RUN_DIR = "b70lab_run_dir"
+
+
+@dataclass
+class LabState:
+    """Per-process state: the options, the contract (loaded on first use) and the collected evidence."""
+
+    config: pytest.Config
+    run_dir: Path
+    cache_root: Path
+    contract_name: str
+    replay_dir: Path | None
+    _contract: contract_mod.Contract | None = None
+    _evidence: list[evidence_mod.Evidence] | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def contract(self) -> contract_mod.Contract:
+        if self._contract is None:
+            if self.replay_dir is not None:
+                first = self.replay_evidence()[0]
+                self._contract = contract_mod.Contract.model_validate(first.contract.canonical, strict=False)
+            else:
+                self._contract = contract_mod.load(self.contract_name)
+        return self._contract
+
+    def replay_evidence(self) -> list[evidence_mod.Evidence]:
+        from . import session
+
+        assert self.replay_dir is not None
+        if self._evidence is None:
+            self._evidence = session.load_run(self.replay_dir)
+        return self._evidence
+
+    def say(self, message: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        with capman.global_and_fixture_disabled() if capman else nullcontext():
+            reporter.write_line(f"b70lab: {message}")
+
+
+STATE = pytest.StashKey[LabState]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("b70lab", "B70 lab promotion gates")
+    group.addoption("--b70-contract", default=DEFAULT_CONTRACT,
+                    help=f"contract name under fixtures/contracts/ or a TOML path (default: {DEFAULT_CONTRACT})")
+    group.addoption("--b70-run-dir", type=Path, default=None,
+                    help="run folder for evidence and logs (default: a new data/runs/<timestamp>)")
+    group.addoption("--b70-evidence", type=Path, default=None, metavar="RUN_DIR",
+                    help="evaluate the saved evidence of RUN_DIR instead of launching an engine")
+    group.addoption("--b70-dry-run", action="store_true",
+                    help="print the resolved contract, its digest, the launch command and environment; launch nothing")
+    group.addoption("--b70-cache-dir", type=Path, default=None,
+                    help="where generated models and engine caches live (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from . import mini
+
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    replay = config.getoption("--b70-evidence")
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None and worker_input.get(WORKER_RUN_DIR):
+        run_dir = Path(worker_input[WORKER_RUN_DIR])
+    elif replay is not None:
+        run_dir = replay.resolve()
+    else:
+        chosen = config.getoption("--b70-run-dir")
+        run_dir = (chosen or Path(config.rootpath) / "data" / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    config.stash[STATE] = LabState(
+        config=config, run_dir=run_dir,
+        cache_root=(config.getoption("--b70-cache-dir") or mini.default_cache_root()).resolve(),
+        contract_name=config.getoption("--b70-contract"), replay_dir=replay.resolve() if replay else None)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistHooks(config.stash[STATE]), "b70lab-xdist")
+
+
+class _XdistHooks:
+    """Every xdist worker uses the controller's run folder, so they share one engine launch."""
+
+    def __init__(self, state: LabState):
+        self.state = state
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        node.workerinput[WORKER_RUN_DIR] = str(self.state.run_dir)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    if not config.getoption("--b70-dry-run") or hasattr(config, "workerinput"):
+        return
+    from . import session as session_mod
+
+    state = config.stash[STATE]
+    try:
+        text = session_mod.describe(state.contract, state.cache_root)
+    except contract_mod.ContractError as e:
+        raise pytest.UsageError(str(e)) from e
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for line in text.splitlines():
+        reporter.write_line(line) if reporter else print(line)
+    pytest.exit("b70lab dry run: nothing launched", returncode=0)
+
+
+def _contract_or_usage_error(config: pytest.Config) -> contract_mod.Contract:
+    try:
+        return config.stash[STATE].contract
+    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+        raise pytest.UsageError(str(e)) from e
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Gate tests name what they are per: `b70_start`, `b70_rank` or `b70_prompt`."""
+    wanted = {"b70_start", "b70_rank", "b70_prompt"} & set(metafunc.fixturenames)
+    if not wanted:
+        return
+    contract = _contract_or_usage_error(metafunc.config)
+    if "b70_start" in wanted:
+        n = contract.reproduction.fresh_starts
+        metafunc.parametrize("b70_start", range(1, n + 1), ids=[f"start-{i}" for i in range(1, n + 1)])
+    if "b70_rank" in wanted:
+        n = contract.engine.tensor_parallel
+        metafunc.parametrize("b70_rank", range(n), ids=[f"rank-{r}" for r in range(n)])
+    if "b70_prompt" in wanted:
+        ids = [p.id for p in _prompts(metafunc.config, contract)]
+        metafunc.parametrize("b70_prompt", ids, ids=ids)
+
+
+def _prompts(config: pytest.Config, contract: contract_mod.Contract) -> list[contract_mod.Prompt]:
+    state = config.stash[STATE]
+    if state.replay_dir is not None:  # replay on any machine: the prompt ids are in the evidence
+        return [contract_mod.Prompt(id=r.prompt_id, prompt="(replayed)") for r in state.replay_evidence()[0].requests]
+    return contract_mod.load_prompts(contract)
+
+
+# --- fixtures ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def b70_state(pytestconfig: pytest.Config) -> LabState:
+    return pytestconfig.stash[STATE]
+
+
+@pytest.fixture(scope="session")
+def b70_contract(b70_state: LabState) -> contract_mod.Contract:
+    try:
+        return b70_state.contract
+    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def b70_cache_root(b70_state: LabState) -> Path:
+    return b70_state.cache_root
+
+
+@pytest.fixture(scope="session")
+def b70_run_dir(b70_state: LabState) -> Path:
+    b70_state.run_dir.mkdir(parents=True, exist_ok=True)
+    return b70_state.run_dir
+
+
+@pytest.fixture(scope="session")
+def b70_mini_model(b70_cache_root: Path) -> Path:
+    """The generated tiny Laguna target + DFlash draft (built once, then reused from the cache)."""
+    from . import mini
+
+    try:
+        return mini.build(b70_cache_root / "mini")
+    except mini.MiniModelError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def b70_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> list[evidence_mod.Evidence]:
+    """Evidence of every fresh start of the contract: launched once per session (once across xdist
+    workers), or read from --b70-evidence."""
+    from . import session
+
+    try:
+        if b70_state.replay_dir is not None:
+            return b70_state.replay_evidence()
+        b70_state.run_dir.mkdir(parents=True, exist_ok=True)
+        b70_state.say(f"run folder {b70_state.run_dir}")
+        return session.collect_once(b70_contract, b70_state.run_dir, b70_state.cache_root, b70_state.say)
+    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def b70_engine(b70_state: LabState, b70_run_dir: Path) -> Iterator[Callable[..., object]]:
+    """Factory for tests that need an engine of their own: `b70_engine(config, name, env_extra=None)`
+    returns a ready server in RUN/<name>. Servers a test does not stop are stopped at session end, and
+    the session fails if any engine process outlives its teardown."""
+    from . import launch
+
+    started: list[launch.EngineServer] = []
+
+    def start(config: launch.ServeConfig, name: str, env_extra: dict[str, str] | None = None,
+              deadline_s: float = 900.0):
+        try:
+            server = launch.start_engine(config, b70_run_dir / name, b70_state.cache_root / "engine-state",
+                                         deadline_s=deadline_s, env_extra=env_extra,
+                                         on_progress=lambda ph, t: b70_state.say(f"engine {name}: {ph} ({t:.0f} s)"))
+        except launch.EngineStartError as e:
+            pytest.fail(f"engine {name} did not start:\n{e}", pytrace=False)
+        started.append(server)
+        return server
+
+    yield start
+
+    survivors = [f"{s.log_dir.name}: pid {p.pid} {p.name} ({p.cmdline[:80]})"
+                 for s in started for p in s.stop().survivors()]
+    if survivors:
+        pytest.fail("engine processes outlived teardown:\n  " + "\n  ".join(survivors), pytrace=False)

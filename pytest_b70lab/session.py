@@ -1,0 +1,276 @@
+"""One gates session: resolve the contract's models, run its fresh starts, keep every observation on disk.
+
+Layout of a run folder:
+    RUN/start-1/evidence.json, RUN/start-1/server.log, RUN/start-1/ranks/<tag>.log   (likewise start-2 ...)
+    RUN/teacher/start-1/...                                                           (teacher runs)
+    RUN/launches.log    one line per engine launched (pytest-xdist workers share the run: see collect_once)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata as md
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import contract as contract_mod
+from . import engine_client, evidence, launch, mini, throughput
+from .contract import Contract
+
+Progress = Callable[[str], None]
+# Log lines a gate must see even though nothing else reports them (vLLM says "Cannot use X backend" once,
+# at INFO, and runs another backend).
+LOG_FINDINGS = {
+    "backend_fallback": re.compile(r"Cannot use \S+ backend|[Ff]alling back to"),
+    "kv_scale_notice": re.compile(r"scaling factor|calculate_kv_scales"),
+    "native_crash": re.compile(r"Segfault encountered|Fatal Python error"),
+}
+ENV_KEYS_RECORDED = ("VLLM_", "B70LAB_", "OMP_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LD_PRELOAD")
+
+
+@dataclass(frozen=True)
+class ResolvedModels:
+    target: evidence.ModelRef
+    draft: evidence.ModelRef | None
+    target_model: str | Path
+    draft_model: str | Path | None
+    manifest: dict | None
+
+
+def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
+    """Local folders for mini and path sources (the mini model is built or reused), hub ids as they are."""
+    manifest = None
+    built: Path | None = None
+
+    def one(source: contract_mod.ModelSource, part: str) -> tuple[evidence.ModelRef, str | Path]:
+        nonlocal manifest, built
+        if source.source == "mini":
+            if built is None:
+                built = mini.build(cache_root / "mini")
+                manifest = mini.verify(built)
+            folder = built / part
+            return evidence.ModelRef(ref=str(folder), manifest_digest=manifest["model_digest"],
+                                     manifest_path=str(built / mini.MANIFEST)), folder
+        if source.source == "path":
+            folder = Path(source.path).expanduser().resolve()
+            if not folder.is_dir():
+                raise contract_mod.ContractError(
+                    f"contract {contract.name}: {part}.path {folder} is not a folder")
+            return evidence.ModelRef(ref=str(folder)), folder
+        return evidence.ModelRef(ref=source.hub_id, revision=source.revision), source.hub_id
+
+    target_ref, target_model = one(contract.target, "target")
+    draft_ref, draft_model = (one(contract.draft, "draft") if contract.draft else (None, None))
+    return ResolvedModels(target_ref, draft_ref, target_model, draft_model, manifest)
+
+
+def serve_config(contract: Contract, models: ResolvedModels) -> launch.ServeConfig:
+    e = contract.engine
+    spec = contract.speculative
+    return launch.ServeConfig(
+        model=models.target_model, revision=contract.target.revision, dtype=e.dtype,
+        kv_cache_dtype=e.kv_cache_dtype, block_size=e.block_size, tensor_parallel=e.tensor_parallel,
+        expert_parallel=e.expert_parallel, draft=models.draft_model,
+        draft_revision=contract.draft.revision if contract.draft else None,
+        speculative_method=spec.method if spec else "dflash",
+        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+        max_model_len=e.max_model_len, enforce_eager=e.compile_mode == "eager",
+        attention_backend=e.attention_backend, seed=e.seed)
+
+
+def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) -> str:
+    """The resolved contract, its digest, and the exact command and environment a start would use."""
+    if contract.target.source == "mini":  # where the build will be, without building it
+        folder = mini.folder_for(cache_root / "mini")
+        models = ResolvedModels(evidence.ModelRef(ref=str(folder / "target")), None, folder / "target",
+                                folder / "draft" if contract.draft else None, None)
+    else:
+        models = resolve_models(contract, cache_root)
+    config = serve_config(contract, models)
+    run_dir = run_dir or Path("data/runs/<timestamp>")
+    env = launch.engine_environment(Path("<cache>/engine-state"), config.world_size, **_env_kind(contract),
+                                    materialize=False)
+    cmd = launch.vllm_serve_command(config.model_ref, Path("<private 0700 dir>/engine.sock"), config.args())
+    shown_env = {k: v for k, v in sorted(env.items()) if k.startswith(ENV_KEYS_RECORDED)}
+    lines = [
+        f"contract {contract.name} ({contract.kind})",
+        f"digest   {contract.digest}",
+        f"teacher  {contract.teacher().name} digest {contract.teacher().digest}",
+        "",
+        json.dumps(contract.canonical(), indent=2, sort_keys=True),
+        "",
+        f"fresh starts: {contract.reproduction.fresh_starts}, into {run_dir}/start-N/",
+        "command:",
+        "  " + " ".join(_quote(a) for a in cmd),
+        "environment (besides the caller's; caches under the cache root's engine-state/):",
+        *(f"  {k}={v}" for k, v in shown_env.items()),
+    ]
+    return "\n".join(lines)
+
+
+def _env_kind(contract: Contract) -> dict:
+    return {"device": contract.engine.device,
+            "offline": contract.target.source != "hub" and (contract.draft is None or contract.draft.source != "hub")}
+
+
+def _quote(arg: str) -> str:
+    return arg if arg and all(c.isalnum() or c in "-_./=:,<>+" for c in arg) else "'" + arg.replace("'", "'\\''") + "'"
+
+
+def _library_version(name: str) -> str | None:
+    for dist in (name, f"{name}-cpu"):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def server_inter_token(before: str | None, after: str | None) -> tuple[float | None, float | None]:
+    """Mean inter-token latency over the run, from vLLM's own histogram: (seconds, tokens per second)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def totals(text: str | None) -> tuple[float, float]:
+        s = c = 0.0
+        for family in text_string_to_metric_families(text or ""):
+            if family.name == "vllm:inter_token_latency_seconds":
+                for sample in family.samples:
+                    if sample.name.endswith("_sum"):
+                        s += sample.value
+                    elif sample.name.endswith("_count"):
+                        c += sample.value
+        return s, c
+
+    (s0, c0), (s1, c1) = totals(before), totals(after)
+    if c1 - c0 <= 0:
+        return None, None
+    mean = (s1 - s0) / (c1 - c0)
+    return mean, (1.0 / mean if mean > 0 else None)
+
+
+def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state_dir: Path, index: int,
+              progress: Progress | None = None, launches_log: Path | None = None) -> evidence.Evidence:
+    """One fresh engine start: audit every rank, scrape metrics, stream every prompt, tear down, and write
+    the evidence (also when any of it fails)."""
+    say = progress or (lambda _msg: None)
+    prompts = contract_mod.load_prompts(contract)
+    config = serve_config(contract, models)
+    env = launch.engine_environment(state_dir, config.world_size, **_env_kind(contract))
+    server = launch.EngineServer(lambda sock: launch.vllm_serve_command(config.model_ref, sock, config.args()),
+                                 env, start_dir,
+                                 on_progress=lambda ph, t: say(f"{contract.name} start-{index}: {ph} ({t:.0f} s)"))
+    record = evidence.Evidence(
+        role=contract.kind, start_index=index, created_at=dt.datetime.now(dt.timezone.utc).isoformat(),
+        contract=evidence.ContractRef(name=contract.name, kind=contract.kind, digest=contract.digest,
+                                      canonical=contract.canonical()),
+        target=models.target, draft=models.draft,
+        engine=evidence.EngineInfo(vllm_version=_library_version("vllm"), torch_version=_library_version("torch"),
+                                   command=server.command,
+                                   environment={k: v for k, v in sorted(env.items())
+                                                if k.startswith(ENV_KEYS_RECORDED)}),
+        status="failed")
+    if launches_log is not None:
+        with open(launches_log, "a", encoding="utf-8") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {contract.name} start-{index}\n")
+    try:
+        server.start()
+        record.ready_s = server.wait_ready(contract.deadlines.start_s)
+        with server.client(timeout=contract.deadlines.request_s) as client:
+            record.audits = engine_client.audit(client)
+            record.metrics_before = engine_client.metrics_text(client)
+            model = engine_client.served_model(client)
+            for p in prompts:
+                c = engine_client.stream_completion(client, model, p.prompt, contract.decode.tokens_per_request,
+                                                    prompt_id=p.id, timeout_s=contract.deadlines.request_s)
+                try:
+                    rate = throughput.decode_rate(c.chunk_times, c.chunk_tokens)
+                except ValueError:
+                    rate = None
+                record.requests.append(evidence.Request(**c.as_dict(), decode_rate=rate))
+                say(f"{contract.name} start-{index}: {p.id} {len(c.token_ids)} tokens"
+                    + (f" at {rate:.1f} tok/s" if rate else ""))
+            record.metrics_after = engine_client.metrics_text(client)
+        rates = {r.prompt_id: r.decode_rate for r in record.requests if r.decode_rate is not None}
+        mean_itl, server_rate = server_inter_token(record.metrics_before, record.metrics_after)
+        record.throughput = evidence.Throughput(
+            endpoint_median=throughput.endpoint_median(list(rates.values())) if rates else None,
+            per_prompt=rates, server_mean_inter_token_s=mean_itl, server_tokens_per_s=server_rate)
+        record.status = "ok"
+    except (launch.EngineStartError, engine_client.EngineRequestError, OSError, ValueError) as e:
+        record.failure = evidence.Failure(message=str(e), phase=server.phase, tails=server.tails())
+    except BaseException as e:  # Ctrl-C or a bug: still tear down and keep what was seen
+        record.failure = evidence.Failure(message=f"interrupted: {type(e).__name__}: {e}", phase=server.phase,
+                                          tails=server.tails())
+        _finish(server, record, start_dir)
+        raise
+    _finish(server, record, start_dir)
+    return record
+
+
+def _finish(server: launch.EngineServer, record: evidence.Evidence, start_dir: Path) -> None:
+    report = server.stop()
+    record.teardown = report.as_dict()
+    record.logs = {"server": "server.log", "command": "command.txt",
+                   **{f"rank:{p.stem}": f"ranks/{p.name}" for p in sorted((start_dir / "ranks").glob("*.log"))}}
+    log = start_dir / "server.log"
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.exists() else []
+    record.log_findings = {kind: [line for line in lines if pattern.search(line)][:50]
+                           for kind, pattern in LOG_FINDINGS.items()}
+    if record.status == "ok" and not report.clean:
+        record.status = "failed"
+        record.failure = evidence.Failure(message="engine processes outlived teardown: "
+                                          + ", ".join(f"pid {p.pid} {p.name}" for p in report.survivors()))
+    evidence.write(record, start_dir)
+
+
+def start_dirs(run_dir: Path, contract: Contract) -> list[Path]:
+    base = run_dir / "teacher" if contract.kind == "teacher" else run_dir
+    return [base / f"start-{i}" for i in range(1, contract.reproduction.fresh_starts + 1)]
+
+
+def collect(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
+            starts: int | None = None) -> list[evidence.Evidence]:
+    models = resolve_models(contract, cache_root)
+    dirs = start_dirs(run_dir, contract)[: starts or None]
+    return [run_start(contract, models, d, cache_root / "engine-state", i, progress, run_dir / "launches.log")
+            for i, d in enumerate(dirs, 1)]
+
+
+DONE_MARK = ".collected-{kind}.json"
+
+
+def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
+                 starts: int | None = None) -> list[evidence.Evidence]:
+    """Collect under a file lock: the first pytest-xdist worker to get it runs the engine, every other one
+    (and any later call) reads the evidence it wrote."""
+    from filelock import FileLock
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mark = run_dir / DONE_MARK.format(kind=contract.kind)
+    with FileLock(str(run_dir / f".collect-{contract.kind}.lock")):
+        if mark.exists():
+            done = json.loads(mark.read_text())
+            if done.get("contract_digest") != contract.digest:
+                raise evidence.EvidenceError(
+                    f"{run_dir} holds evidence of contract digest {done.get('contract_digest')}, "
+                    f"not {contract.name} ({contract.digest}): use a new --b70-run-dir")
+            return [evidence.read(run_dir / rel) for rel in done["starts"]]
+        records = collect(contract, run_dir, cache_root, progress, starts)
+        mark.write_text(json.dumps({"contract": contract.name, "contract_digest": contract.digest,
+                                    "starts": [str(d.relative_to(run_dir))
+                                               for d in start_dirs(run_dir, contract)[:len(records)]]}) + "\n")
+        return records
+
+
+def load_run(run_dir: Path, kind: str = "candidate") -> list[evidence.Evidence]:
+    """Saved evidence of a run folder, for replay with no engine."""
+    base = run_dir / "teacher" if kind == "teacher" else run_dir
+    found = sorted(base.glob("start-*/" + evidence.FILENAME), key=lambda p: int(p.parent.name.split("-")[1]))
+    if not found:
+        raise evidence.EvidenceError(f"no {kind} evidence under {base} (expected start-N/{evidence.FILENAME})")
+    return [evidence.read(p) for p in found]

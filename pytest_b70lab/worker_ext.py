@@ -1,0 +1,127 @@
+"""vLLM worker extension (`--worker-extension-cls pytest_b70lab.worker_ext.AuditExtension`).
+
+vLLM mixes this class into every worker, so its methods run on every rank; with VLLM_SERVER_DEV_MODE=1
+they are reachable as `POST /collective_rpc {"method": "b70lab_audit"}`, one JSON result per rank. The
+audit reads what the kernels will actually use (the `_k_scale_float` a layer hands to attention, the KV
+tensor's dtype), not what the configuration asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+EXTENSION_CLASS = "pytest_b70lab.worker_ext.AuditExtension"
+
+
+def _call(fn, default=None):
+    try:
+        return fn()
+    except Exception as e:  # an audit reports what it could not read instead of failing the whole call
+        return default if default is not None else f"unavailable: {type(e).__name__}: {e}"
+
+
+def _tensor_sha256(t) -> str:
+    import torch
+
+    flat = t.detach().contiguous().view(-1)
+    return hashlib.sha256(flat.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def _attention_layer(layer) -> dict[str, Any]:
+    kv = getattr(layer, "kv_cache", None)
+    if isinstance(kv, (list, tuple)):
+        kv = kv[0] if kv else None
+    return {
+        "kv_cache_dtype": getattr(layer, "kv_cache_dtype", None),
+        "k_scale": _call(lambda: float(layer._k_scale_float)),
+        "v_scale": _call(lambda: float(layer._v_scale_float)),
+        "calculate_kv_scales": getattr(layer, "calculate_kv_scales", None),
+        "backend": _call(lambda: layer.attn_backend.get_name()),
+        "impl": _call(lambda: type(layer.impl).__name__),
+        "isa": getattr(layer.impl, "isa", getattr(layer, "isa", None)) if hasattr(layer, "impl") else None,
+        "quant_method": type(getattr(layer, "quant_method", None)).__name__,
+        "kv_tensor": None if kv is None or not hasattr(kv, "dtype")
+        else {"dtype": str(kv.dtype).removeprefix("torch."), "shape": list(kv.shape)},
+        "num_heads": getattr(layer, "num_heads", None),
+        "num_kv_heads": getattr(layer, "num_kv_heads", None),
+        "head_size": getattr(layer, "head_size", None),
+    }
+
+
+def _plain(value):
+    """JSON-safe copy of a config value (quantization configs may be dicts or objects)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "to_dict"):
+        return _plain(value.to_dict())
+    return str(value)
+
+
+def _compile_counters() -> dict[str, Any]:
+    """vLLM's compilation counter and Dynamo's own counts, as this worker process saw them."""
+    from torch._dynamo.utils import counters
+    from vllm.compilation.counter import compilation_counter
+
+    return {"vllm": {k: v for k, v in vars(compilation_counter).items() if isinstance(v, (int, float))},
+            "dynamo_unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "dynamo_graph_breaks": int(sum(counters["graph_break"].values())),
+            "dynamo_graph_break_reasons": sorted(map(str, counters["graph_break"]))[:20]}
+
+
+class AuditExtension:
+    """Methods vLLM adds to each worker. `self` is the worker (model_runner, vllm_config, rank...)."""
+
+    def b70lab_audit(self) -> dict[str, Any]:
+        from vllm.distributed import parallel_state as ps
+        from vllm.model_executor.layers.attention import Attention
+
+        out: dict[str, Any] = {"pid": os.getpid(), "global_rank": getattr(self, "rank", None)}
+        for key, getter in (("tp", "get_tp_group"), ("ep", "get_ep_group"), ("pp", "get_pp_group")):
+            group = _call(lambda g=getter: getattr(ps, g)(), default=None)
+            out[f"{key}_rank"] = getattr(group, "rank_in_group", None)
+            out[f"{key}_size"] = getattr(group, "world_size", None)
+
+        runner = self.model_runner
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        # The forward context holds the draft's attention layers too; the target's are the model's own.
+        target_layers = {getattr(m, "layer_name", None) for m in model.modules() if isinstance(m, Attention)}
+        context = runner.compilation_config.static_forward_context
+        out["attention_layers"] = {
+            name: {**_attention_layer(layer), "owner": "target" if name in target_layers else "draft"}
+            for name, layer in sorted(context.items()) if isinstance(layer, Attention)}
+        out["router_bias"] = {name: [float(x) for x in p.detach().float().flatten().tolist()]
+                              for name, p in model.named_parameters() if name.endswith("e_score_correction_bias")}
+        out["parameters"] = {name: {"dtype": str(p.dtype).removeprefix("torch."), "shape": list(p.shape),
+                                    "sha256": _tensor_sha256(p)}
+                             for name, p in model.named_parameters()}
+        cfg = self.vllm_config
+        out["cache_config"] = {"cache_dtype": cfg.cache_config.cache_dtype,
+                               "block_size": cfg.cache_config.block_size,
+                               "enable_prefix_caching": cfg.cache_config.enable_prefix_caching,
+                               "calculate_kv_scales": getattr(cfg.cache_config, "calculate_kv_scales", None)}
+        out["scheduler_config"] = {"async_scheduling": cfg.scheduler_config.async_scheduling,
+                                   "max_num_seqs": cfg.scheduler_config.max_num_seqs}
+        par = cfg.parallel_config
+        out["parallel_config"] = {"tensor_parallel_size": par.tensor_parallel_size,
+                                  "enable_expert_parallel": par.enable_expert_parallel,
+                                  "pipeline_parallel_size": par.pipeline_parallel_size}
+        spec = cfg.speculative_config
+        out["speculative_config"] = None if spec is None else {
+            "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "model": getattr(spec, "model", None)}
+        out["target_quantization"] = _call(lambda: _plain(getattr(cfg.model_config.hf_config,
+                                                                  "quantization_config", None)))
+        out["draft_quantization"] = None if spec is None else _call(
+            lambda: _plain(getattr(spec.draft_model_config.hf_config, "quantization_config", None)))
+        cc = cfg.compilation_config
+        out["compilation"] = {"mode": str(cc.mode), "backend": cc.backend,
+                              "cudagraph_mode": str(cc.cudagraph_mode), "splitting_ops": list(cc.splitting_ops or [])}
+        out["compile_counters"] = _call(_compile_counters)
+        out["model_dtype"] = str(cfg.model_config.dtype).removeprefix("torch.")
+        return out

@@ -1,0 +1,86 @@
+"""Decode throughput of the embedded default engine under several layouts (a benchmark, not a test).
+
+Starts one fresh server per layout on the mini model, sends one warm-up request, then streams each prompt
+with the contract's decode accounting ((N - 1) / (t_N - t_1), N tokens per request) and reports the
+median over prompts, with the start-up time. Writes JSON under data/bench/ and prints a Markdown table.
+
+    .venv/bin/python scripts/bench_engine.py [--tokens 100] [--layouts tp1,tp1-dflash,tp2ep2,tp2ep2-dflash]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from pytest_b70lab import engine_client, launch, mini, throughput
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "The quick brown fox",
+    "Promotion gates check that",
+    "import json\nclass Model(object):",
+    "Hello world! This is",
+]
+
+LAYOUTS = {
+    "tp1": dict(tensor_parallel=1),
+    "tp1-dflash": dict(tensor_parallel=1, speculative=True),
+    "tp2ep2": dict(tensor_parallel=2, expert_parallel=True),
+    "tp2ep2-dflash": dict(tensor_parallel=2, expert_parallel=True, speculative=True),
+}
+
+
+def run_layout(name: str, model_dir: Path, out_dir: Path, tokens: int) -> dict:
+    spec = dict(LAYOUTS[name])
+    speculative = spec.pop("speculative", False)
+    config = launch.ServeConfig(model=model_dir / "target", draft=model_dir / "draft" if speculative else None,
+                                **spec)
+    t0 = time.monotonic()
+    server = launch.start_engine(config, out_dir / name, out_dir / "state",
+                                 on_progress=lambda ph, t: print(f"  {name}: [{t:6.1f} s] {ph}", flush=True))
+    try:
+        start_s = time.monotonic() - t0
+        with server.client() as client:
+            model = engine_client.served_model(client)
+            engine_client.stream_completion(client, model, "warm up", 8, prompt_id="warm-up")
+            rates = []
+            for i, prompt in enumerate(PROMPTS):
+                c = engine_client.stream_completion(client, model, prompt, tokens, prompt_id=str(i))
+                rates.append(throughput.decode_rate(c.chunk_times, c.chunk_tokens))
+    finally:
+        report = server.stop()
+    return {"layout": name, "config": {k: str(v) for k, v in vars(config).items()}, "start_s": round(start_s, 1),
+            "tokens": tokens, "rates": [round(r, 2) for r in rates],
+            "median_tok_s": round(throughput.endpoint_median(rates), 2),
+            "teardown_clean": report.clean}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--out", type=Path, default=Path("data/bench"))
+    args = ap.parse_args()
+    model_dir = mini.build()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = args.out / f"engine-{stamp}"
+    results = []
+    for name in args.layouts.split(","):
+        print(f"{name}: starting", flush=True)
+        results.append(run_layout(name, model_dir, out_dir, args.tokens))
+        print(f"{name}: {results[-1]['median_tok_s']} tok/s median, start {results[-1]['start_s']} s", flush=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\n| layout | start (s) | decode tok/s, median of {len(PROMPTS)} prompts | min-max |")
+    print("|---|---|---|---|")
+    for r in results:
+        print(f"| {r['layout']} | {r['start_s']} | {r['median_tok_s']} | {min(r['rates'])}-{max(r['rates'])} |")
+    print(f"\nwritten: {out_dir / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

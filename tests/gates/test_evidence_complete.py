@@ -1,0 +1,54 @@
+"""Smoke gate: every fresh start of the contract left complete evidence on disk.
+
+The promotion gates proper evaluate this evidence; this test only says it is all there: the start
+succeeded, every rank answered the audit and has its own log, metrics were scraped before and after, every
+prompt produced the contract's token count, and teardown left no process behind.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gates
+
+
+@pytest.fixture
+def start(b70_evidence, b70_start: int):
+    return b70_evidence[b70_start - 1]
+
+
+def test_the_start_succeeded(start, b70_run_dir) -> None:
+    assert start.status == "ok", (f"start-{start.start_index} failed: {start.failure.message if start.failure else '?'}"
+                                  f" (evidence: {b70_run_dir / f'start-{start.start_index}' / 'evidence.json'})")
+    assert start.ready_s and start.ready_s > 0
+
+
+def test_every_rank_was_audited_and_logged(start, b70_contract, b70_run_dir) -> None:
+    tp = b70_contract.engine.tensor_parallel
+    ranks = sorted(a.get("tp_rank") for a in start.audits)
+    assert ranks == list(range(tp)), f"start-{start.start_index}: audits from TP ranks {ranks}, expected 0..{tp - 1}"
+    folder = b70_run_dir / f"start-{start.start_index}"
+    logged = {name.removeprefix("rank:") for name in start.logs if name.startswith("rank:")}
+    want = {f"Worker_TP{r}_EP{r}" if b70_contract.engine.expert_parallel else f"Worker_TP{r}" for r in range(tp)} \
+        if tp > 1 else {"Worker"}
+    assert want <= logged, f"start-{start.start_index}: per-rank logs {sorted(logged)}, missing {sorted(want - logged)}"
+    for name in want:
+        assert (folder / "ranks" / f"{name}.log").stat().st_size > 0
+
+
+def test_metrics_were_scraped_before_and_after(start) -> None:
+    for when, text in (("before", start.metrics_before), ("after", start.metrics_after)):
+        assert text and "vllm:cache_config_info" in text, f"start-{start.start_index}: no /metrics {when} the prompts"
+
+
+def test_every_prompt_produced_the_contract_token_count(start, b70_contract) -> None:
+    n = b70_contract.decode.tokens_per_request
+    short = {r.prompt_id: len(r.token_ids) for r in start.requests if len(r.token_ids) != n}
+    assert len(start.requests) == b70_contract.prompts.count
+    assert not short, f"start-{start.start_index}: prompts without {n} tokens: {short}"
+
+
+def test_teardown_left_no_process(start) -> None:
+    assert start.teardown and start.teardown["processes"], "teardown saw no processes"
+    survivors = [p for p in start.teardown["processes"] if not p["gone"]]
+    assert not survivors, f"start-{start.start_index}: still running after teardown: {survivors}"

@@ -1,0 +1,107 @@
+"""Contracts: validated on load with errors that name the field and the file; canonical digests."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_b70lab import contract
+
+SHIPPED = ["laguna-s-2.1-int4-fp8kv-b70", "mini-laguna-cpu", "mini-laguna-cpu-tp4ep4"]
+
+
+def test_the_shipped_contracts_load() -> None:
+    assert contract.available() == SHIPPED
+    digests = {contract.load(name).digest for name in SHIPPED}
+    assert len(digests) == 3
+
+
+def test_production_contract_holds_the_seed_values() -> None:
+    c = contract.load("laguna-s-2.1-int4-fp8kv-b70")
+    assert (c.target.hub_id, c.target.revision) == ("poolside/Laguna-S-2.1-INT4",
+                                                    "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb")
+    assert (c.draft.hub_id, c.draft.revision) == ("poolside/Laguna-S-2.1-DFlash-INT4",
+                                                  "5e07c246915c86dc6920fead03d019989224f2ba")
+    assert (c.engine.tensor_parallel, c.engine.expert_parallel, c.engine.kv_cache_dtype) == (4, True, "fp8")
+    assert c.engine.calculate_kv_scales is False
+    assert (c.expect.target_kv_scale_count, c.expect.draft_unit_scale_layers) == (96, 6)
+    assert c.expect.target_kv_scale_digest == "3e6df440976ab2ed5229e1a39179cbc99d573c615386f223eeabc9de5ea9ddc0"
+    assert (c.speculative.verify_width, c.speculative.num_speculative_tokens) == (12, 11)
+    assert (c.expect.compile_graphs, c.expect.compile_breaks) == (145, 144)
+    assert c.expect.attention_backend == "FLASH_ATTN" and c.prompts.count == 13
+
+
+def test_teacher_is_the_contract_without_speculation() -> None:
+    c = contract.load("mini-laguna-cpu")
+    t = c.teacher()
+    assert t.kind == "teacher" and t.draft is None and t.speculative is None
+    assert t.engine == c.engine and t.prompts == c.prompts and t.decode == c.decode
+    assert t.digest != c.digest and t.teacher() is t
+    assert t.digest == c.teacher().digest, "derivation is deterministic"
+
+
+def test_digest_ignores_toml_formatting_but_not_values(tmp_path: Path) -> None:
+    src = contract.resolve_path("mini-laguna-cpu")
+    text = src.read_text()
+    reformatted = tmp_path / "a.toml"
+    reformatted.write_text("# a comment\n" + text.replace(" = ", "="))
+    assert contract.load(reformatted).digest == contract.load(src).digest
+    changed = tmp_path / "b.toml"
+    changed.write_text(text.replace("block_size = 32", "block_size = 64"))
+    assert contract.load(changed).digest != contract.load(src).digest
+
+
+def _mutated(tmp_path: Path, old: str, new: str) -> Path:
+    text = contract.resolve_path("mini-laguna-cpu").read_text()
+    assert old in text, old
+    p = tmp_path / "bad.toml"
+    p.write_text(text.replace(old, new, 1))
+    return p
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("block_size = 32", "block_size = \"32\"", "engine.block_size"),
+    ("block_size = 32", "block_size = 32\nblock_sise = 32", "engine.block_sise: Extra inputs are not permitted"),
+    ("enable_prefix_caching = false", "enable_prefix_caching = true", "engine.enable_prefix_caching"),
+    ("max_num_seqs = 1", "max_num_seqs = 4", "engine.max_num_seqs"),
+    ("verify_width = 12", "verify_width = 11", "verify_width 11 must be num_speculative_tokens + 1 (12)"),
+    ("[draft]\nsource = \"mini\"\n", "", "draft and speculative go together"),
+    ("target_kv_scale_digest = \"d5", "target_kv_scale_digest = \"x5", "expect.target_kv_scale_digest"),
+    ("tokens_per_request = 100", "tokens_per_request = 1", "decode.tokens_per_request"),
+])
+def test_an_invalid_field_is_named(tmp_path: Path, old: str, new: str, message: str) -> None:
+    path = _mutated(tmp_path, old, new)
+    with pytest.raises(contract.ContractError) as err:
+        contract.load(path)
+    assert message in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_not_toml_is_a_clear_error(tmp_path: Path) -> None:
+    p = tmp_path / "x.toml"
+    p.write_text("name = [unclosed")
+    with pytest.raises(contract.ContractError, match="is not valid TOML"):
+        contract.load(p)
+
+
+def test_unknown_contract_name_lists_the_known_ones() -> None:
+    with pytest.raises(contract.ContractError, match="known: laguna-s-2.1-int4-fp8kv-b70, mini-laguna-cpu"):
+        contract.load("no-such-contract")
+
+
+def test_a_changed_prompt_set_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = contract.load("mini-laguna-cpu")
+    copy = tmp_path / "prompts.jsonl"
+    shutil.copy(contract.prompts_path(c), copy)
+    copy.write_text(copy.read_text().replace("fox", "cat"))
+    p = _mutated(tmp_path, 'file = "fixtures/prompts/mini-v1.jsonl"', f'file = "{copy}"')
+    with pytest.raises(contract.ContractError, match="the prompts changed"):
+        contract.load(p)
+
+
+def test_prompt_set_loads_with_unique_ids() -> None:
+    c = contract.load("mini-laguna-cpu")
+    prompts = contract.load_prompts(c)
+    assert len(prompts) == c.prompts.count == len({p.id for p in prompts})

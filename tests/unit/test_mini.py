@@ -1,0 +1,154 @@
+"""The generated mini model: deterministic, self-describing, and its scales come from calibration."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pytest_b70lab import mini
+
+
+def _all_files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_two_builds_are_byte_identical(tmp_path: Path, b70_mini_model: Path) -> None:
+    fresh = mini.build(tmp_path / "again")
+    assert fresh.name == b70_mini_model.name, "same recipe and libraries must give the same digest"
+    first, second = _all_files(b70_mini_model), _all_files(fresh)
+    assert sorted(first) == sorted(second)
+    differing = [name for name in first if first[name] != second[name]]
+    assert not differing, f"files differ between two builds: {differing}"
+
+
+def test_manifest_matches_the_files(b70_mini_model: Path) -> None:
+    manifest = mini.verify(b70_mini_model)
+    on_disk = {p.relative_to(b70_mini_model).as_posix() for p in b70_mini_model.rglob("*")
+               if p.is_file() and p.name != mini.MANIFEST}
+    assert set(manifest["files"]) == on_disk
+    assert manifest["recipe_digest"] == mini.recipe_digest(mini.MiniRecipe())
+    assert b70_mini_model.name == f"mini-laguna-{manifest['recipe_digest'][:16]}"
+
+
+def test_target_carries_calibrated_kv_scales_the_compressed_tensors_way(b70_mini_model: Path) -> None:
+    manifest = mini.load_manifest(b70_mini_model)
+    config = json.loads((b70_mini_model / "target" / "config.json").read_text())
+    qc = config["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors"
+    assert qc["kv_cache_scheme"]["type"] == "float" and qc["kv_cache_scheme"]["num_bits"] == 8
+    assert qc["kv_cache_scheme"]["strategy"] == "tensor" and qc["kv_cache_scheme"]["dynamic"] is False
+    assert qc["config_groups"] == {}, "only the KV cache is quantized"
+
+    tensors = load_file(str(b70_mini_model / "target" / "model.safetensors"))
+    n = manifest["target"]["num_layers"]
+    stored = {mini.engine_attention_layer(i): (float(tensors[f"model.layers.{i}.self_attn.k_scale"]),
+                                               float(tensors[f"model.layers.{i}.self_attn.v_scale"]))
+              for i in range(n)}
+    assert sum(1 for k in tensors if k.endswith(("k_scale", "v_scale"))) == manifest["target"]["kv_scale_count"] == 2 * n
+    assert mini.kv_scale_digest(stored) == manifest["target"]["kv_scale_digest"]
+    values = [s for pair in stored.values() for s in pair]
+    assert all(0 < s < 1 for s in values) and len(set(values)) == len(values), \
+        f"every layer should calibrate to scales of its own, not 1.0: {stored}"
+
+
+def test_scales_fit_the_calibration_activations(b70_mini_model: Path) -> None:
+    """Independent of the builder's hooks: load the reference checkpoint with transformers, capture V and
+    pre-RoPE K on the calibration text, and check the stored scales map their maxima to the top of E4M3."""
+    from transformers import AutoTokenizer, LagunaForCausalLM
+
+    manifest = mini.load_manifest(b70_mini_model)
+    tok = AutoTokenizer.from_pretrained(str(b70_mini_model / "reference"), local_files_only=True)
+    model = LagunaForCausalLM.from_pretrained(str(b70_mini_model / "reference"), dtype=torch.float32).eval()
+    seen: dict[tuple[int, str], float] = {}
+
+    def keep(i: int, kind: str):
+        def hook(_m, _i, out):
+            seen[(i, kind)] = max(seen.get((i, kind), 0.0), float(out.abs().max()))
+        return hook
+
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.k_norm.register_forward_hook(keep(i, "k"))
+        layer.self_attn.v_proj.register_forward_hook(keep(i, "v"))
+    with torch.no_grad():
+        for text in mini.CALIBRATION_TEXTS:
+            model(**tok(text, return_tensors="pt"))
+    for i in range(manifest["target"]["num_layers"]):
+        scales = manifest["target"]["kv_scales"][mini.engine_attention_layer(i)]
+        v_codes = seen[(i, "v")] / scales["v_scale"]
+        k_codes = seen[(i, "k")] * mini.MiniRecipe().k_scale_headroom / scales["k_scale"]
+        # bf16 storage of the scale moves it by at most 2^-8 relative
+        for kind, codes in (("v", v_codes), ("k", k_codes)):
+            assert 448 * (1 - 2**-7) <= codes <= 448 * (1 + 2**-7), \
+                f"layer {i} {kind}: calibration maximum maps to {codes:.1f}, expected ~448"
+
+
+def test_draft_is_a_dflash_laguna_without_kv_calibration(b70_mini_model: Path) -> None:
+    manifest = mini.load_manifest(b70_mini_model)
+    config = json.loads((b70_mini_model / "draft" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashLagunaForCausalLM"]
+    assert "quantization_config" not in config
+    assert config["dflash_config"]["target_layer_ids"] == list(mini.DraftRecipe().target_layer_ids)
+    tok = json.loads((b70_mini_model / "draft" / "tokenizer.json").read_text())
+    mask = [t for t in tok["added_tokens"] if t["content"] == "<|mask|>"]
+    assert mask and config["dflash_config"]["mask_token_id"] == mask[0]["id"]
+    tensors = load_file(str(b70_mini_model / "draft" / "model.safetensors"))
+    assert not any(k.endswith(("k_scale", "v_scale")) for k in tensors)
+    assert all(not k.startswith("model.") for k in tensors)
+    assert manifest["draft"]["kv_calibrated"] is False
+    assert len(manifest["draft"]["cache_layers"]) == mini.DraftRecipe().layers
+
+
+def test_router_bias_is_stored_and_not_zero(b70_mini_model: Path) -> None:
+    tensors = load_file(str(b70_mini_model / "target" / "model.safetensors"))
+    biases = {k: v for k, v in tensors.items() if k.endswith("e_score_correction_bias")}
+    sparse = [i for i, kind in enumerate(mini.TargetRecipe().mlp_layer_types) if kind == "sparse"]
+    assert sorted(biases) == [f"model.layers.{i}.mlp.experts.e_score_correction_bias" for i in sparse]
+    assert all(float(v.abs().max()) > 0.05 for v in biases.values())
+
+
+def test_verify_names_a_tampered_file(tmp_path: Path, b70_mini_model: Path) -> None:
+    copy = tmp_path / b70_mini_model.name
+    import shutil
+    shutil.copytree(b70_mini_model, copy)
+    weights = copy / "draft" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    (copy / "target" / "tokenizer.json").unlink()
+    with pytest.raises(mini.MiniModelError) as err:
+        mini.verify(copy)
+    assert "draft/model.safetensors: sha256" in str(err.value)
+    assert "missing target/tokenizer.json" in str(err.value)
+    assert "b70lab mini build --force" in str(err.value)
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": 99}', "[]"])
+def test_a_corrupted_manifest_is_a_clear_error(tmp_path: Path, content: str) -> None:
+    (tmp_path / mini.MANIFEST).write_text(content)
+    with pytest.raises(mini.MiniModelError, match="rebuild with `b70lab mini build --force`"):
+        mini.load_manifest(tmp_path)
+
+
+def test_cli_builds_once_and_prints_the_folder(tmp_path: Path, b70_mini_model: Path) -> None:
+    cmd = [sys.executable, "-m", "pytest_b70lab.cli", "mini", "build", "--out", str(tmp_path)]
+    first = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    folder = Path(first.stdout.strip())
+    assert folder.parent == tmp_path and folder.name == b70_mini_model.name
+    stamp = (folder / mini.MANIFEST).stat().st_mtime_ns
+    second = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert second.stdout.strip() == str(folder)
+    assert (folder / mini.MANIFEST).stat().st_mtime_ns == stamp, "a verified build is reused, not rebuilt"
+
+
+def test_cli_reports_a_broken_cache_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / mini.MANIFEST).write_text("{oops")
+    run = subprocess.run([sys.executable, "-m", "pytest_b70lab.cli", "mini", "verify", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr and "is corrupted" in run.stderr

@@ -1,0 +1,198 @@
+"""Each vLLM CPU fix: the defect is there without it, and gone with it.
+
+These call vLLM's own classes and the native CPU MoE kernel in this process. The class attributes a fix
+replaces are restored by monkeypatch after each test, so every test starts from vLLM as installed.
+The third fix (the router bias is never loaded) needs vLLM's weight loader and is shown on a real engine
+start in tests/engine/test_parity.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation  # noqa: E402
+from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG  # noqa: E402
+from vllm.model_executor.layers.fused_moe.experts import cpu_moe  # noqa: E402
+from vllm.model_executor.layers.fused_moe.router import cpu_router  # noqa: E402
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts  # noqa: E402
+from vllm.model_executor.layers.fused_moe.runner import moe_runner  # noqa: E402
+
+from pytest_b70lab import vllm_fixes  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
+    """Undo whatever a fix patches, after the test."""
+    monkeypatch.setattr(cpu_router.CPURouter, "_compute_routing", cpu_router.CPURouter._compute_routing)
+    monkeypatch.setattr(cpu_moe.CPUUnquantizedExperts, "apply", cpu_moe.CPUUnquantizedExperts.apply)
+    monkeypatch.setattr(moe_runner.MoERunner, "load_weights", moe_runner.MoERunner.load_weights)
+    monkeypatch.setattr(vllm_fixes, "_registered", None)
+
+
+def test_installed_vllm_has_all_three_defects() -> None:
+    """If this fails, vLLM changed: re-check which fixes are still needed (patches/README.md)."""
+    assert [f.name for f in vllm_fixes.FIXES if f.defect_present()] == list(vllm_fixes.FIX_NAMES)
+
+
+# --- 1. sigmoid routing ------------------------------------------------------------------------------------
+
+def reference_biased_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, k: int):
+    """Laguna's routing: select on sigmoid(logit) + bias, weigh by the unbiased sigmoid, renormalise."""
+    scores = logits.float().sigmoid()
+    ids = torch.topk(scores + bias, k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+def _sorted_by_expert(weights: torch.Tensor, ids: torch.Tensor):
+    order = ids.long().argsort(dim=-1)
+    return weights.gather(1, order), ids.long().gather(1, order)
+
+
+def test_router_rejects_sigmoid_without_the_fix_and_routes_it_with_it() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 8, generator=gen)
+    bias = torch.randn(8, generator=gen) * 0.5
+    router = cpu_router.CPURouter(top_k=2, global_num_experts=8, scoring_func="sigmoid",
+                                  e_score_correction_bias=bias)
+    with pytest.raises(AssertionError):
+        router._compute_routing(torch.zeros(16, 4), logits, None)
+    assert vllm_fixes._router_rejects_sigmoid()
+
+    vllm_fixes._fix_router_sigmoid()
+    weights, ids = router._compute_routing(torch.zeros(16, 4), logits, None)
+    ref_w, ref_ids = reference_biased_sigmoid_topk(logits, bias, 2)
+    got_w, got_ids = _sorted_by_expert(weights, ids)
+    want_w, want_ids = _sorted_by_expert(ref_w, ref_ids)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w)
+    # The bias must matter on this input, or the test would not tell a dropped bias from a used one.
+    assert not torch.equal(_sorted_by_expert(*reference_biased_sigmoid_topk(logits, bias * 0, 2))[1], want_ids)
+    assert not vllm_fixes._router_rejects_sigmoid()
+
+
+def test_router_fix_leaves_softmax_routing_alone() -> None:
+    logits = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    router = cpu_router.CPURouter(top_k=2, global_num_experts=8)
+    before = router._compute_routing(torch.zeros(4, 4), logits, None)
+    vllm_fixes._fix_router_sigmoid()
+    after = router._compute_routing(torch.zeros(4, 4), logits, None)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+
+
+# --- 2. expert_map under expert parallel ------------------------------------------------------------------
+
+HIDDEN, INTER, GLOBAL_EXPERTS, LOCAL_EXPERTS = 64, 32, 8, 4
+RANK = 1  # this rank holds global experts 4..7
+
+
+def _experts_and_weights():
+    from vllm._custom_ops import cpu_prepack_moe_weight
+
+    gen = torch.Generator().manual_seed(2)
+    w13 = torch.randn(LOCAL_EXPERTS, 2 * INTER, HIDDEN, generator=gen) * 0.1
+    w2 = torch.randn(LOCAL_EXPERTS, HIDDEN, INTER, generator=gen) * 0.1
+    experts = object.__new__(cpu_moe.CPUUnquantizedExperts)  # the real class; only the state apply() reads
+    experts._use_zentorch = False
+    experts.quant_config = FUSED_MOE_UNQUANTIZED_CONFIG
+    expert_map = torch.full((GLOBAL_EXPERTS,), -1, dtype=torch.int32)
+    expert_map[RANK * LOCAL_EXPERTS:(RANK + 1) * LOCAL_EXPERTS] = torch.arange(LOCAL_EXPERTS, dtype=torch.int32)
+    packed = (cpu_prepack_moe_weight(w13, experts.isa), cpu_prepack_moe_weight(w2, experts.isa))
+    return experts, (w13, w2), packed, expert_map
+
+
+def reference_local_moe(x, w13, w2, topk_weights, topk_ids, expert_map):
+    """This rank's share: experts it holds, weighted; experts of other ranks contribute nothing here."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for w, e in zip(topk_weights[t].tolist(), topk_ids[t].tolist()):
+            local = int(expert_map[e])
+            if local < 0:
+                continue
+            gate_up = w13[local] @ x[t]
+            hidden = torch.nn.functional.silu(gate_up[:INTER]) * gate_up[INTER:]
+            out[t] += w * (w2[local] @ hidden)
+    return out
+
+
+def _run(experts, packed, x, topk_weights, topk_ids, expert_map):
+    out = torch.zeros_like(x)
+    experts.apply(out, x, packed[0], packed[1], topk_weights, topk_ids, MoEActivation.SILU, GLOBAL_EXPERTS,
+                  expert_map, None, None, torch.empty(0), torch.empty(0), None, False)
+    return out
+
+
+def test_experts_ignore_expert_map_without_the_fix_and_honour_it_with_it() -> None:
+    experts, (w13, w2), packed, expert_map = _experts_and_weights()
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, HIDDEN, generator=gen)
+    weights = torch.rand(6, 2, generator=gen)
+
+    # Only experts 0..3, none of them on this rank: the right answer is zero. Ids stay < LOCAL_EXPERTS so
+    # the unfixed kernel reads in bounds (ids >= 4 would index past the local weights and may crash).
+    remote_ids = torch.tensor([[0, 1], [2, 3], [1, 3], [0, 2], [3, 0], [2, 1]], dtype=torch.int32)
+    assert vllm_fixes._experts_ignore_expert_map()
+    unfixed = _run(experts, packed, x, weights, remote_ids, expert_map)
+    assert unfixed.abs().max() > 1e-3, "without the fix the kernel applies local experts 0..3 as if global"
+
+    vllm_fixes._fix_experts_expert_map()
+    assert not vllm_fixes._experts_ignore_expert_map()
+    assert _run(experts, packed, x, weights, remote_ids, expert_map).abs().max() == 0
+
+    mixed_ids = torch.tensor([[0, 5], [4, 7], [6, 2], [7, 1], [5, 6], [3, 4]], dtype=torch.int32)
+    got = _run(experts, packed, x, weights, mixed_ids, expert_map)
+    want = reference_local_moe(x, w13, w2, weights, mixed_ids, expert_map)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_localize_expert_ids_maps_and_masks() -> None:
+    expert_map = torch.tensor([-1, -1, 0, 1], dtype=torch.int32)
+    ids, weights = vllm_fixes.localize_expert_ids(torch.tensor([[0, 2], [3, 1]], dtype=torch.int32),
+                                                  torch.tensor([[0.5, 0.25], [0.75, 1.0]]), expert_map)
+    assert ids.tolist() == [[0, 0], [1, 0]]
+    assert weights.tolist() == [[0.0, 0.25], [0.75, 0.0]]
+    assert ids.dtype == torch.int32 and ids.is_contiguous() and weights.is_contiguous()
+
+
+# --- 3. the router bias (loader side) ---------------------------------------------------------------------
+
+def test_neither_loader_knows_the_router_bias() -> None:
+    assert vllm_fixes._runner_drops_router_bias()
+    vllm_fixes._fix_runner_router_bias()
+    assert not vllm_fixes._runner_drops_router_bias()
+    assert "e_score_correction_bias" not in __import__("inspect").getsource(RoutedExperts.load_weights)
+
+
+# --- selection and registration ---------------------------------------------------------------------------
+
+def test_selection_spec() -> None:
+    assert [f.name for f in vllm_fixes.selected_fixes(None)] == list(vllm_fixes.FIX_NAMES)
+    assert vllm_fixes.selected_fixes("none") == ()
+    assert [f.name for f in vllm_fixes.selected_fixes(" moe_router_bias_load ,cpu_router_sigmoid")] == \
+        ["cpu_router_sigmoid", "moe_router_bias_load"]
+    with pytest.raises(ValueError, match="unknown fix router_typo; known: all, none, cpu_router_sigmoid"):
+        vllm_fixes.selected_fixes("router_typo")
+
+
+def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog) -> None:
+    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_router_sigmoid")
+    with caplog.at_level("INFO", logger=vllm_fixes.log.name):
+        status = vllm_fixes.register()
+    assert status == {"cpu_router_sigmoid": "applied", "cpu_experts_expert_map": "disabled",
+                      "moe_router_bias_load": "disabled"}
+    assert getattr(cpu_router.CPURouter._compute_routing, vllm_fixes.PATCHED_MARK, False)
+    assert not getattr(cpu_moe.CPUUnquantizedExperts.apply, vllm_fixes.PATCHED_MARK, False)
+    lines = [r.getMessage() for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]
+    assert len(lines) == 1 and "cpu_router_sigmoid applied" in lines[0]
+    # a second call in the same process changes nothing and logs nothing
+    assert vllm_fixes.register() is status
+    assert len([r for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]) == 1
+
+    monkeypatch.setattr(vllm_fixes, "_registered", None)
+    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "all")
+    status = vllm_fixes.register()
+    assert status["cpu_router_sigmoid"] == "not needed", "a fixed router must be left alone"
+    assert status["cpu_experts_expert_map"] == "applied"
