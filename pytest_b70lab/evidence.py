@@ -121,6 +121,7 @@ def write(evidence: Evidence, folder: Path) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; evidence is meant to be shared
         os.replace(tmp, folder / FILENAME)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -16,6 +16,10 @@ from .contract import Contract
 from .evidence import Evidence
 from .mini import kv_scale_digest
 
+# Every gate a promotion needs (a run that did not evaluate one of them is not promotable).
+CATALOGUE = ("target-scale-audit", "draft-cache-audit", "engine-resolution", "metrics-agree", "teacher-exactness",
+             "cold-prompt", "compile-topology", "fresh-start-reproduction", "launch-flags", "load-audit",
+             "spec-counters", "token-count")
 FP8_KV_DTYPES = {"fp8", "fp8_e4m3"}
 FP8_STORAGE_DTYPES = {"uint8", "float8_e4m3fn"}
 
@@ -343,21 +347,21 @@ def load_audit(start: Evidence, rank: int, checkpoint_tensors: dict[str, dict[st
                                               "local manifest)"):
         return c.done()
     params = audit.get("parameters", {})
-    compared = mismatched = 0
+    compared, differing = 0, []
     for name, p in sorted(params.items()):
         ckpt = checkpoint_tensors.get(_checkpoint_name(name))
         if ckpt is None or ckpt["shape"] != p["shape"]:
             continue
         compared += 1
-        same = ckpt["sha256"] == p["sha256"] or _same_after_cast(ckpt, p)
-        if not same:
-            mismatched += 1
-            c.expect(False, f"{name}: engine bytes differ from checkpoint tensor {_checkpoint_name(name)} "
-                            f"({ckpt['dtype']} -> {p['dtype']})")
+        if not (ckpt["sha256"] == p["sha256"] or _same_after_cast(ckpt, p)):
+            differing.append(name)
     biases = [n for n in params if n.endswith("e_score_correction_bias")]
-    c.observe(compared_tensors=compared, engine_parameters=len(params), mismatched=mismatched)
+    c.observe(compared_tensors=compared, engine_parameters=len(params), differing=len(differing))
+    c.expect(not differing, f"{len(differing)} of {compared} compared engine parameters "
+                            f"differ from the checkpoint: {', '.join(differing[:4])}"
+                            + (f" and {len(differing) - 4} more" if len(differing) > 4 else ""))
     c.expect(compared > 0, "no engine parameter could be matched to a checkpoint tensor")
-    c.expect(all(_checkpoint_name(b) in checkpoint_tensors for b in biases) or not biases,
+    c.expect(all(_checkpoint_name(b) in checkpoint_tensors for b in biases),
              f"router biases without a checkpoint tensor: {biases}")
     return c.done()
 
@@ -422,3 +426,48 @@ def token_count(start: Evidence, prompt_id: str, contract: Contract) -> Verdict:
 
 def sha256_ids(ids: Iterable[int]) -> str:
     return hashlib.sha256(json.dumps(list(ids), separators=(",", ":")).encode()).hexdigest()
+
+
+# --- 4. teacher exactness ----------------------------------------------------------------------------
+
+def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snapshot: dict[str, Any] | None,
+                      snapshot_file: str) -> Verdict:
+    """Token-ID hash and text hash equal the FP8 teacher's, and the snapshot is this contract's teacher:
+    target-only, FP8, same engine version and model. A missing, stale, non-FP8 or foreign snapshot fails."""
+    from . import teacher
+
+    c = _Check("teacher-exactness", f"start-{start.start_index} {prompt_id}")
+    record = teacher.RECORD_COMMAND.format(name=contract.name)
+    if not _started(c, start):
+        return c.done()
+    if not c.expect(snapshot is not None, f"no teacher snapshot for {prompt_id} at {snapshot_file}; "
+                                          f"record one with `{record}`"):
+        return c.done()
+    want = teacher.identity(contract, start)
+    have = snapshot["teacher"]
+    c.observe(teacher_contract_digest=have.get("contract_digest"), snapshot=snapshot_file)
+    c.expect(have.get("kind") == "teacher" and not any(have.get("engine_speculative_config") or []),
+             f"the snapshot was not recorded by a target-only teacher ({have.get('engine_speculative_config')})")
+    fp8 = have.get("kv_cache_dtype") in FP8_KV_DTYPES and all(
+        d in FP8_KV_DTYPES for d in have.get("engine_kv_cache_dtypes") or [None])
+    c.expect(fp8, f"the teacher did not run an FP8 KV cache (contract {have.get('kv_cache_dtype')!r}, "
+                  f"engine {have.get('engine_kv_cache_dtypes')!r})")
+    c.expect(have.get("contract_digest") == want["contract_digest"],
+             f"stale teacher: snapshot of teacher contract {have.get('contract_digest', '')[:16]}..., "
+             f"this contract's teacher is {want['contract_digest'][:16]}...; re-record with `{record}`")
+    c.expect(have.get("model_digest") == want["model_digest"],
+             f"foreign teacher: recorded on model {have.get('model_digest')}, this run serves {want['model_digest']}")
+    c.expect(have.get("engine_version") == want["engine_version"],
+             f"teacher recorded on engine {have.get('engine_version')}, this run is {want['engine_version']}")
+    c.expect(snapshot.get("prompt_id") == prompt_id, f"snapshot is of prompt {snapshot.get('prompt_id')!r}")
+    r = start.request(prompt_id)
+    if not c.expect(r is not None, f"no request for {prompt_id} in start-{start.start_index}"):
+        return c.done()
+    c.observe(token_ids_sha256=r.token_ids_sha256, teacher_token_ids_sha256=snapshot["token_ids_sha256"])
+    c.expect(len(r.token_ids) == snapshot["token_count"],
+             f"{prompt_id}: {len(r.token_ids)} tokens, the teacher produced {snapshot['token_count']}")
+    c.expect(r.token_ids_sha256 == snapshot["token_ids_sha256"],
+             f"{prompt_id}: token IDs differ from the teacher (sha256 {r.token_ids_sha256[:16]}... vs "
+             f"{snapshot['token_ids_sha256'][:16]}...)")
+    c.expect(r.text_sha256 == snapshot["text_sha256"], f"{prompt_id}: decoded text differs from the teacher")
+    return c.done()

@@ -22,6 +22,7 @@ MARKERS = {
     "bench": "benchmarks: report medians and ratios, never assert on time",
 }
 DEFAULT_CONTRACT = "mini-laguna-cpu"
+GATE_TEST_PROPERTY = "b70_gate_test"
 WORKER_RUN_DIR = "b70lab_run_dir"
 
 
@@ -36,7 +37,7 @@ class LabState:
     replay_dir: Path | None
     _contract: contract_mod.Contract | None = None
     _evidence: list[evidence_mod.Evidence] | None = None
-    errors: list[str] = field(default_factory=list)
+    gate_results: list[dict] = field(default_factory=list)   # filled from reports, also those of xdist workers
 
     @property
     def contract(self) -> contract_mod.Contract:
@@ -102,6 +103,25 @@ def pytest_configure(config: pytest.Config) -> None:
         contract_name=config.getoption("--b70-contract"), replay_dir=replay.resolve() if replay else None)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(config.stash[STATE]), "b70lab-xdist")
+    _guard_snapshot_update(config)
+    if config.getoption("--b70-contract") != DEFAULT_CONTRACT or replay is not None:
+        _contract_or_usage_error(config)  # named explicitly: a bad contract or evidence is a usage error now
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(VerdictReporter(config.stash[STATE]), "b70lab-verdict")
+
+
+def _guard_snapshot_update(config: pytest.Config) -> None:
+    """Only a teacher run writes teacher snapshots: a gates run (or any run not selecting `-m teacher`)
+    refuses --snapshot-update, so a candidate can never become its own teacher."""
+    if not getattr(config.option, "update_snapshots", False):
+        return
+    markexpr = config.getoption("-m") or ""
+    if "teacher" not in markexpr or "gates" in markexpr or " or " in markexpr or "not teacher" in markexpr:
+        raise pytest.UsageError("--snapshot-update records FP8 teacher snapshots and is only allowed with "
+                                "`-m teacher` (e.g. `pytest -m teacher --snapshot-update --b70-contract NAME`); "
+                                f"this run selects -m {markexpr!r}")
+    # Recording one contract's teacher must never delete another contract's snapshots.
+    config.option.no_cleanup = True
 
 
 class _XdistHooks:
@@ -132,6 +152,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     pytest.exit("b70lab dry run: nothing launched", returncode=0)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark gate tests in their reports (which xdist workers send back), so that a gate test failing
+    before it reaches its verdict still counts against promotion."""
+    for item in items:
+        if item.get_closest_marker("gates"):
+            item.user_properties.append((GATE_TEST_PROPERTY, True))
+
+
 def _contract_or_usage_error(config: pytest.Config) -> contract_mod.Contract:
     try:
         return config.stash[STATE].contract
@@ -139,12 +167,20 @@ def _contract_or_usage_error(config: pytest.Config) -> contract_mod.Contract:
         raise pytest.UsageError(str(e)) from e
 
 
+def _contract_or_exit(config: pytest.Config) -> contract_mod.Contract:
+    """During collection a UsageError would become a collection traceback: end the run with the message."""
+    try:
+        return config.stash[STATE].contract
+    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+        pytest.exit(f"b70lab: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Gate tests name what they are per: `b70_start`, `b70_rank` or `b70_prompt`."""
     wanted = {"b70_start", "b70_rank", "b70_prompt"} & set(metafunc.fixturenames)
     if not wanted:
         return
-    contract = _contract_or_usage_error(metafunc.config)
+    contract = _contract_or_exit(metafunc.config)
     if "b70_start" in wanted:
         n = contract.reproduction.fresh_starts
         metafunc.parametrize("b70_start", range(1, n + 1), ids=[f"start-{i}" for i in range(1, n + 1)])
@@ -217,6 +253,56 @@ def b70_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> li
 
 
 @pytest.fixture(scope="session")
+def b70_manifest(b70_state: LabState, b70_evidence: list[evidence_mod.Evidence]) -> dict | None:
+    """The mini model's manifest behind the evidence (calibrated scales, tensor digests): the copy in the
+    run folder, else the model cache's; None for hub models."""
+    import json
+
+    from . import session
+
+    try:
+        copy = session.load_manifest_copy(b70_state.run_dir)
+    except evidence_mod.EvidenceError as e:
+        pytest.fail(str(e), pytrace=False)
+    if copy is not None:
+        return copy
+    path = b70_evidence[0].target.manifest_path
+    return json.loads(Path(path).read_text()) if path and Path(path).is_file() else None
+
+
+@pytest.fixture(scope="session")
+def b70_teacher_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
+    """One start of the contract's teacher (target only), launched once per session."""
+    from . import session
+
+    teacher = b70_contract.teacher()
+    try:
+        if b70_state.replay_dir is not None:
+            return session.load_run(b70_state.replay_dir, kind="teacher")[0]
+        return session.collect_once(teacher, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1)[0]
+    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def b70_verdict(record_property: Callable[[str, object], None]) -> Callable[[object], None]:
+    """`b70_verdict(verdict)`: attach the gate's observed values as JUnit properties, then pass or fail
+    with the gate's own explanation."""
+
+    def judge(verdict) -> None:
+        record_property("b70_gate", verdict.gate)
+        record_property("b70_subject", verdict.subject)
+        record_property("b70_passed", verdict.passed)
+        for key, value in verdict.observed.items():
+            record_property(key, value)
+        if not verdict.passed:
+            record_property("b70_reasons", " | ".join(verdict.reasons))
+            pytest.fail(verdict.explain(), pytrace=False)
+
+    return judge
+
+
+@pytest.fixture(scope="session")
 def b70_engine(b70_state: LabState, b70_run_dir: Path) -> Iterator[Callable[..., object]]:
     """Factory for tests that need an engine of their own: `b70_engine(config, name, env_extra=None)`
     returns a ready server in RUN/<name>. Servers a test does not stop are stopped at session end, and
@@ -242,3 +328,84 @@ def b70_engine(b70_state: LabState, b70_run_dir: Path) -> Iterator[Callable[...,
                  for s in started for p in s.stop().survivors()]
     if survivors:
         pytest.fail("engine processes outlived teardown:\n  " + "\n  ".join(survivors), pytrace=False)
+
+
+# --- verdict: summary and promotion.json ---------------------------------------------------------------
+
+class VerdictReporter:
+    """Collects gate results from test reports (xdist workers send theirs back in user_properties), prints
+    PROMOTABLE / NOT PROMOTABLE and writes RUN/promotion.json. Registered on the controller only."""
+
+    def __init__(self, state: LabState):
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        props = dict(report.user_properties)
+        is_gate = "b70_gate" in props or GATE_TEST_PROPERTY in props
+        if not is_gate or not (report.when == "call" or (report.failed and report.when == "setup")):
+            return
+        reasons = props.get("b70_reasons")
+        if report.failed and not reasons:
+            reasons = (report.longreprtext or "").strip().splitlines()[-1:] or ["failed"]
+            reasons = reasons[0]
+        self.state.gate_results.append({
+            "test": report.nodeid, "gate": props.get("b70_gate", report.nodeid.split("::")[-1].split("[")[0]),
+            "subject": props.get("b70_subject"), "passed": report.passed, "reasons": reasons,
+            "observed": {k: v for k, v in props.items() if not k.startswith("b70_")}})
+
+    def _medians(self) -> list[float] | None:
+        for r in self.state.gate_results:
+            medians = r["observed"].get("endpoint_medians")
+            if medians:
+                return medians
+        return None
+
+    def verdict(self) -> dict:
+        from .gates import CATALOGUE
+
+        results = self.state.gate_results
+        failed = sorted({r["gate"] for r in results if not r["passed"]})
+        ran = {r["gate"] for r in results}
+        contract = self.state._contract
+        expected = set(CATALOGUE)
+        if contract is not None and contract.speculative is None:
+            expected -= {"draft-cache-audit", "spec-counters"}
+        missing = sorted(expected - ran)
+        medians = self._medians()
+        return {"promotable": bool(results) and not failed and not missing, "failed_gates": failed,
+                "gates_not_run": missing,
+                "endpoint_medians_tok_s": medians,
+                "contract": contract.name if contract else self.state.contract_name,
+                "contract_digest": contract.digest if contract else None,
+                "run_dir": str(self.state.run_dir), "gates": results}
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.state.gate_results:
+            return
+        v = self.verdict()
+        medians = v["endpoint_medians_tok_s"]
+        terminalreporter.section("b70lab promotion verdict")
+        if v["promotable"]:
+            shown = " / ".join(f"{m:.2f}" for m in medians) if medians else "n/a"
+            starts = " / ".join(f"start-{i}" for i in range(1, len(medians or []) + 1))
+            terminalreporter.write_line(f"PROMOTABLE at {shown} tok/s median ({starts}) "
+                                        f"- contract {v['contract']}", green=True, bold=True)
+        elif not v["failed_gates"]:
+            terminalreporter.write_line(f"NOT PROMOTABLE (incomplete) - contract {v['contract']}: every gate that "
+                                        f"ran passed, but these did not run: {', '.join(v['gates_not_run'])}",
+                                        yellow=True, bold=True)
+        else:
+            terminalreporter.write_line(f"NOT PROMOTABLE - contract {v['contract']}; failed gates: "
+                                        f"{', '.join(v['failed_gates']) or 'none ran'}", red=True, bold=True)
+            for r in v["gates"]:
+                if not r["passed"]:
+                    terminalreporter.write_line(f"  {r['test']}: {r['reasons']}")
+        terminalreporter.write_line(f"evidence and promotion.json: {self.state.run_dir}")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.state.gate_results or not self.state.run_dir.exists():
+            return
+        import json
+
+        path = self.state.run_dir / "promotion.json"
+        path.write_text(json.dumps(self.verdict(), indent=1, sort_keys=True, default=str) + "\n")

@@ -233,9 +233,14 @@ def start_dirs(run_dir: Path, contract: Contract) -> list[Path]:
     return [base / f"start-{i}" for i in range(1, contract.reproduction.fresh_starts + 1)]
 
 
+MANIFEST_COPY = "model-manifest.json"
+
+
 def collect(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
             starts: int | None = None) -> list[evidence.Evidence]:
     models = resolve_models(contract, cache_root)
+    if models.manifest is not None:  # the run folder is self-contained: replay needs no model cache
+        (run_dir / MANIFEST_COPY).write_text(json.dumps(models.manifest, indent=1, sort_keys=True) + "\n")
     dirs = start_dirs(run_dir, contract)[: starts or None]
     return [run_start(contract, models, d, cache_root / "engine-state", i, progress, run_dir / "launches.log")
             for i, d in enumerate(dirs, 1)]
@@ -265,6 +270,16 @@ def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: 
                                     "starts": [str(d.relative_to(run_dir))
                                                for d in start_dirs(run_dir, contract)[:len(records)]]}) + "\n")
         return records
+
+
+def load_manifest_copy(run_dir: Path) -> dict | None:
+    path = run_dir / MANIFEST_COPY
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise evidence.EvidenceError(f"{path} is corrupted: {e}") from e
 
 
 def load_run(run_dir: Path, kind: str = "candidate") -> list[evidence.Evidence]:

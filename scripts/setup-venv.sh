@@ -15,7 +15,7 @@ fi
 "$venv/bin/python" -m pip install --quiet --upgrade "pip>=24"
 "$venv/bin/python" -m pip install --quiet --no-deps -r "$here/requirements/lock.txt"
 "$venv/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
-"$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$here"
+"$venv/bin/python" -m pip install --quiet --no-deps -e "$here"
 # Fail here, not in the first test, if the engine's imports are broken.
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md

@@ -1,0 +1,293 @@
+"""Every gate over a run recorded from a real mini engine (fixtures/evidence/), and over mutated copies.
+
+The recorded run must pass every gate; each mutation breaks one observation the way a real failure would
+(a rank that lost its scales, a layer on another backend, a cached prompt, a changed token...), and its
+gate must reject it with the right message. A gate that no mutation can fail is not a gate.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_b70lab import gates, session, teacher
+from pytest_b70lab.contract import Contract
+from pytest_b70lab.evidence import Evidence
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
+SNAPSHOTS = REPO / "tests" / "gates"
+
+
+class Run:
+    def __init__(self) -> None:
+        self.starts: list[Evidence] = session.load_run(BUNDLE)
+        self.manifest: dict = session.load_manifest_copy(BUNDLE)
+        self.contract = Contract.model_validate(self.starts[0].contract.canonical, strict=False)
+        self.snapshots = {r.prompt_id: teacher.read(teacher.snapshot_path(SNAPSHOTS, self.contract.name, r.prompt_id))
+                          for r in self.starts[0].requests}
+
+    def clone(self) -> Run:
+        other = copy.copy(self)
+        other.starts = [s.model_copy(deep=True) for s in self.starts]
+        other.manifest = copy.deepcopy(self.manifest)
+        other.snapshots = copy.deepcopy(self.snapshots)
+        return other
+
+    @property
+    def ranks(self) -> range:
+        return range(self.contract.engine.tensor_parallel)
+
+    @property
+    def prompts(self) -> list[str]:
+        return [r.prompt_id for r in self.starts[0].requests]
+
+
+def all_verdicts(run: Run) -> list[gates.Verdict]:
+    c = run.contract
+    out: list[gates.Verdict] = []
+    for s in run.starts:
+        for r in run.ranks:
+            out += [gates.target_scale_audit(s, r, c, run.manifest["target"]["kv_scales"]),
+                    gates.draft_cache_audit(s, r, c), gates.engine_resolution(s, r, c),
+                    gates.compile_topology(s, r, c), gates.launch_flags(s, r, c),
+                    gates.load_audit(s, r, run.manifest["target"]["tensors"])]
+        for p in run.prompts:
+            out += [gates.cold_prompt(s, p), gates.token_count(s, p, c),
+                    gates.teacher_exactness(s, p, c, run.snapshots.get(p), f"<snapshot {p}>")]
+        out += [gates.metrics_agree(s, c), gates.spec_counters(s, c)]
+    out.append(gates.reproduction(run.starts, c))
+    return out
+
+
+@pytest.fixture(scope="module")
+def recorded() -> Run:
+    if not (BUNDLE / "start-1" / "evidence.json").exists():
+        pytest.fail(f"no recorded evidence bundle at {BUNDLE}", pytrace=False)
+    return Run()
+
+
+def test_the_recorded_run_passes_every_gate(recorded: Run) -> None:
+    failed = [v.explain() for v in all_verdicts(recorded) if not v.passed]
+    assert not failed, "\n".join(failed)
+
+
+def test_the_recorded_run_covers_the_contract(recorded: Run) -> None:
+    assert len(recorded.starts) == recorded.contract.reproduction.fresh_starts == 2
+    assert all(len(s.audits) == recorded.contract.engine.tensor_parallel for s in recorded.starts)
+    assert set(recorded.snapshots) == set(recorded.prompts)
+
+
+# --- mutations ---------------------------------------------------------------------------------------
+
+def _layer(run: Run, start: int, rank: int, owner: str, index: int = 0) -> dict:
+    audit = next(a for a in run.starts[start].audits if a["tp_rank"] == rank)
+    names = sorted(n for n, layer in audit["attention_layers"].items() if layer["owner"] == owner)
+    return audit["attention_layers"][names[index]]
+
+
+def _audit(run: Run, start: int, rank: int) -> dict:
+    return next(a for a in run.starts[start].audits if a["tp_rank"] == rank)
+
+
+def _set_metric(text: str, name: str, value: float) -> str:
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            line = line.rsplit(" ", 1)[0] + f" {value}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _set_tokens(request, ids: list[int]) -> None:
+    request.token_ids = ids
+    request.token_ids_sha256 = hashlib.sha256(json.dumps(ids, separators=(",", ":")).encode()).hexdigest()
+
+
+def rank_scale_one(run: Run) -> None:
+    layer = _layer(run, 0, 1, "target", 2)
+    layer["k_scale"] = layer["v_scale"] = 1.0
+
+
+def layer_on_other_backend(run: Run) -> None:
+    _layer(run, 1, 0, "draft", 1)["backend"] = "TORCH_SDPA"
+
+
+def backend_fallback_logged(run: Run) -> None:
+    run.starts[0].log_findings["backend_fallback"] = [
+        "(Worker_TP0_EP0 pid=1) INFO [cpu.py:178] Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."]
+
+
+def kv_tensor_not_fp8(run: Run) -> None:
+    _layer(run, 0, 0, "target", 1)["kv_tensor"]["dtype"] = "float32"
+
+
+def runtime_scale_calculation(run: Run) -> None:
+    _layer(run, 0, 0, "target", 3)["calculate_kv_scales"] = True
+
+
+def scale_digest_drift(run: Run) -> None:
+    layer = _layer(run, 1, 1, "target", 0)
+    layer["k_scale"] = layer["k_scale"] * 2
+
+
+def draft_scale_not_unit(run: Run) -> None:
+    _layer(run, 0, 1, "draft", 0)["v_scale"] = 0.5
+
+
+def draft_declares_calibration(run: Run) -> None:
+    _audit(run, 0, 0)["draft_quantization"] = {"quant_method": "compressed-tensors",
+                                               "kv_cache_scheme": {"type": "float", "num_bits": 8}}
+
+
+def cached_prompt(run: Run) -> None:
+    r = run.starts[1].requests[2]
+    r.usage["prompt_tokens_details"]["cached_tokens"] = 3
+    r.cached_tokens = 3
+
+
+def prefix_cache_hit(run: Run) -> None:
+    s = run.starts[0]
+    s.metrics_after = _set_metric(s.metrics_after, "vllm:prefix_cache_hits_total", 7.0)
+
+
+def changed_token(run: Run) -> None:
+    r = run.starts[1].requests[0]
+    ids = list(r.token_ids)
+    ids[5] = (ids[5] + 1) % 512
+    _set_tokens(r, ids)
+
+
+def bf16_teacher(run: Run) -> None:
+    for snap in run.snapshots.values():
+        snap["teacher"]["kv_cache_dtype"] = "bfloat16"
+        snap["teacher"]["engine_kv_cache_dtypes"] = ["bfloat16"]
+
+
+def stale_teacher(run: Run) -> None:
+    for snap in run.snapshots.values():
+        snap["teacher"]["contract_digest"] = "0" * 64
+
+
+def foreign_teacher(run: Run) -> None:
+    for snap in run.snapshots.values():
+        snap["teacher"]["model_digest"] = "f" * 64
+
+
+def speculative_teacher(run: Run) -> None:
+    for snap in run.snapshots.values():
+        snap["teacher"]["engine_speculative_config"] = [{"method": "dflash", "num_speculative_tokens": 11}]
+
+
+def missing_teacher(run: Run) -> None:
+    run.snapshots.pop(run.prompts[3])
+
+
+def changed_topology(run: Run) -> None:
+    _audit(run, 0, 1)["compile_counters"]["dynamo_graph_breaks"] = 1
+
+
+def slower_second_start(run: Run) -> None:
+    s = run.starts[1]
+    for r in s.requests:
+        r.chunk_times = [t * 1.6 for t in r.chunk_times]
+        r.decode_rate = r.decode_rate / 1.6
+    s.throughput.endpoint_median = s.throughput.endpoint_median / 1.6
+
+
+def zero_router_bias(run: Run) -> None:
+    """What the engine reports when the bias is left at its initial zeros."""
+    import torch
+
+    params = _audit(run, 0, 0)["parameters"]
+    name = next(n for n in params if n.endswith("e_score_correction_bias"))
+    zeros = torch.zeros(params[name]["shape"], dtype=torch.float32)
+    params[name]["sha256"] = hashlib.sha256(zeros.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def block_size_drift(run: Run) -> None:
+    _audit(run, 1, 1)["cache_config"]["block_size"] = 64
+
+
+def metrics_say_auto(run: Run) -> None:
+    s = run.starts[0]
+    s.metrics_after = s.metrics_after.replace('cache_dtype="fp8"', 'cache_dtype="auto"')
+
+
+def draft_token_count_off(run: Run) -> None:
+    s = run.starts[1]
+    total = gates.counter_total(s.metrics_after, "vllm:spec_decode_num_draft_tokens_total")
+    s.metrics_after = _set_metric(s.metrics_after, "vllm:spec_decode_num_draft_tokens_total", total + 1)
+
+
+def reported_count_off(run: Run) -> None:
+    run.starts[0].requests[1].usage["completion_tokens"] = 99
+
+
+def start_failed(run: Run) -> None:
+    from pytest_b70lab.evidence import Failure
+
+    run.starts[1].status = "failed"
+    run.starts[1].failure = Failure(message="the server exited with code -11 during start-up")
+
+
+def rank_missing(run: Run) -> None:
+    run.starts[0].audits = [a for a in run.starts[0].audits if a["tp_rank"] != 1]
+
+
+MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
+    (rank_scale_one, "target-scale-audit", "K and V scale are 1.0"),
+    (scale_digest_drift, "target-scale-audit", "scale digest"),
+    (runtime_scale_calculation, "target-scale-audit", "calculates KV scales at run time"),
+    (draft_scale_not_unit, "draft-cache-audit", "expected unit scale"),
+    (draft_declares_calibration, "draft-cache-audit", "declares a KV calibration"),
+    (layer_on_other_backend, "engine-resolution", "backend 'TORCH_SDPA', expected 'CPU_ATTN'"),
+    (backend_fallback_logged, "engine-resolution", "backend fallback in the log"),
+    (kv_tensor_not_fp8, "engine-resolution", "not 8-bit FP8 storage"),
+    (metrics_say_auto, "metrics-agree", "cache_dtype='auto'"),
+    (cached_prompt, "cold-prompt", "3 cached prompt tokens"),
+    (prefix_cache_hit, "cold-prompt", "prefix-cache hit counter moved by 7"),
+    (changed_token, "fresh-start-reproduction", "differs from start-1 at token 5"),
+    (changed_token, "teacher-exactness", "token IDs differ from the teacher"),
+    (bf16_teacher, "teacher-exactness", "did not run an FP8 KV cache"),
+    (stale_teacher, "teacher-exactness", "stale teacher"),
+    (foreign_teacher, "teacher-exactness", "foreign teacher"),
+    (speculative_teacher, "teacher-exactness", "not recorded by a target-only teacher"),
+    (missing_teacher, "teacher-exactness", "no teacher snapshot"),
+    (changed_topology, "compile-topology", "1 graph breaks, the contract expects 0"),
+    (slower_second_start, "fresh-start-reproduction", "tolerance"),
+    (zero_router_bias, "load-audit", "e_score_correction_bias"),
+    (block_size_drift, "launch-flags", "block_size: engine has 64, contract says 32"),
+    (draft_token_count_off, "spec-counters", "draft tokens"),
+    (reported_count_off, "token-count", "usage says 99 tokens"),
+    (start_failed, "fresh-start-reproduction", "did not complete"),
+    (start_failed, "target-scale-audit", "did not complete"),
+    (rank_missing, "launch-flags", "0 audits from TP rank 1"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "gate", "message"), MUTATIONS,
+                         ids=[f"{m.__name__}->{g}" for m, g, _ in MUTATIONS])
+def test_each_mutation_is_rejected_by_its_gate(recorded: Run, mutate, gate: str, message: str) -> None:
+    run = recorded.clone()
+    mutate(run)
+    failed = [v for v in all_verdicts(run) if not v.passed]
+    assert failed, f"no gate rejected {mutate.__name__}"
+    by_gate = [v for v in failed if v.gate == gate]
+    assert by_gate, f"{mutate.__name__} was rejected only by {sorted({v.gate for v in failed})}, not by {gate}"
+    assert any(message in reason for v in by_gate for reason in v.reasons), \
+        f"{gate} rejected {mutate.__name__} without saying {message!r}: {[v.reasons for v in by_gate]}"
+
+
+def test_every_gate_has_a_mutation_that_fails_it() -> None:
+    covered = {gate for _, gate, _ in MUTATIONS}
+    assert covered == set(gates.CATALOGUE)
+
+
+def test_the_original_is_untouched_by_mutations(recorded: Run) -> None:
+    assert all(v.passed for v in all_verdicts(recorded))

@@ -1,0 +1,97 @@
+"""The pytest surface, driven through pytester: dry run, option guards, replay, JUnit and the verdict."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
+GATES = REPO / "tests" / "gates"
+
+pytest_plugins = ["pytester"]
+
+
+def test_dry_run_prints_the_production_command_and_launches_nothing(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--b70-dry-run", "--b70-contract", "laguna-s-2.1-int4-fp8kv-b70")
+    assert result.ret == 0
+    out = result.stdout.str()
+    for expected in ("serve poolside/Laguna-S-2.1-INT4", "--revision 4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb",
+                     "--tensor-parallel-size 4", "--enable-expert-parallel", "--kv-cache-dtype fp8",
+                     "--attention-backend FLASH_ATTN", '"num_speculative_tokens": 11',
+                     '"revision": "5e07c246915c86dc6920fead03d019989224f2ba"', "--no-enable-prefix-caching",
+                     "--no-async-scheduling", "--max-num-seqs 1", "VLLM_SERVER_DEV_MODE=1",
+                     "b70lab dry run: nothing launched"):
+        assert expected in out, expected
+    assert "--calculate-kv-scales" not in out
+    assert not (pytester.path / "data").exists(), "a dry run must not create a run folder"
+
+
+def test_snapshot_update_is_refused_outside_a_teacher_run(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("-m", "gates", "--snapshot-update")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--snapshot-update records FP8 teacher snapshots*only allowed with*-m teacher*"])
+
+
+def test_an_invalid_contract_is_a_usage_error_naming_the_field(pytester: pytest.Pytester) -> None:
+    bad = pytester.path / "bad.toml"
+    bad.write_text((REPO / "fixtures/contracts/mini-laguna-cpu.toml").read_text().replace(
+        "tensor_parallel = 2", "tensor_parallel = 0"))
+    pytester.makepyfile("def test_gate(b70_rank):\n    pass\n")
+    result = pytester.runpytest("--b70-contract", str(bad))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*engine.tensor_parallel: Input should be greater than or equal to 1*"])
+
+
+def _replay(pytester: pytest.Pytester, *extra: str):
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest(str(GATES), "-m", "gates", "--b70-evidence", str(run), f"--junitxml={junit}",
+                                "-p", "no:cacheprovider", *extra)
+    return result, run, junit
+
+
+def _properties(junit: Path) -> dict[str, dict[str, str]]:
+    out = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        out[f"{case.get('classname')}::{case.get('name')}"] = props
+    return out
+
+
+def test_replay_judges_saved_evidence_without_an_engine(pytester: pytest.Pytester) -> None:
+    result, run, junit = _replay(pytester)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*PROMOTABLE at * tok/s median (start-1 / start-2) - contract mini-laguna-cpu*"])
+    verdict = json.loads((run / "promotion.json").read_text())
+    assert verdict["promotable"] is True and verdict["failed_gates"] == []
+    assert len(verdict["endpoint_medians_tok_s"]) == 2
+    props = _properties(junit)
+    scale = next(p for name, p in props.items() if "test_target_scale_audit" in name)
+    assert scale["b70_gate"] == "target-scale-audit" and scale["scale_count"] == "8"
+    assert any(p.get("b70_gate") == "fresh-start-reproduction" and "endpoint_medians" in p for p in props.values())
+
+
+def test_replay_of_a_damaged_run_fails_closed(pytester: pytest.Pytester) -> None:
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    path = run / "start-2" / "evidence.json"
+    data = json.loads(path.read_text())
+    data["requests"][0]["text"] += "!"
+    path.write_text(json.dumps(data))
+    result = pytester.runpytest(str(GATES), "-m", "gates", "--b70-evidence", str(run), "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines([f"*evidence {path} does not match its own digest*"])
+
+
+def test_replay_under_xdist_keeps_properties_and_the_verdict(pytester: pytest.Pytester) -> None:
+    result, run, junit = _replay(pytester, "-n", "2")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*PROMOTABLE at * tok/s median*"])
+    props = _properties(junit)
+    assert props and all("b70_gate" in p for name, p in props.items() if "test_evidence_complete" not in name)
