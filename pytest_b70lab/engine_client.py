@@ -6,45 +6,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
+from . import throughput
+from .evidence import Request
+
 
 class EngineRequestError(RuntimeError):
     """A request to the engine failed or answered something this harness cannot read."""
-
-
-@dataclass
-class Completion:
-    prompt_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    usage: dict[str, Any]
-    chunk_times: list[float] = field(default_factory=list)   # seconds since the request was sent
-    chunk_tokens: list[int] = field(default_factory=list)    # token IDs each chunk carried
-
-    @property
-    def cached_tokens(self) -> int | None:
-        details = self.usage.get("prompt_tokens_details") or {}
-        return details.get("cached_tokens")
-
-    @property
-    def token_ids_sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.token_ids, separators=(",", ":")).encode()).hexdigest()
-
-    @property
-    def text_sha256(self) -> str:
-        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(cached_tokens=self.cached_tokens, token_ids_sha256=self.token_ids_sha256,
-                 text_sha256=self.text_sha256)
-        return d
 
 
 def served_model(client: httpx.Client) -> str:
@@ -56,7 +27,7 @@ def served_model(client: httpx.Client) -> str:
 
 
 def stream_completion(client: httpx.Client, model: str, prompt: str, max_tokens: int, *,
-                      prompt_id: str = "", timeout_s: float = 300.0) -> Completion:
+                      prompt_id: str = "", timeout_s: float = 300.0) -> Request:
     """Greedy, EOS ignored, exactly `max_tokens` tokens, streamed so each chunk's arrival is timed."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
@@ -98,7 +69,17 @@ def stream_completion(client: httpx.Client, model: str, prompt: str, max_tokens:
     except httpx.TimeoutException as e:
         raise EngineRequestError(f"prompt {prompt_id!r}: no complete answer within {timeout_s:.0f} s "
                                  f"({len(token_ids)} of {max_tokens} tokens received)") from e
-    return Completion(prompt_id, prompt_ids, token_ids, "".join(text), finish, usage, times, per_chunk)
+    try:
+        rate = throughput.decode_rate(times, per_chunk)
+    except ValueError:
+        rate = None  # fewer than two tokens, or all at once: no decode interval to measure
+    full_text = "".join(text)
+    details = usage.get("prompt_tokens_details") or {}
+    return Request(prompt_id=prompt_id, prompt_token_ids=prompt_ids, token_ids=token_ids, text=full_text,
+                   finish_reason=finish, usage=usage, chunk_times=times, chunk_tokens=per_chunk,
+                   cached_tokens=details.get("cached_tokens"),
+                   token_ids_sha256=hashlib.sha256(json.dumps(token_ids, separators=(",", ":")).encode()).hexdigest(),
+                   text_sha256=hashlib.sha256(full_text.encode("utf-8")).hexdigest(), decode_rate=rate)
 
 
 def audit(client: httpx.Client, timeout_s: float = 120.0) -> list[dict[str, Any]]:

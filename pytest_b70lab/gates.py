@@ -62,6 +62,16 @@ def _started(check: _Check, start: Evidence) -> bool:
                         f"{start.failure.message.splitlines()[0] if start.failure else 'no failure recorded'}")
 
 
+def _request(check: _Check, start: Evidence, prompt_id: str):
+    """The start's request for `prompt_id`, or None (and a failed check) when the start or the request is
+    missing."""
+    if not _started(check, start):
+        return None
+    request = start.request(prompt_id)
+    check.expect(request is not None, f"no request for prompt {prompt_id!r} in start-{start.start_index}")
+    return request
+
+
 def _rank_audit(check: _Check, start: Evidence, rank: int) -> dict[str, Any] | None:
     audits = [a for a in start.audits if a.get("tp_rank") == rank]
     if not check.expect(len(audits) == 1, f"start-{start.start_index}: {len(audits)} audits from TP rank {rank} "
@@ -217,10 +227,7 @@ def cold_prompt(start: Evidence, prompt_id: str) -> Verdict:
     """The prompt was computed from scratch: no cached tokens, and the prefix-cache hit counter did not move
     during the run."""
     c = _Check("cold-prompt", f"start-{start.start_index} {prompt_id}")
-    if not _started(c, start):
-        return c.done()
-    request = start.request(prompt_id)
-    if not c.expect(request is not None, f"no request for prompt {prompt_id!r} in the evidence"):
+    if (request := _request(c, start, prompt_id)) is None:
         return c.done()
     hits = (counter_total(start.metrics_after, "vllm:prefix_cache_hits_total")
             - counter_total(start.metrics_before, "vllm:prefix_cache_hits_total"))
@@ -408,10 +415,7 @@ def spec_counters(start: Evidence, contract: Contract) -> Verdict:
 def token_count(start: Evidence, prompt_id: str, contract: Contract) -> Verdict:
     """The reported completion token count equals the token IDs received, and the contract's count."""
     c = _Check("token-count", f"start-{start.start_index} {prompt_id}")
-    if not _started(c, start):
-        return c.done()
-    r = start.request(prompt_id)
-    if not c.expect(r is not None, f"no request for prompt {prompt_id!r}"):
+    if (r := _request(c, start, prompt_id)) is None:
         return c.done()
     reported = r.usage.get("completion_tokens")
     c.observe(reported=reported, received=len(r.token_ids), chunk_tokens=sum(r.chunk_tokens))
@@ -460,8 +464,7 @@ def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snaps
     c.expect(have.get("engine_version") == want["engine_version"],
              f"teacher recorded on engine {have.get('engine_version')}, this run is {want['engine_version']}")
     c.expect(snapshot.get("prompt_id") == prompt_id, f"snapshot is of prompt {snapshot.get('prompt_id')!r}")
-    r = start.request(prompt_id)
-    if not c.expect(r is not None, f"no request for {prompt_id} in start-{start.start_index}"):
+    if (r := _request(c, start, prompt_id)) is None:
         return c.done()
     c.observe(token_ids_sha256=r.token_ids_sha256, teacher_token_ids_sha256=snapshot["token_ids_sha256"])
     c.expect(len(r.token_ids) == snapshot["token_count"],

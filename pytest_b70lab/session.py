@@ -185,15 +185,11 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
             record.metrics_before = engine_client.metrics_text(client)
             model = engine_client.served_model(client)
             for p in prompts:
-                c = engine_client.stream_completion(client, model, p.prompt, contract.decode.tokens_per_request,
+                r = engine_client.stream_completion(client, model, p.prompt, contract.decode.tokens_per_request,
                                                     prompt_id=p.id, timeout_s=contract.deadlines.request_s)
-                try:
-                    rate = throughput.decode_rate(c.chunk_times, c.chunk_tokens)
-                except ValueError:
-                    rate = None
-                record.requests.append(evidence.Request(**c.as_dict(), decode_rate=rate))
-                say(f"{contract.name} start-{index}: {p.id} {len(c.token_ids)} tokens"
-                    + (f" at {rate:.1f} tok/s" if rate else ""))
+                record.requests.append(r)
+                say(f"{contract.name} start-{index}: {p.id} {len(r.token_ids)} tokens"
+                    + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else ""))
             record.metrics_after = engine_client.metrics_text(client)
         rates = {r.prompt_id: r.decode_rate for r in record.requests if r.decode_rate is not None}
         mean_itl, server_rate = server_inter_token(record.metrics_before, record.metrics_after)

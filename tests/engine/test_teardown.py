@@ -1,0 +1,61 @@
+"""No engine process outlives a gates session, also when the session is interrupted mid-start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.engine
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _engine_processes(run_dir: Path) -> list[psutil.Process]:
+    """Every process of an engine started for `run_dir`: the server runs in its start folder, and its
+    children inherit that working directory."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.cwd().startswith(str(run_dir)):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_ctrl_c_during_start_up_leaves_no_engine_behind(tmp_path: Path, b70_cache_root: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-m", "gates", "-p", "no:cacheprovider", "-x",
+         str(REPO / "tests" / "gates" / "test_evidence_complete.py"), f"--b70-run-dir={run_dir}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:  # wait until the engine has workers, then interrupt
+            workers = [p for p in _engine_processes(run_dir) if "Worker" in " ".join(p.cmdline()) or
+                       p.name().startswith("VLLM")]
+            if len(workers) >= 2 or session.poll() is not None:
+                break
+            time.sleep(1)
+        assert session.poll() is None, f"the session ended before it could be interrupted:\n{session.stdout.read()}"
+        assert _engine_processes(run_dir), "no engine process was seen before the interrupt"
+        session.send_signal(signal.SIGINT)
+        output, _ = session.communicate(timeout=180)
+    finally:
+        if session.poll() is None:
+            session.kill()
+    time.sleep(2)
+    left = [(p.pid, p.name()) for p in _engine_processes(run_dir) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"engine processes outlived the interrupted session: {left}\n{output[-2000:]}"
+    record = json.loads((run_dir / "start-1" / "evidence.json").read_text())
+    assert record["status"] == "failed" and record["failure"]["message"].startswith("interrupted")
+    assert record["teardown"]["clean"] is True, record["teardown"]
