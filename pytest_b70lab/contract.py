@@ -143,6 +143,14 @@ class Contract(Strict):
         return hashlib.sha256(json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
                               .encode()).hexdigest()
 
+    @property
+    def output_digest(self) -> str:
+        """Digest of what determines the generated tokens: models, engine arguments, prompts, token count.
+        A teacher snapshot is keyed by this, so changing a gate tolerance does not make teachers stale."""
+        c = self.canonical()
+        part = {k: c[k] for k in ("target", "draft", "speculative", "engine", "prompts", "decode")}
+        return hashlib.sha256(json.dumps(part, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
     def teacher(self) -> Contract:
         """The same experiment without speculation: target-only, same parallel layout, KV dtype and compile
         mode (greedy output across layouts can differ at exact ties, so the teacher must share them)."""

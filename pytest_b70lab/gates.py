@@ -449,16 +449,17 @@ def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snaps
         return c.done()
     want = teacher.identity(contract, start)
     have = snapshot["teacher"]
-    c.observe(teacher_contract_digest=have.get("contract_digest"), snapshot=snapshot_file)
+    c.observe(teacher_output_digest=have.get("output_digest"), snapshot=snapshot_file)
     c.expect(have.get("kind") == "teacher" and not any(have.get("engine_speculative_config") or []),
              f"the snapshot was not recorded by a target-only teacher ({have.get('engine_speculative_config')})")
     fp8 = have.get("kv_cache_dtype") in FP8_KV_DTYPES and all(
         d in FP8_KV_DTYPES for d in have.get("engine_kv_cache_dtypes") or [None])
     c.expect(fp8, f"the teacher did not run an FP8 KV cache (contract {have.get('kv_cache_dtype')!r}, "
                   f"engine {have.get('engine_kv_cache_dtypes')!r})")
-    c.expect(have.get("contract_digest") == want["contract_digest"],
-             f"stale teacher: snapshot of teacher contract {have.get('contract_digest', '')[:16]}..., "
-             f"this contract's teacher is {want['contract_digest'][:16]}...; re-record with `{record}`")
+    c.expect(have.get("output_digest") == want["output_digest"],
+             f"stale teacher: snapshot of a teacher with output digest {str(have.get('output_digest'))[:16]}..., "
+             f"this contract's teacher is {want['output_digest'][:16]}... (models, engine arguments, prompts or "
+             f"token count changed); re-record with `{record}`")
     c.expect(have.get("model_digest") == want["model_digest"],
              f"foreign teacher: recorded on model {have.get('model_digest')}, this run serves {want['model_digest']}")
     c.expect(have.get("engine_version") == want["engine_version"],

@@ -285,9 +285,13 @@ def b70_teacher_evidence(b70_state: LabState, b70_contract: contract_mod.Contrac
 
 
 @pytest.fixture
-def b70_verdict(record_property: Callable[[str, object], None]) -> Callable[[object], None]:
+def b70_verdict(request: pytest.FixtureRequest) -> Callable[[object], None]:
     """`b70_verdict(verdict)`: attach the gate's observed values as JUnit properties, then pass or fail
-    with the gate's own explanation."""
+    with the gate's own explanation. (Through the item's user_properties, which reach JUnit under every
+    junit_family and come back from xdist workers with the report.)"""
+
+    def record_property(name: str, value: object) -> None:
+        request.node.user_properties.append((name, value))
 
     def judge(verdict) -> None:
         record_property("b70_gate", verdict.gate)

@@ -1,7 +1,7 @@
 """FP8 teacher snapshots: what a target-only run of the contract produced, one syrupy JSON file per prompt.
 
-A snapshot holds the teacher's identity (the derived teacher contract's digest, KV dtype, engine version,
-model digest) and, per prompt, the token count and the SHA-256 of the token IDs and of the decoded text.
+A snapshot holds the teacher's identity (the output digest of the derived teacher contract: models, engine
+arguments, prompts and token count; KV dtype, engine version, model digest) and, per prompt, the token count and the SHA-256 of the token IDs and of the decoded text.
 The exactness gate compares a candidate's evidence with these files; it never rewrites them.
 """
 
@@ -55,7 +55,7 @@ def model_digest(evidence: Evidence) -> str:
 def identity(contract: Contract, evidence: Evidence) -> dict[str, Any]:
     """The teacher this candidate (or teacher) run must be compared with."""
     teacher = contract.teacher()
-    return {"contract": teacher.name, "contract_digest": teacher.digest, "kind": "teacher",
+    return {"contract": teacher.name, "output_digest": teacher.output_digest, "kind": "teacher",
             "kv_cache_dtype": teacher.engine.kv_cache_dtype, "engine_version": evidence.engine.vllm_version,
             "model_digest": model_digest(evidence)}
 

@@ -171,7 +171,7 @@ def bf16_teacher(run: Run) -> None:
 
 def stale_teacher(run: Run) -> None:
     for snap in run.snapshots.values():
-        snap["teacher"]["contract_digest"] = "0" * 64
+        snap["teacher"]["output_digest"] = "0" * 64
 
 
 def foreign_teacher(run: Run) -> None:
@@ -193,11 +193,13 @@ def changed_topology(run: Run) -> None:
 
 
 def slower_second_start(run: Run) -> None:
+    """The second start decodes at half the speed of the first."""
     s = run.starts[1]
+    slowdown = 2 * s.throughput.endpoint_median / run.starts[0].throughput.endpoint_median
     for r in s.requests:
-        r.chunk_times = [t * 1.6 for t in r.chunk_times]
-        r.decode_rate = r.decode_rate / 1.6
-    s.throughput.endpoint_median = s.throughput.endpoint_median / 1.6
+        r.chunk_times = [t * slowdown for t in r.chunk_times]
+        r.decode_rate = r.decode_rate / slowdown
+    s.throughput.endpoint_median = s.throughput.endpoint_median / slowdown
 
 
 def zero_router_bias(run: Run) -> None:
