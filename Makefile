@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	touch $@
 
 gates: setup
-	$(PYTHON) -m pytest -m gates $(PYTEST_ARGS)
+	mkdir -p reports
+	$(PYTHON) -m pytest -m gates --junitxml=reports/gates.xml $(PYTEST_ARGS)
 
 test: setup
 	mkdir -p reports
