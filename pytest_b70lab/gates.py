@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -343,44 +343,91 @@ def launch_flags(start: Evidence, rank: int, contract: Contract) -> Verdict:
     return c.done()
 
 
-def load_audit(start: Evidence, rank: int, checkpoint_tensors: dict[str, dict[str, Any]] | None) -> Verdict:
-    """Checkpoint tensors reached the engine: every engine parameter that is a whole, unsharded copy of a
-    checkpoint tensor (same name and shape: norms, router biases, replicated weights) has the same bytes.
-    Sharded and fused parameters (qkv_proj, experts' w13, vocab shards) are not compared here."""
-    c = _Check("load-audit", f"start-{start.start_index} rank-{rank}")
-    if not _started(c, start) or (audit := _rank_audit(c, start, rank)) is None:
-        return c.done()
-    if not c.expect(bool(checkpoint_tensors), "no checkpoint tensor digests to compare with (hub model without a "
-                                              "local manifest)"):
-        return c.done()
-    params = audit.get("parameters", {})
-    compared, differing = 0, []
-    for name, p in sorted(params.items()):
-        ckpt = checkpoint_tensors.get(_checkpoint_name(name))
-        if ckpt is None or ckpt["shape"] != p["shape"]:
+def checkpoint_sources(engine_name: str, checkpoint: dict[str, dict[str, Any]]) -> list[str]:
+    """The checkpoint tensors an engine parameter is made of (vLLM fuses q/k/v, gate/up and the experts)."""
+    name = engine_name.replace(".routed_experts.", ".")
+    for fused, parts in ((".qkv_proj.weight", (".q_proj.weight", ".k_proj.weight", ".v_proj.weight")),
+                         (".gate_up_proj.weight", (".gate_proj.weight", ".up_proj.weight"))):
+        if name.endswith(fused):
+            stem = name[: -len(fused)]
+            found = [stem + part for part in parts if stem + part in checkpoint]
+            if found:
+                return found
+    for fused, parts in ((".experts.w13_weight", (".gate_proj.weight", ".up_proj.weight")),
+                         (".experts.w2_weight", (".down_proj.weight",))):
+        if name.endswith(fused):
+            prefix = name[: -len(fused)] + ".experts."
+            return sorted(k for k in checkpoint if k.startswith(prefix) and k.endswith(parts)
+                          and k[len(prefix):].split(".")[0].isdigit())
+    return [name] if name in checkpoint else []
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def _moment_mismatches(per_rank: dict[Any, dict[str, dict[str, Any]]], checkpoint: dict[str, dict[str, Any]],
+                       sources: Callable[[str], list[str]]) -> tuple[int, set[str], list[str]]:
+    """Compare each engine parameter's moments with those of the checkpoint tensors it is made of: per rank
+    where it is replicated, added over the ranks where it is sharded (zero padding adds nothing)."""
+    covered: set[str] = set()
+    problems: list[str] = []
+    compared = 0
+    for name in sorted({n for params in per_rank.values() for n in params}):
+        parts = sources(name)
+        if not parts:
             continue
+        covered.update(parts)
+        want = {k: sum(checkpoint[s]["moments"][k] for s in parts) for k in ("sum", "sumsq", "numel")}
+        seen = {rank: params[name]["moments"] for rank, params in per_rank.items() if name in params}
         compared += 1
-        if not (ckpt["sha256"] == p["sha256"] or _same_after_cast(ckpt, p)):
-            differing.append(name)
-    biases = [n for n in params if n.endswith("e_score_correction_bias")]
-    c.observe(compared_tensors=compared, engine_parameters=len(params), differing=len(differing))
-    c.expect(not differing, f"{len(differing)} of {compared} compared engine parameters "
-                            f"differ from the checkpoint: {', '.join(differing[:4])}"
-                            + (f" and {len(differing) - 4} more" if len(differing) > 4 else ""))
-    c.expect(compared > 0, "no engine parameter could be matched to a checkpoint tensor")
-    c.expect(all(_checkpoint_name(b) in checkpoint_tensors for b in biases),
-             f"router biases without a checkpoint tensor: {biases}")
+        if all(m["numel"] == want["numel"] for m in seen.values()):
+            for rank, m in sorted(seen.items()):
+                if not (_close(m["sum"], want["sum"]) and _close(m["sumsq"], want["sumsq"])):
+                    problems.append(f"{name} on rank {rank}: sum {m['sum']:.6g}, sum of squares {m['sumsq']:.6g}; "
+                                    f"checkpoint {want['sum']:.6g}, {want['sumsq']:.6g}")
+        else:
+            total = {k: sum(m[k] for m in seen.values()) for k in ("sum", "sumsq", "numel")}
+            if total["numel"] < want["numel"] or not (_close(total["sum"], want["sum"])
+                                                       and _close(total["sumsq"], want["sumsq"])):
+                problems.append(f"{name} over ranks {sorted(seen)}: sum {total['sum']:.6g}, sum of squares "
+                                f"{total['sumsq']:.6g} over {total['numel']} values; checkpoint {want['sum']:.6g}, "
+                                f"{want['sumsq']:.6g} over {want['numel']}")
+    return compared, covered, problems
+
+
+def load_audit(start: Evidence, target_tensors: dict[str, dict[str, Any]] | None,
+               draft_tensors: dict[str, dict[str, Any]] | None = None,
+               ignore_suffixes: tuple[str, ...] = (".k_scale", ".v_scale")) -> Verdict:
+    """Every tensor of the target (and draft) checkpoint reached the engine with its values: the float64
+    sum and sum of squares of what the ranks loaded equal those of the checkpoint tensors each engine
+    parameter is made of. Moments see through tensor-parallel sharding, fusion, kernel repacking and zero
+    padding; a tensor left at its initial value (a router bias at zero) or loaded from the wrong place
+    changes them. KV scales are consumed at load and audited by the scale gate."""
+    c = _Check("load-audit", f"start-{start.start_index}")
+    if not _started(c, start):
+        return c.done()
+    if not c.expect(bool(target_tensors), "no checkpoint tensor digests to compare with (a hub model without a "
+                                          "local manifest)"):
+        return c.done()
+    checks = [("target", target_tensors, {a.get("tp_rank"): a.get("parameters") or {} for a in start.audits},
+               lambda n: checkpoint_sources(n, target_tensors))]
+    if draft_tensors:
+        # The draft's engine names carry a "model." prefix its checkpoint does not; embedding and lm_head
+        # are shared from the target and have no draft tensor.
+        checks.append(("draft", draft_tensors,
+                       {a.get("tp_rank"): a.get("draft_parameters") or {} for a in start.audits},
+                       lambda n: checkpoint_sources(n.removeprefix("model."), draft_tensors)))
+    for label, tensors, per_rank, sources in checks:
+        compared, covered, problems = _moment_mismatches(per_rank, tensors, sources)
+        missing = sorted(k for k in tensors if k not in covered and not k.endswith(ignore_suffixes))
+        c.observe(**{f"{label}_parameters_compared": compared, f"{label}_tensors_covered": len(covered),
+                     f"{label}_tensors": len(tensors), f"{label}_mismatched": len(problems)})
+        c.expect(not problems, f"{label}: {len(problems)} mismatch(es) with the checkpoint: "
+                               + "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else ""))
+        c.expect(not missing, f"{label}: {len(missing)} checkpoint tensors never reached an engine parameter: "
+                              + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
     return c.done()
-
-
-def _checkpoint_name(engine_name: str) -> str:
-    return engine_name.replace(".experts.routed_experts.", ".experts.")
-
-
-def _same_after_cast(ckpt: dict[str, Any], param: dict[str, Any]) -> bool:
-    # The audit records digests of the engine's tensors in their engine dtype; a bf16 checkpoint tensor
-    # loaded into an fp32 parameter has different bytes. The manifest records both digests.
-    return param.get("sha256") in (ckpt.get("sha256_as", {}) or {}).values()
 
 
 def spec_counters(start: Evidence, contract: Contract) -> Verdict:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 FP8_E4M3_MAX = 448.0
 MANIFEST = "manifest.json"
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>", "<|mask|>")
@@ -351,8 +351,9 @@ def write_draft(recipe: MiniRecipe, target_dir: Path, draft_dir: Path, tok) -> N
 
 
 def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
-    """sha256 of every tensor's bytes, with dtype and shape, plus the digests of its float32 and bfloat16
-    casts: an engine may hold a bf16 checkpoint tensor in fp32, and a load audit compares either way."""
+    """sha256 of every tensor's bytes, with dtype and shape, the digests of its float32 and bfloat16 casts
+    (an engine may hold a bf16 checkpoint tensor in fp32), and its float64 moments (sum, sum of squares),
+    which a load audit can compare through sharding, fusion and kernel repacking."""
     import torch
     from safetensors import safe_open
 
@@ -367,6 +368,8 @@ def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
                                      "sha256": sha(t)}
             if t.is_floating_point():
                 entry["sha256_as"] = {"float32": sha(t.to(torch.float32)), "bfloat16": sha(t.to(torch.bfloat16))}
+                d = t.double()
+                entry["moments"] = {"sum": float(d.sum()), "sumsq": float((d * d).sum()), "numel": int(d.numel())}
             out[name] = entry
     return out
 

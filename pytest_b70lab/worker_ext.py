@@ -29,6 +29,24 @@ def _tensor_sha256(t) -> str:
     return hashlib.sha256(flat.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
+def _parameters(model) -> dict[str, dict[str, Any]]:
+    """Every parameter: dtype, shape, sha256 of its bytes, and its moments. A weight the CPU backend moved
+    into a packed kernel handle is left empty; its moments were stored at load time by vllm_observe."""
+    from .vllm_observe import MOMENTS_ATTR, moments
+
+    out = {}
+    for module_name, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            full = f"{module_name}.{name}" if module_name else name
+            entry = {"dtype": str(p.dtype).removeprefix("torch."), "shape": list(p.shape),
+                     "sha256": _tensor_sha256(p)}
+            stored = getattr(module, MOMENTS_ATTR, None) if name == "weight" and p.numel() == 0 else None
+            entry["moments"] = stored if stored is not None else moments(p)
+            entry["moments_from"] = "load" if stored is not None else "parameter"
+            out[full] = entry
+    return out
+
+
 def _attention_layer(layer) -> dict[str, Any]:
     kv = getattr(layer, "kv_cache", None)
     if isinstance(kv, (list, tuple)):
@@ -97,9 +115,10 @@ class AuditExtension:
             for name, layer in sorted(context.items()) if isinstance(layer, Attention)}
         out["router_bias"] = {name: [float(x) for x in p.detach().float().flatten().tolist()]
                               for name, p in model.named_parameters() if name.endswith("e_score_correction_bias")}
-        out["parameters"] = {name: {"dtype": str(p.dtype).removeprefix("torch."), "shape": list(p.shape),
-                                    "sha256": _tensor_sha256(p)}
-                             for name, p in model.named_parameters()}
+        out["parameters"] = _parameters(model)
+        drafter = getattr(runner, "drafter", None)
+        draft_model = getattr(drafter, "model", None)
+        out["draft_parameters"] = _parameters(draft_model) if draft_model is not None else None
         cfg = self.vllm_config
         out["cache_config"] = {"cache_dtype": cfg.cache_config.cache_dtype,
                                "block_size": cfg.cache_config.block_size,

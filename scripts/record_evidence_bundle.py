@@ -36,6 +36,8 @@ def copy_start(src: Path, dst: Path) -> None:
 def main(run: Path, out: Path) -> int:
     shutil.rmtree(out, ignore_errors=True)
     for kind, base in (("candidate", run), ("teacher", run / "teacher")):
+        if kind == "teacher" and not base.exists():
+            continue  # the teacher may have been recorded in another run
         for start in session.load_run(run, kind):  # validates every file first
             name = f"start-{start.start_index}"
             copy_start(base / name, (out / "teacher" if kind == "teacher" else out) / name)

@@ -35,7 +35,3 @@ def test_compile_topology(start, b70_rank, b70_contract, b70_verdict) -> None:
 
 def test_launch_flags(start, b70_rank, b70_contract, b70_verdict) -> None:
     b70_verdict(gates.launch_flags(start, b70_rank, b70_contract))
-
-
-def test_load_audit(start, b70_rank, b70_manifest, b70_verdict) -> None:
-    b70_verdict(gates.load_audit(start, b70_rank, b70_manifest["target"]["tensors"] if b70_manifest else None))

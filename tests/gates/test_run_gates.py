@@ -24,5 +24,10 @@ def test_spec_counters(start, b70_contract, b70_verdict) -> None:
     b70_verdict(gates.spec_counters(start, b70_contract))
 
 
+def test_load_audit(start, b70_manifest, b70_verdict) -> None:
+    b70_verdict(gates.load_audit(start, b70_manifest["target"]["tensors"] if b70_manifest else None,
+                                 b70_manifest["draft"]["tensors"] if b70_manifest else None))
+
+
 def test_fresh_start_reproduction(b70_evidence, b70_contract, b70_verdict) -> None:
     b70_verdict(gates.reproduction(b70_evidence, b70_contract))

@@ -55,8 +55,8 @@ def all_verdicts(run: Run) -> list[gates.Verdict]:
         for r in run.ranks:
             out += [gates.target_scale_audit(s, r, c, run.manifest["target"]["kv_scales"]),
                     gates.draft_cache_audit(s, r, c), gates.engine_resolution(s, r, c),
-                    gates.compile_topology(s, r, c), gates.launch_flags(s, r, c),
-                    gates.load_audit(s, r, run.manifest["target"]["tensors"])]
+                    gates.compile_topology(s, r, c), gates.launch_flags(s, r, c)]
+        out.append(gates.load_audit(s, run.manifest["target"]["tensors"], run.manifest["draft"]["tensors"]))
         for p in run.prompts:
             out += [gates.cold_prompt(s, p), gates.token_count(s, p, c),
                     gates.teacher_exactness(s, p, c, run.snapshots.get(p), f"<snapshot {p}>")]
@@ -203,13 +203,32 @@ def slower_second_start(run: Run) -> None:
 
 
 def zero_router_bias(run: Run) -> None:
-    """What the engine reports when the bias is left at its initial zeros."""
-    import torch
+    """What every rank reports when the bias is left at its initial zeros (the vLLM 0.32 defect)."""
+    for audit in run.starts[0].audits:
+        for name, p in audit["parameters"].items():
+            if name.endswith("e_score_correction_bias"):
+                p["moments"] = {**p["moments"], "sum": 0.0, "sumsq": 0.0}
 
-    params = _audit(run, 0, 0)["parameters"]
-    name = next(n for n in params if n.endswith("e_score_correction_bias"))
-    zeros = torch.zeros(params[name]["shape"], dtype=torch.float32)
-    params[name]["sha256"] = hashlib.sha256(zeros.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+def expert_weights_from_the_wrong_rank(run: Run) -> None:
+    """Rank 1 loaded rank 0's experts: each rank looks plausible, the sum over ranks does not."""
+    audits = {a["tp_rank"]: a for a in run.starts[1].audits}
+    name = next(n for n in audits[0]["parameters"] if n.endswith("w13_weight"))
+    audits[1]["parameters"][name]["moments"] = dict(audits[0]["parameters"][name]["moments"])
+
+
+def draft_norm_not_loaded(run: Run) -> None:
+    """A draft norm left at its initial ones on every rank."""
+    for audit in run.starts[1].audits:
+        p = audit["draft_parameters"]["model.hidden_norm.weight"]
+        n = p["moments"]["numel"]
+        p["moments"] = {"sum": float(n), "sumsq": float(n), "numel": n}
+
+
+def tensor_never_loaded(run: Run) -> None:
+    """A checkpoint tensor that no engine parameter is made of."""
+    run.manifest["target"]["tensors"]["model.layers.1.mlp.extra_router.weight"] = {
+        "dtype": "bfloat16", "shape": [8], "sha256": "0" * 64, "moments": {"sum": 1.0, "sumsq": 1.0, "numel": 8}}
 
 
 def block_size_drift(run: Run) -> None:
@@ -263,7 +282,10 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
     (missing_teacher, "teacher-exactness", "no teacher snapshot"),
     (changed_topology, "compile-topology", "1 graph breaks, the contract expects 0"),
     (slower_second_start, "fresh-start-reproduction", "tolerance"),
-    (zero_router_bias, "load-audit", "e_score_correction_bias"),
+    (zero_router_bias, "load-audit", "e_score_correction_bias on rank 0: sum 0"),
+    (expert_weights_from_the_wrong_rank, "load-audit", "w13_weight over ranks"),
+    (draft_norm_not_loaded, "load-audit", "draft: 2 mismatch(es) with the checkpoint: model.hidden_norm.weight on rank 0: sum 256"),
+    (tensor_never_loaded, "load-audit", "never reached an engine parameter: model.layers.1.mlp.extra_router.weight"),
     (block_size_drift, "launch-flags", "block_size: engine has 64, contract says 32"),
     (draft_token_count_off, "spec-counters", "draft tokens"),
     (reported_count_off, "token-count", "usage says 99 tokens"),
