@@ -378,8 +378,15 @@ def _moment_mismatches(per_rank: dict[Any, dict[str, dict[str, Any]]], checkpoin
         if not parts:
             continue
         covered.update(parts)
+        if any("moments" not in checkpoint[s] for s in parts):
+            problems.append(f"{name}: the checkpoint manifest has no moments for {parts} (a model built by an "
+                            f"older b70lab: rebuild with `b70lab mini build --force`)")
+            continue
         want = {k: sum(checkpoint[s]["moments"][k] for s in parts) for k in ("sum", "sumsq", "numel")}
-        seen = {rank: params[name]["moments"] for rank, params in per_rank.items() if name in params}
+        seen = {rank: params[name].get("moments") for rank, params in per_rank.items() if name in params}
+        if any(m is None for m in seen.values()):
+            problems.append(f"{name}: the audit recorded no moments (evidence from an older b70lab audit)")
+            continue
         compared += 1
         if all(m["numel"] == want["numel"] for m in seen.values()):
             for rank, m in sorted(seen.items()):
@@ -419,6 +426,9 @@ def load_audit(start: Evidence, target_tensors: dict[str, dict[str, Any]] | None
                        {a.get("tp_rank"): a.get("draft_parameters") or {} for a in start.audits},
                        lambda n: checkpoint_sources(n.removeprefix("model."), draft_tensors)))
     for label, tensors, per_rank, sources in checks:
+        if not any(per_rank.values()):
+            c.expect(False, f"{label}: the audit recorded no {label} parameters (evidence from an older b70lab audit)")
+            continue
         compared, covered, problems = _moment_mismatches(per_rank, tensors, sources)
         missing = sorted(k for k in tensors if k not in covered and not k.endswith(ignore_suffixes))
         c.observe(**{f"{label}_parameters_compared": compared, f"{label}_tensors_covered": len(covered),
