@@ -104,6 +104,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(config.stash[STATE]), "b70lab-xdist")
     _guard_snapshot_update(config)
+    _teacher_snapshots_of_other_contracts_are_not_errors(config)
     if config.getoption("--b70-contract") != DEFAULT_CONTRACT or replay is not None:
         _contract_or_usage_error(config)  # named explicitly: a bad contract or evidence is a usage error now
     if not hasattr(config, "workerinput"):
@@ -122,6 +123,13 @@ def _guard_snapshot_update(config: pytest.Config) -> None:
                                 f"this run selects -m {markexpr!r}")
     # Recording one contract's teacher must never delete another contract's snapshots.
     config.option.no_cleanup = True
+
+
+def _teacher_snapshots_of_other_contracts_are_not_errors(config: pytest.Config) -> None:
+    """Every contract keeps its teacher in a folder of its own; a run of one contract leaves the others'
+    snapshots unused, which syrupy would report as a failure."""
+    if hasattr(config.option, "warn_unused_snapshots"):
+        config.option.warn_unused_snapshots = True
 
 
 class _XdistHooks:

@@ -193,9 +193,9 @@ def changed_topology(run: Run) -> None:
 
 
 def slower_second_start(run: Run) -> None:
-    """The second start decodes at half the speed of the first."""
+    """The second start decodes at a third of the speed of the first."""
     s = run.starts[1]
-    slowdown = 2 * s.throughput.endpoint_median / run.starts[0].throughput.endpoint_median
+    slowdown = 3 * s.throughput.endpoint_median / run.starts[0].throughput.endpoint_median
     for r in s.requests:
         r.chunk_times = [t * slowdown for t in r.chunk_times]
         r.decode_rate = r.decode_rate / slowdown
