@@ -129,17 +129,22 @@ def write(evidence: Evidence, folder: Path) -> Path:
     return folder / FILENAME
 
 
+def read_json(path: Path, what: str, error: type[Exception]) -> Any:
+    """A JSON file the run depends on; missing or unparsable is `error`, naming the file."""
+    if not path.is_file():
+        raise error(f"no {what} at {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{what} {path} is not valid JSON ({e}): the file is corrupted") from e
+
+
 def read(path: Path) -> Evidence:
     """Load and check one evidence file; any problem is an EvidenceError that names the file."""
     path = Path(path)
     if path.is_dir():
         path = path / FILENAME
-    if not path.is_file():
-        raise EvidenceError(f"no evidence at {path}")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EvidenceError(f"evidence {path} is not valid JSON ({e}): the file is corrupted") from e
+    raw = read_json(path, "evidence", EvidenceError)
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
         raise EvidenceError(f"{path} is not b70lab evidence (schema {raw.get('schema') if isinstance(raw, dict) else None!r})")
     if raw.get("version") != VERSION:

@@ -270,12 +270,7 @@ def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: 
 
 def load_manifest_copy(run_dir: Path) -> dict | None:
     path = run_dir / MANIFEST_COPY
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise evidence.EvidenceError(f"{path} is corrupted: {e}") from e
+    return evidence.read_json(path, "model manifest", evidence.EvidenceError) if path.is_file() else None
 
 
 def load_run(run_dir: Path, kind: str = "candidate") -> list[evidence.Evidence]:

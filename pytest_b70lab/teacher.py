@@ -14,7 +14,7 @@ from typing import Any
 from syrupy.extensions.json import JSONSnapshotExtension
 
 from .contract import Contract
-from .evidence import Evidence
+from .evidence import Evidence, read_json
 
 SNAPSHOT_TEST_FILE = "test_teacher.py"
 RECORD_TEST = "test_record_teacher"
@@ -74,12 +74,7 @@ def payload(contract: Contract, evidence: Evidence, prompt_id: str) -> dict[str,
 
 
 def read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise TeacherSnapshotError(f"no teacher snapshot at {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TeacherSnapshotError(f"teacher snapshot {path} is corrupted: {e}") from e
+    data = read_json(path, "teacher snapshot", TeacherSnapshotError)
     required = {"teacher", "prompt_id", "token_count", "token_ids_sha256", "text_sha256"}
     if not isinstance(data, dict) or not required <= set(data) or not isinstance(data["teacher"], dict):
         raise TeacherSnapshotError(f"teacher snapshot {path} lacks fields {sorted(required - set(data or {}))}")

@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from pytest_b70lab import evidence, session
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 def anonymize(text: str) -> str:
     text = text.replace(str(REPO), "<repo>").replace(str(Path.home()), "<home>")
     text = text.replace(sys.prefix, "<venv>")
-    return re.sub(r"/tmp/b70lab-[A-Za-z0-9_]+", "<socket dir>", text)
+    return re.sub(re.escape(tempfile.gettempdir()) + r"/b70lab-[A-Za-z0-9_]+", "<socket dir>", text)
 
 
 def copy_start(src: Path, dst: Path) -> None:
