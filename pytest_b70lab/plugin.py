@@ -23,6 +23,9 @@ MARKERS = {
 }
 DEFAULT_CONTRACT = "mini-laguna-cpu"
 GATE_TEST_PROPERTY = "b70_gate_test"
+# A test may state a measured finding (a kernel's rounding, its q12/q1 difference) under this property: it
+# is printed in the terminal summary, also when the test ran on an xdist worker.
+FINDING_PROPERTY = "b70_finding"
 WORKER_RUN_DIR = "b70lab_run_dir"
 
 
@@ -350,9 +353,12 @@ class VerdictReporter:
 
     def __init__(self, state: LabState):
         self.state = state
+        self.findings: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
+        if report.when == "call" and FINDING_PROPERTY in props:
+            self.findings.append(str(props[FINDING_PROPERTY]))
         is_gate = "b70_gate" in props or GATE_TEST_PROPERTY in props
         if not is_gate or not (report.when == "call" or (report.failed and report.when == "setup")):
             return
@@ -392,6 +398,10 @@ class VerdictReporter:
                 "run_dir": str(self.state.run_dir), "gates": results}
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.findings:
+            terminalreporter.section("b70lab findings")
+            for line in sorted(set(self.findings)):
+                terminalreporter.write_line(line)
         if not self.state.gate_results:
             return
         v = self.verdict()

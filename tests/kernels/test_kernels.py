@@ -64,7 +64,8 @@ def test_rounding_probe_matches_the_declaration(impl, record_property) -> None:
     k_codes, _ = impl.read_back(impl.write(batch, 1.0, 1.0), batch, 0)
     seen = kernels.classify_rounding(inputs, k_codes[:, 0, 0])
     record_property("cache_write_rounding", seen)
-    print(f"{impl.name}: cache write rounds {seen} (declared {impl.rounding}); layout: {impl.layout}")
+    record_property("b70_finding", f"{impl.name}: cache write rounds {seen} (declared {impl.rounding}); "
+                                   f"layout: {impl.layout}")
     assert seen == impl.rounding, (f"{impl.name} declares {impl.rounding!r} rounding, the probe saw {seen!r}: "
                                    f"{inputs.tolist()} -> {kernels.e4m3_values(k_codes[:, 0, 0]).tolist()}")
 
@@ -92,8 +93,9 @@ def test_cache_bytes_equal_the_reference_in_the_declared_rounding(impl, record_p
     check()
     fraction = counts["differing"] / max(counts["total"], 1)
     record_property("differing_code_fraction", fraction)
-    print(f"{impl.name}: cache bytes vs reference-{impl.rounding}: {counts['differing']} of {counts['total']} codes "
-          f"({fraction:.2e}) one step off, over {counts['examples']} examples; declared slack {impl.write_code_slack:g}")
+    record_property("b70_finding", f"{impl.name}: cache bytes vs reference-{impl.rounding}: {counts['differing']} of "
+                                   f"{counts['total']} codes ({fraction:.2e}) one step off over {counts['examples']} "
+                                   f"examples; declared slack {impl.write_code_slack:g}")
     assert fraction <= impl.write_code_slack, (
         f"{impl.name}: {fraction:.2e} of cache codes differ from {impl.rounding} rounding "
         f"({counts['differing']}/{counts['total']}), more than the declared {impl.write_code_slack:g}")
@@ -181,8 +183,9 @@ def test_the_q12_exactness_declaration_holds(impl, record_property) -> None:
             measured[f"{dtype}-ctx{ctx}-page{block}"] = q12_vs_q1(impl, batch)
     worst = max(measured.values())
     record_property("q12_vs_q1_max_abs_diff", worst)
-    print(f"{impl.name}: q12 row vs q1 max |diff| = {worst:.3g} "
-          f"({'claims' if impl.claims_q12_exact else 'does not claim'} bit-exactness); per case: {measured}")
+    record_property("b70_finding", f"{impl.name}: q12 row vs q1 max |diff| = {worst:.3g} "
+                                   f"({'claims' if impl.claims_q12_exact else 'does not claim'} bit-exactness); "
+                                   f"per case: {measured}")
     if impl.claims_q12_exact:
         assert worst == 0.0, f"{impl.name} claims bit-exact q12 == q1 but differs by {worst:.3g}: {measured}"
     else:
