@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from . import throughput
-from .evidence import Request
+from .evidence import Request, sha256_ids
 
 
 class EngineRequestError(RuntimeError):
@@ -78,7 +78,7 @@ def stream_completion(client: httpx.Client, model: str, prompt: str, max_tokens:
     return Request(prompt_id=prompt_id, prompt_token_ids=prompt_ids, token_ids=token_ids, text=full_text,
                    finish_reason=finish, usage=usage, chunk_times=times, chunk_tokens=per_chunk,
                    cached_tokens=details.get("cached_tokens"),
-                   token_ids_sha256=hashlib.sha256(json.dumps(token_ids, separators=(",", ":")).encode()).hexdigest(),
+                   token_ids_sha256=sha256_ids(token_ids),
                    text_sha256=hashlib.sha256(full_text.encode("utf-8")).hexdigest(), decode_rate=rate)
 
 

@@ -49,6 +49,11 @@ class EngineInfo(Loose):
     environment: dict[str, str]
 
 
+def sha256_ids(ids: list[int]) -> str:
+    """The token-ID hash of a request (and of a teacher snapshot): SHA-256 of the compact JSON list."""
+    return hashlib.sha256(json.dumps(list(ids), separators=(",", ":")).encode()).hexdigest()
+
+
 class Request(Loose):
     prompt_id: str
     prompt_token_ids: list[int]

@@ -6,14 +6,12 @@ any machine. Each verdict carries the observed values, which the tests attach as
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .contract import Contract
-from .evidence import Evidence
+from .evidence import Evidence, sha256_ids
 from .mini import kv_scale_digest
 
 # Every gate a promotion needs (a run that did not evaluate one of them is not promotable).
@@ -73,6 +71,10 @@ def _request(check: _Check, start: Evidence, prompt_id: str):
 
 
 def _rank_audit(check: _Check, start: Evidence, rank: int) -> dict[str, Any] | None:
+    """The start's audit from TP rank `rank`, or None (and a failed check) when the start or the audit is
+    missing."""
+    if not _started(check, start):
+        return None
     audits = [a for a in start.audits if a.get("tp_rank") == rank]
     if not check.expect(len(audits) == 1, f"start-{start.start_index}: {len(audits)} audits from TP rank {rank} "
                                           f"(ranks seen: {sorted(a.get('tp_rank') for a in start.audits)})"):
@@ -92,7 +94,7 @@ def target_scale_audit(start: Evidence, rank: int, contract: Contract,
     count and digest are the contract's; nothing calculates scales at run time. `calibrated` (the mini
     manifest's per-layer values, when known) names the layer that differs."""
     c = _Check("target-scale-audit", f"start-{start.start_index} rank-{rank}")
-    if not _started(c, start) or (audit := _rank_audit(c, start, rank)) is None:
+    if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     layers = _layers(audit, "target")
     scales = {n: (layer["k_scale"], layer["v_scale"]) for n, layer in layers.items()}
@@ -123,7 +125,7 @@ def target_scale_audit(start: Evidence, rank: int, contract: Contract,
 def draft_cache_audit(start: Evidence, rank: int, contract: Contract) -> Verdict:
     """The draft's cache layers: the contract's count, FP8, unit scale; the draft declares no KV scheme."""
     c = _Check("draft-cache-audit", f"start-{start.start_index} rank-{rank}")
-    if not _started(c, start) or (audit := _rank_audit(c, start, rank)) is None:
+    if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     layers = _layers(audit, "draft")
     c.observe(draft_cache_layers=len(layers))
@@ -145,7 +147,7 @@ def draft_cache_audit(start: Evidence, rank: int, contract: Contract) -> Verdict
 def engine_resolution(start: Evidence, rank: int, contract: Contract) -> Verdict:
     """Every target and draft layer resolved FP8 KV storage and the intended backend, with no fallback."""
     c = _Check("engine-resolution", f"start-{start.start_index} rank-{rank}")
-    if not _started(c, start) or (audit := _rank_audit(c, start, rank)) is None:
+    if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     want = contract.expect.attention_backend
     layers = audit.get("attention_layers", {})
@@ -243,7 +245,7 @@ def compile_topology(start: Evidence, rank: int, contract: Contract) -> Verdict:
     """Graphs = the compiled pieces vLLM saw (piecewise graphs, or whole graphs where nothing is split);
     breaks = the split points between them plus Dynamo graph breaks."""
     c = _Check("compile-topology", f"start-{start.start_index} rank-{rank}")
-    if not _started(c, start) or (audit := _rank_audit(c, start, rank)) is None:
+    if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     counters = audit.get("compile_counters")
     if not c.expect(isinstance(counters, dict) and "vllm" in counters,
@@ -313,7 +315,7 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
 def launch_flags(start: Evidence, rank: int, contract: Contract) -> Verdict:
     """The engine's own view of its configuration equals the contract: any drift fails."""
     c = _Check("launch-flags", f"start-{start.start_index} rank-{rank}")
-    if not _started(c, start) or (audit := _rank_audit(c, start, rank)) is None:
+    if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     e = contract.engine
     seen = {
@@ -483,10 +485,6 @@ def token_count(start: Evidence, prompt_id: str, contract: Contract) -> Verdict:
     c.expect(len(r.token_ids) == n, f"{prompt_id}: {len(r.token_ids)} tokens, the contract asks for {n}")
     c.expect(r.token_ids_sha256 == sha256_ids(r.token_ids), f"{prompt_id}: recorded token hash does not match the IDs")
     return c.done()
-
-
-def sha256_ids(ids: Iterable[int]) -> str:
-    return hashlib.sha256(json.dumps(list(ids), separators=(",", ":")).encode()).hexdigest()
 
 
 # --- 4. teacher exactness ----------------------------------------------------------------------------

@@ -357,6 +357,8 @@ def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
     import torch
     from safetensors import safe_open
 
+    from .vllm_observe import moments  # the same definition the engine side reports
+
     def sha(t) -> str:
         return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
@@ -368,8 +370,7 @@ def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
                                      "sha256": sha(t)}
             if t.is_floating_point():
                 entry["sha256_as"] = {"float32": sha(t.to(torch.float32)), "bfloat16": sha(t.to(torch.bfloat16))}
-                d = t.double()
-                entry["moments"] = {"sum": float(d.sum()), "sumsq": float((d * d).sum()), "numel": int(d.numel())}
+                entry["moments"] = moments(t)
             out[name] = entry
     return out
 

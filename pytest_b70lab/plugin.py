@@ -267,9 +267,7 @@ def b70_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> li
 def b70_manifest(b70_state: LabState, b70_evidence: list[evidence_mod.Evidence]) -> dict | None:
     """The mini model's manifest behind the evidence (calibrated scales, tensor digests): the copy in the
     run folder, else the model cache's; None for hub models."""
-    import json
-
-    from . import session
+    from . import mini, session
 
     try:
         copy = session.load_manifest_copy(b70_state.run_dir)
@@ -278,7 +276,12 @@ def b70_manifest(b70_state: LabState, b70_evidence: list[evidence_mod.Evidence])
     if copy is not None:
         return copy
     path = b70_evidence[0].target.manifest_path
-    return json.loads(Path(path).read_text()) if path and Path(path).is_file() else None
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return mini.load_manifest(Path(path).parent)
+    except mini.MiniModelError as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,6 @@ gate must reject it with the right message. A gate that no mutation can fail is 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 
 from pytest_b70lab import gates, session, teacher
 from pytest_b70lab.contract import Contract
-from pytest_b70lab.evidence import Evidence
+from pytest_b70lab.evidence import Evidence, sha256_ids
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
@@ -106,7 +104,7 @@ def _set_metric(text: str, name: str, value: float) -> str:
 
 def _set_tokens(request, ids: list[int]) -> None:
     request.token_ids = ids
-    request.token_ids_sha256 = hashlib.sha256(json.dumps(ids, separators=(",", ":")).encode()).hexdigest()
+    request.token_ids_sha256 = sha256_ids(ids)
 
 
 def rank_scale_one(run: Run) -> None:
