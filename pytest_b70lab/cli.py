@@ -29,6 +29,51 @@ def _mini_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mini_export(args: argparse.Namespace) -> int:
+    from . import mini
+
+    folder = mini.build(args.cache_dir / "mini" if args.cache_dir else None)
+    print(mini.export_plain(folder, args.dir))
+    return 0
+
+
+def _derive_text(table: dict) -> str:
+    """What a contract pins from a checkpoint, as TOML: the [expect] lines, the rest as comments."""
+    from collections import Counter
+
+    dtypes = Counter(t["dtype"] for t in table["tensors"].values())
+    integer = sum(n for dtype, n in dtypes.items() if dtype.startswith(("int", "uint", "bool")))
+    packed = sum(1 for name in table["tensors"] if name.endswith(".weight_packed"))
+    quant = table["quantization"] or {}
+    read = table["read"]
+    rate = f"{read['bytes'] / read['seconds'] / 1e6:.0f} MB/s" if read["bytes"] and read["seconds"] else "-"
+    lines = [
+        f"# checkpoint {table['source']}",
+        f"# folder digest {table['digest']} ({len(table['files'])} files)",
+        f"# tensors: {len(table['tensors'])}, of which {integer} integer ({packed} pack-quantized weights); "
+        + ", ".join(f"{dtype} {n}" for dtype, n in sorted(dtypes.items())),
+        f"# quantization: {quant.get('quant_method', 'none')}"
+        + (f", format {quant['format']}" if quant.get("format") else "")
+        + (", KV cache scheme" if quant.get("kv_cache_scheme") else ""),
+        f"# read: {read['bytes'] / 1e6:.1f} MB in {read['seconds']:.2f} s ({rate}); "
+        f"{read['files_read']} files read, {read['files_cached']} from the cache",
+    ]
+    if not table["kv_scales"]:
+        return "\n".join(lines + ["# no calibrated KV scales: this checkpoint gives a contract nothing to pin "
+                                  "in [expect]"])
+    return "\n".join(lines + ["[expect]", f"target_kv_scale_count = {table['kv_scale_count']}",
+                              f'target_kv_scale_digest = "{table["kv_scale_digest"]}"'])
+
+
+def _contract_derive(args: argparse.Namespace) -> int:
+    from . import checkpoint, mini
+
+    folder = checkpoint.locate(args.checkpoint)
+    table = checkpoint.read_table(folder, args.cache_dir or mini.default_cache_root(), source=args.checkpoint)
+    print(json.dumps(table, indent=1, sort_keys=True) if args.json else _derive_text(table))
+    return 0
+
+
 def _contract_show(args: argparse.Namespace) -> int:
     from . import contract, mini, session
 
@@ -61,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify_p = mini_sub.add_parser("verify", help="check a mini model folder against its manifest")
     verify_p.add_argument("folder", type=Path)
     verify_p.set_defaults(func=_mini_verify)
+    export_p = mini_sub.add_parser("export", help="plain copies of the mini's target/ and draft/ (no manifest)")
+    export_p.add_argument("dir", type=Path, help="folder to write target/ and draft/ into")
+    export_p.add_argument("--cache-dir", type=Path, default=None,
+                          help="b70lab cache root the mini is built in (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+    export_p.set_defaults(func=_mini_export)
 
     contract_p = sub.add_parser("contract", help="experiment contracts (fixtures/contracts/)")
     contract_sub = contract_p.add_subparsers(dest="contract_command", required=True)
@@ -70,17 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
     show_p.add_argument("--cache-dir", type=Path, default=None)
     show_p.set_defaults(func=_contract_show)
     contract_sub.add_parser("list", help="the shipped contracts").set_defaults(func=_contract_list)
+    derive_p = contract_sub.add_parser("derive", help="what a contract pins from a checkpoint: KV-scale count and "
+                                                      "digest, as TOML for [expect], with its tensor table")
+    derive_p.add_argument("checkpoint", help="a checkpoint folder, or HUB_ID@REVISION in the local Hugging Face cache")
+    derive_p.add_argument("--cache-dir", type=Path, default=None,
+                          help="b70lab cache root; tables go to DIR/checkpoint-tables (default: $B70LAB_CACHE_DIR "
+                               "or ~/.cache/b70lab)")
+    derive_p.add_argument("--json", action="store_true", help="print the whole tensor table as JSON")
+    derive_p.set_defaults(func=_contract_derive)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .checkpoint import CheckpointError
     from .contract import ContractError
     from .mini import MiniModelError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (MiniModelError, ContractError) as e:
+    except (MiniModelError, ContractError, CheckpointError) as e:
         print(f"b70lab: {e}", file=sys.stderr)
         return 2
 

@@ -24,6 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+# kv_scale_digest and file_sha256 moved to digests; re-exported for the modules that still import them from here.
+from .digests import file_sha256, kv_scale_digest, sha256_canonical
+
 BUILDER_VERSION = 3
 FP8_E4M3_MAX = 448.0
 MANIFEST = "manifest.json"
@@ -117,34 +120,16 @@ def library_versions() -> dict[str, str]:
             "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__}
 
 
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
 def recipe_digest(recipe: MiniRecipe, versions: dict[str, str] | None = None) -> str:
     """Identity of a build: the recipe, the builder and the libraries whose numerics shape the bytes."""
     payload = {"recipe": asdict(recipe), "builder": BUILDER_VERSION,
                "versions": versions if versions is not None else library_versions()}
-    return hashlib.sha256(_canonical(payload)).hexdigest()
+    return sha256_canonical(payload)
 
 
 def engine_attention_layer(index: int) -> str:
     """The name vLLM gives layer `index`'s attention module (draft layers continue the numbering)."""
     return f"model.layers.{index}.self_attn.attn"
-
-
-def kv_scale_digest(scales: dict[str, tuple[float, float]]) -> str:
-    """Digest of {engine attention layer: (k_scale, v_scale)}, exact to the bit (float.hex), by layer name."""
-    lines = "".join(f"{name} {float(k).hex()} {float(v).hex()}\n" for name, (k, v) in sorted(scales.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def default_cache_root() -> Path:
@@ -357,7 +342,7 @@ def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
     import torch
     from safetensors import safe_open
 
-    from .vllm_observe import moments  # the same definition the engine side reports
+    from .digests import moments  # the same definition the engine side reports
 
     def sha(t) -> str:
         return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
@@ -407,7 +392,7 @@ def _build_into(out: Path, recipe: MiniRecipe, key: str, versions: dict[str, str
         "builder_version": BUILDER_VERSION,
         "versions": versions,
         "files": files,
-        "model_digest": hashlib.sha256(_canonical(files)).hexdigest(),
+        "model_digest": sha256_canonical(files),
         "target": {
             "path": "target",
             "num_layers": n,
@@ -489,3 +474,57 @@ def build(root: Path | str | None = None, *, force: bool = False, recipe: MiniRe
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+EXPORT_MARK = ".b70lab-export.json"
+EXPORTED_PARTS = ("target", "draft")
+
+
+def _is_export_of(out_dir: Path, mark: dict[str, Any]) -> bool:
+    """`out_dir` already holds exactly these files with these contents."""
+    try:
+        if json.loads((out_dir / EXPORT_MARK).read_text()) != mark:
+            return False
+    except (OSError, ValueError):
+        return False
+    present = {p.relative_to(out_dir).as_posix() for part in EXPORTED_PARTS if (out_dir / part).is_dir()
+               for p in (out_dir / part).rglob("*") if p.is_file()}
+    return present == set(mark["files"]) and all(file_sha256(out_dir / rel) == sha
+                                                 for rel, sha in mark["files"].items())
+
+
+def export_plain(mini_folder: Path, out_dir: Path) -> Path:
+    """Plain copies of the mini's target and draft (config, tokenizer, weights; no manifest) in out_dir/target
+    and out_dir/draft: the mini as any local checkpoint folder looks, so that models given as folders run
+    with known answers. Idempotent; the new export is staged beside out_dir and renamed into place, so
+    out_dir never holds half of one. Only a new, empty or previously exported out_dir is written."""
+    from filelock import FileLock
+
+    manifest = verify(Path(mini_folder))
+    out_dir = Path(out_dir).resolve()
+    mark = {"recipe_digest": manifest["recipe_digest"],
+            "files": {rel: sha for rel, sha in sorted(manifest["files"].items())
+                      if rel.split("/", 1)[0] in EXPORTED_PARTS}}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out_dir.parent / f".{out_dir.name}.lock")):
+        if _is_export_of(out_dir, mark):
+            return out_dir
+        if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir())
+                                                          and not (out_dir / EXPORT_MARK).is_file())):
+            raise MiniModelError(f"{out_dir} exists and is not a b70lab mini export; export into a new or "
+                                 f"empty folder")
+        staging = out_dir.parent / f".{out_dir.name}.exporting-{os.getpid()}"
+        previous = out_dir.parent / f".{out_dir.name}.previous-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            for rel in mark["files"]:
+                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(mini_folder) / rel, staging / rel)
+            _write_json(staging / EXPORT_MARK, mark)
+            if out_dir.exists() and any(out_dir.iterdir()):
+                os.replace(out_dir, previous)
+            os.replace(staging, out_dir)  # onto a missing or empty folder
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(previous, ignore_errors=True)
+    return out_dir
