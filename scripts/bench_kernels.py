@@ -58,6 +58,9 @@ def main() -> int:
     bandwidth = copy_bandwidth()
     rows = []
     for impl in kernels.discover():
+        if isinstance(impl, kernels.Broken):
+            print(f"{impl.name}: installed but broken, not benchmarked: {impl.error}", file=sys.stderr, flush=True)
+            continue
         if isinstance(impl, kernels.Unavailable) or impl.name.startswith("reference"):
             continue  # the reference is a per-row Python loop: a correctness oracle, not a kernel
         for dtype in impl.dtypes:
