@@ -34,9 +34,12 @@ class ModelSource(Strict):
     """Where a checkpoint comes from: the generated mini model, a local folder, or a pinned hub revision."""
 
     source: Literal["mini", "path", "hub"]
-    path: str | None = None
+    path: str | None = None   # relative paths are relative to the repository root
     hub_id: str | None = None
     revision: GIT_SHA | None = None
+    # A path model the session may make when its folder is missing: "mini-export" writes plain copies of the
+    # generated mini (config, tokenizer, safetensors, no manifest) to path/.. as target/ and draft/.
+    if_missing: Literal["mini-export"] | None = None
 
     @model_validator(mode="after")
     def _one_location(self) -> ModelSource:
@@ -46,12 +49,18 @@ class ModelSource(Strict):
             raise ValueError("a path model needs path")
         if self.source == "mini" and (self.path or self.hub_id or self.revision):
             raise ValueError("a mini model takes no path, hub_id or revision")
+        if self.if_missing and self.source != "path":
+            raise ValueError("if_missing applies to a path model only")
+        if self.if_missing == "mini-export" and Path(self.path or "").name not in ("target", "draft"):
+            raise ValueError("a mini-export path ends in /target or /draft (the export writes both)")
         return self
 
 
 class Engine(Strict):
     device: Literal["cpu", "xpu"]
-    dtype: Literal["float32", "bfloat16", "float16", "auto"]
+    # No "auto": the contract is the identity of the experiment, and the launch-flags gate compares this
+    # with what the engine resolved.
+    dtype: Literal["float32", "bfloat16", "float16"]
     kv_cache_dtype: Literal["fp8", "fp8_e4m3"]
     block_size: int = Field(gt=0, multiple_of=16)
     tensor_parallel: int = Field(ge=1)
@@ -89,6 +98,9 @@ class Expect(Strict):
     attention_backend: str
     compile_graphs: int = Field(ge=0)
     compile_breaks: int = Field(ge=0)
+    # Checkpoint tensors (names or fnmatch patterns) that no engine parameter is made of, each with the
+    # reason: the load audit fails on any other uncovered tensor.
+    load_audit_exempt: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
 
 
 class Prompts(Strict):
@@ -133,6 +145,9 @@ class Contract(Strict):
             raise ValueError("draft and speculative go together: both present or both absent")
         if self.target.source == "mini" and self.draft is not None and self.draft.source != "mini":
             raise ValueError("a mini target pairs with the mini draft")
+        if self.kind == "candidate" and self.reproduction.fresh_starts < 2:
+            raise ValueError(f"reproduction.fresh_starts is {self.reproduction.fresh_starts}: a candidate needs at "
+                             f"least 2 fresh starts (the fresh-start reproduction gate compares them)")
         return self
 
     def canonical(self) -> dict[str, Any]:
@@ -219,8 +234,12 @@ def prompts_path(contract: Contract) -> Path:
     return p if p.is_absolute() else REPO_ROOT / p
 
 
-def load_prompts(contract: Contract) -> list[Prompt]:
+def load_prompts(contract: Contract, fallback: Path | None = None) -> list[Prompt]:
+    """The contract's pinned prompt set; `fallback` (a run folder's copy) is read where the contract's own
+    file is not on this machine, and held to the same sha256."""
     path = prompts_path(contract)
+    if not path.is_file() and fallback is not None and fallback.is_file():
+        path = fallback
     where = f"prompt set {path} (contract {contract.name}, field prompts.file)"
     if not path.is_file():
         raise ContractError(f"{where} does not exist")

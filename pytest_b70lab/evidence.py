@@ -38,8 +38,9 @@ class ContractRef(Loose):
 class ModelRef(Loose):
     ref: str
     revision: str | None = None
-    manifest_digest: str | None = None       # the mini model's manifest `model_digest`
+    manifest_digest: str | None = None       # the mini model's manifest `model_digest` (target and draft)
     manifest_path: str | None = None
+    digest: str | None = None                # this checkpoint folder's own digest (pytest_b70lab.checkpoint)
 
 
 class EngineInfo(Loose):

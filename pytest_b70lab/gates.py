@@ -6,20 +6,56 @@ any machine. Each verdict carries the observed values, which the tests attach as
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .contract import Contract
 from .evidence import Evidence, sha256_ids
-from .mini import kv_scale_digest
+from .digests import kv_scale_digest
 
-# Every gate a promotion needs (a run that did not evaluate one of them is not promotable).
-CATALOGUE = ("target-scale-audit", "draft-cache-audit", "engine-resolution", "metrics-agree", "teacher-exactness",
-             "cold-prompt", "compile-topology", "fresh-start-reproduction", "launch-flags", "load-audit",
-             "spec-counters", "token-count")
+# Every gate a promotion needs, and what it is judged per: each (start, rank), (start, prompt), start, or
+# the run as a whole. The verdict derives the required (gate, subject) pairs from this and the contract.
+SCOPES = {
+    "target-scale-audit": "rank", "draft-cache-audit": "rank", "engine-resolution": "rank",
+    "metrics-agree": "start", "teacher-exactness": "prompt", "cold-prompt": "prompt", "compile-topology": "rank",
+    "fresh-start-reproduction": "run", "launch-flags": "rank", "load-audit": "start", "spec-counters": "start",
+    "token-count": "prompt",
+}
+CATALOGUE = tuple(SCOPES)
+SPECULATIVE_GATES = frozenset({"draft-cache-audit", "spec-counters"})
 FP8_KV_DTYPES = {"fp8", "fp8_e4m3"}
 FP8_STORAGE_DTYPES = {"uint8", "float8_e4m3fn"}
+
+
+def subject(start: int | None = None, rank: int | None = None, prompt: str | None = None) -> str:
+    """The one spelling of a gate's subject, shared by the gates, the tests' collection and the verdict."""
+    if start is None:
+        return "run"
+    if rank is not None:
+        return f"start-{start} rank-{rank}"
+    if prompt is not None:
+        return f"start-{start} prompt:{prompt}"
+    return f"start-{start}"
+
+
+def applicable_gates(contract: Contract) -> list[str]:
+    """The catalogue less what the contract makes inapplicable (no speculation: no draft gates)."""
+    return [g for g in CATALOGUE if contract.speculative is not None or g not in SPECULATIVE_GATES]
+
+
+def required_subjects(contract: Contract, prompt_ids: list[str]) -> list[tuple[str, str]]:
+    """Every (gate, subject) pair a promotion of `contract` needs, from the contract alone: its fresh starts,
+    tensor-parallel ranks and prompt set."""
+    starts = range(1, contract.reproduction.fresh_starts + 1)
+    per = {
+        "rank": [subject(s, rank=r) for s in starts for r in range(contract.engine.tensor_parallel)],
+        "prompt": [subject(s, prompt=p) for s in starts for p in prompt_ids],
+        "start": [subject(s) for s in starts],
+        "run": [subject()],
+    }
+    return [(gate, subj) for gate in applicable_gates(contract) for subj in per[SCOPES[gate]]]
 
 
 @dataclass
@@ -89,11 +125,12 @@ def _layers(audit: dict[str, Any], owner: str) -> dict[str, dict[str, Any]]:
 # --- 1. target scale audit ---------------------------------------------------------------------------
 
 def target_scale_audit(start: Evidence, rank: int, contract: Contract,
-                       calibrated: dict[str, dict[str, float]] | None = None) -> Verdict:
+                       calibrated: dict[str, dict[str, float]] | None) -> Verdict:
     """Every target attention layer holds FP8 KV with the checkpoint's calibrated scalar scales; their
-    count and digest are the contract's; nothing calculates scales at run time. `calibrated` (the mini
-    manifest's per-layer values, when known) names the layer that differs."""
-    c = _Check("target-scale-audit", f"start-{start.start_index} rank-{rank}")
+    count and digest are the contract's; nothing calculates scales at run time. `calibrated` is the
+    checkpoint's per-layer table (engine layer -> k_scale, v_scale): without it the gate cannot say which
+    layer holds what, and fails."""
+    c = _Check("target-scale-audit", subject(start.start_index, rank=rank))
     if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     layers = _layers(audit, "target")
@@ -103,19 +140,28 @@ def target_scale_audit(start: Evidence, rank: int, contract: Contract,
     c.expect(2 * len(layers) == contract.expect.target_kv_scale_count,
              f"{2 * len(layers)} K/V scales on {len(layers)} target layers, the contract expects "
              f"{contract.expect.target_kv_scale_count}")
+    c.expect(calibrated is not None, "no checkpoint table of calibrated scales to compare the engine's with "
+                                     "(the target checkpoint could not be read: see the load-audit gate)")
     for name, layer in sorted(layers.items()):
         c.expect(layer.get("kv_cache_dtype") in FP8_KV_DTYPES,
                  f"{name}: KV cache dtype {layer.get('kv_cache_dtype')!r}, expected FP8")
-        c.expect(layer.get("calculate_kv_scales") in (False, None),
-                 f"{name}: calculates KV scales at run time")
+        # None: the engine has no run-time scale calculation at all (vLLM 0.32); an absent key: not audited.
+        c.expect("calculate_kv_scales" in layer, f"{name}: the audit did not record calculate_kv_scales")
+        c.expect(layer.get("calculate_kv_scales") in (False, None), f"{name}: calculates KV scales at run time")
         if scales[name] == (1.0, 1.0):
             c.expect(False, f"{name}: K and V scale are 1.0: the calibrated scales did not load")
-        if calibrated is not None and name in calibrated:
+        if calibrated is not None:
+            if not c.expect(name in calibrated, f"{name}: the checkpoint has no calibrated scales for this layer"):
+                continue
             want = (calibrated[name]["k_scale"], calibrated[name]["v_scale"])
             c.expect(scales[name] == want, f"{name}: engine scales (k, v) = {scales[name]}, checkpoint has {want}")
+    for name in sorted(set(calibrated or {}) - set(layers)):
+        c.expect(False, f"{name}: calibrated in the checkpoint, but no such target attention layer in the engine")
     c.expect(digest == contract.expect.target_kv_scale_digest,
              f"scale digest {digest} != contract's {contract.expect.target_kv_scale_digest}")
-    c.expect(audit.get("cache_config", {}).get("calculate_kv_scales") in (False, None),
+    cache_config = audit.get("cache_config") or {}
+    c.expect("calculate_kv_scales" in cache_config, "the audit did not record the cache config's calculate_kv_scales")
+    c.expect(cache_config.get("calculate_kv_scales") in (False, None),
              "the engine's cache config calculates KV scales at run time")
     return c.done()
 
@@ -124,7 +170,7 @@ def target_scale_audit(start: Evidence, rank: int, contract: Contract,
 
 def draft_cache_audit(start: Evidence, rank: int, contract: Contract) -> Verdict:
     """The draft's cache layers: the contract's count, FP8, unit scale; the draft declares no KV scheme."""
-    c = _Check("draft-cache-audit", f"start-{start.start_index} rank-{rank}")
+    c = _Check("draft-cache-audit", subject(start.start_index, rank=rank))
     if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     layers = _layers(audit, "draft")
@@ -136,7 +182,14 @@ def draft_cache_audit(start: Evidence, rank: int, contract: Contract) -> Verdict
                  f"{name}: draft KV cache dtype {layer.get('kv_cache_dtype')!r}, expected FP8")
         c.expect((layer.get("k_scale"), layer.get("v_scale")) == (1.0, 1.0),
                  f"{name}: draft scales (k, v) = {(layer.get('k_scale'), layer.get('v_scale'))}, expected unit scale")
-    quant = audit.get("draft_quantization")
+    # None: the draft's config has no quantization_config; a dict: it has one; anything else (absent, or
+    # the audit's "unavailable: ..." note) means nobody looked, which is not "declares none".
+    if not c.expect("draft_quantization" in audit, "the audit did not record the draft's quantization config"):
+        return c.done()
+    quant = audit["draft_quantization"]
+    if not c.expect(quant is None or isinstance(quant, dict),
+                    f"the draft's quantization config could not be read: {quant!r}"):
+        return c.done()
     declares = isinstance(quant, dict) and quant.get("kv_cache_scheme") is not None
     c.expect(not declares, f"the draft checkpoint declares a KV calibration: {quant.get('kv_cache_scheme') if declares else ''}")
     return c.done()
@@ -144,9 +197,19 @@ def draft_cache_audit(start: Evidence, rank: int, contract: Contract) -> Verdict
 
 # --- 3. engine resolution ----------------------------------------------------------------------------
 
+def rank_log_name(contract: Contract, rank: int) -> str:
+    """The evidence's log entry for a TP rank (vLLM tags worker lines `Worker`, `Worker_TP1` or
+    `Worker_TP1_EP1`)."""
+    e = contract.engine
+    if e.tensor_parallel == 1:
+        return "rank:Worker"
+    return f"rank:Worker_TP{rank}_EP{rank}" if e.expert_parallel else f"rank:Worker_TP{rank}"
+
+
 def engine_resolution(start: Evidence, rank: int, contract: Contract) -> Verdict:
-    """Every target and draft layer resolved FP8 KV storage and the intended backend, with no fallback."""
-    c = _Check("engine-resolution", f"start-{start.start_index} rank-{rank}")
+    """Every target and draft layer resolved FP8 KV storage and the intended backend, with no fallback
+    (vLLM logs a fallback once, at INFO, and runs another backend: the scanned server log must exist)."""
+    c = _Check("engine-resolution", subject(start.start_index, rank=rank))
     if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     want = contract.expect.attention_backend
@@ -161,14 +224,21 @@ def engine_resolution(start: Evidence, rank: int, contract: Contract) -> Verdict
         tensor = layer.get("kv_tensor") or {}
         c.expect(tensor.get("dtype") in FP8_STORAGE_DTYPES,
                  f"{name}: KV cache tensor is {tensor.get('dtype')!r}, not 8-bit FP8 storage")
-    fallbacks = start.log_findings.get("backend_fallback", [])
-    c.expect(not fallbacks, f"backend fallback in the log: {fallbacks[0] if fallbacks else ''}")
+    c.expect("server" in start.logs, f"start-{start.start_index}: no server log recorded, so a backend fallback "
+                                     "could not be looked for")
+    rank_log = rank_log_name(contract, rank)
+    c.expect(rank_log in start.logs, f"start-{start.start_index}: no log of rank {rank} ({rank_log.removeprefix('rank:')}) "
+                                     f"recorded; logs: {sorted(start.logs)}")
+    if c.expect("backend_fallback" in start.log_findings,
+                f"start-{start.start_index}: the server log was not scanned for backend fallbacks"):
+        fallbacks = start.log_findings["backend_fallback"]
+        c.expect(not fallbacks, f"backend fallback in the log: {fallbacks[0] if fallbacks else ''}")
     return c.done()
 
 
 def metrics_agree(start: Evidence, contract: Contract) -> Verdict:
     """`vllm:cache_config_info` reports the contract's KV dtype, block size and prefix caching off."""
-    c = _Check("metrics-agree", f"start-{start.start_index}")
+    c = _Check("metrics-agree", subject(start.start_index))
     if not _started(c, start):
         return c.done()
     labels = _info_labels(start.metrics_after, "vllm:cache_config_info")
@@ -200,6 +270,12 @@ def _info_labels(text: str | None, name: str) -> dict[str, str] | None:
     return None
 
 
+def has_counter(text: str | None, name: str) -> bool:
+    """Whether /metrics carries the counter at all (an absent counter is not a zero one)."""
+    return any(f.name == name.removesuffix("_total") and any(s.name.endswith("_total") for s in f.samples)
+               for f in _families(text))
+
+
 def counter_total(text: str | None, name: str, **labels: str) -> float:
     """Sum of a counter's samples (its `_total` series) whose labels include `labels`."""
     total = 0.0
@@ -228,14 +304,19 @@ def counter_by_label(text: str | None, name: str, label: str) -> dict[str, float
 def cold_prompt(start: Evidence, prompt_id: str) -> Verdict:
     """The prompt was computed from scratch: no cached tokens, and the prefix-cache hit counter did not move
     during the run."""
-    c = _Check("cold-prompt", f"start-{start.start_index} {prompt_id}")
+    c = _Check("cold-prompt", subject(start.start_index, prompt=prompt_id))
     if (request := _request(c, start, prompt_id)) is None:
         return c.done()
-    hits = (counter_total(start.metrics_after, "vllm:prefix_cache_hits_total")
-            - counter_total(start.metrics_before, "vllm:prefix_cache_hits_total"))
-    c.observe(cached_tokens=request.cached_tokens, prefix_cache_hits_delta=hits)
+    c.observe(cached_tokens=request.cached_tokens)
     c.expect(request.cached_tokens == 0, f"{prompt_id}: {request.cached_tokens} cached prompt tokens, expected 0")
-    c.expect(hits == 0, f"the prefix-cache hit counter moved by {hits:g} during the run")
+    hits = "vllm:prefix_cache_hits_total"
+    for when, text in (("before", start.metrics_before), ("after", start.metrics_after)):
+        if not c.expect(has_counter(text, hits), f"start-{start.start_index}: /metrics {when} the prompts has no "
+                                                 f"{hits}: whether the prefix cache was hit cannot be told"):
+            return c.done()
+    delta = counter_total(start.metrics_after, hits) - counter_total(start.metrics_before, hits)
+    c.observe(prefix_cache_hits_delta=delta)
+    c.expect(delta == 0, f"the prefix-cache hit counter moved by {delta:g} during the run")
     return c.done()
 
 
@@ -244,12 +325,16 @@ def cold_prompt(start: Evidence, prompt_id: str) -> Verdict:
 def compile_topology(start: Evidence, rank: int, contract: Contract) -> Verdict:
     """Graphs = the compiled pieces vLLM saw (piecewise graphs, or whole graphs where nothing is split);
     breaks = the split points between them plus Dynamo graph breaks."""
-    c = _Check("compile-topology", f"start-{start.start_index} rank-{rank}")
+    c = _Check("compile-topology", subject(start.start_index, rank=rank))
     if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     counters = audit.get("compile_counters")
-    if not c.expect(isinstance(counters, dict) and "vllm" in counters,
+    if not c.expect(isinstance(counters, dict) and isinstance(counters.get("vllm"), dict),
                     f"the audit has no compile counters ({counters!r})"):
+        return c.done()
+    needed = {"num_graphs_seen", "num_piecewise_graphs_seen"} - set(counters["vllm"])
+    needed |= {"dynamo_unique_graphs", "dynamo_graph_breaks"} - set(counters)
+    if not c.expect(not needed, f"the audit's compile counters lack {sorted(needed)}"):
         return c.done()
     graphs, breaks = topology(counters)
     c.observe(compile_graphs=graphs, compile_breaks=breaks, compilation_mode=audit.get("compilation", {}).get("mode"))
@@ -280,13 +365,15 @@ def topology(counters: dict[str, Any]) -> tuple[int, int]:
 def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
     """Every later start reproduces the first one's output exactly and its endpoint median decode rate
     within the contract's relative tolerance."""
-    c = _Check("fresh-start-reproduction", f"{len(starts)} starts")
+    c = _Check("fresh-start-reproduction", subject())
     need = contract.reproduction.fresh_starts
     c.expect(len(starts) == need, f"{len(starts)} fresh starts recorded, the contract asks for {need}")
     if not all(_started(c, s) for s in starts) or len(starts) < 2:
         c.expect(len(starts) >= 2 or need < 2, "reproduction needs at least two starts")
         return c.done()
     first = starts[0]
+    if not c.expect(bool(first.requests), "start-1 recorded no requests: there is no output to reproduce"):
+        return c.done()
     medians = [s.throughput.endpoint_median for s in starts]
     c.observe(endpoint_medians=medians)
     for later in starts[1:]:
@@ -294,9 +381,7 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
             other = later.request(r.prompt_id)
             if not c.expect(other is not None, f"start-{later.start_index} has no request for {r.prompt_id}"):
                 continue
-            if other.token_ids != r.token_ids:
-                at = next((i for i, (a, b) in enumerate(zip(r.token_ids, other.token_ids)) if a != b),
-                          min(len(r.token_ids), len(other.token_ids)))
+            if (at := first_difference(other.token_ids, r.token_ids)) is not None:
                 c.expect(False, f"{r.prompt_id}: start-{later.start_index} differs from start-1 at token {at}")
             c.expect(other.text_sha256 == r.text_sha256,
                      f"{r.prompt_id}: decoded text differs between start-1 and start-{later.start_index}")
@@ -313,55 +398,91 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
 # --- beyond the seed ---------------------------------------------------------------------------------
 
 def launch_flags(start: Evidence, rank: int, contract: Contract) -> Verdict:
-    """The engine's own view of its configuration equals the contract: any drift fails."""
-    c = _Check("launch-flags", f"start-{start.start_index} rank-{rank}")
+    """The engine's own view of its configuration equals the contract, field by field: every engine field
+    of the contract is compared with what the engine resolved; a field the audit did not record fails."""
+    c = _Check("launch-flags", subject(start.start_index, rank=rank))
     if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
+    missing = object()
+
+    def at(*path: str):
+        node: Any = audit
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return missing
+            node = node[key]
+        return node
+
     e = contract.engine
-    seen = {
-        "tensor_parallel": audit.get("parallel_config", {}).get("tensor_parallel_size"),
-        "expert_parallel": audit.get("parallel_config", {}).get("enable_expert_parallel"),
-        "kv_cache_dtype": audit.get("cache_config", {}).get("cache_dtype"),
-        "block_size": audit.get("cache_config", {}).get("block_size"),
-        "enable_prefix_caching": audit.get("cache_config", {}).get("enable_prefix_caching"),
-        "async_scheduling": audit.get("scheduler_config", {}).get("async_scheduling"),
-        "max_num_seqs": audit.get("scheduler_config", {}).get("max_num_seqs"),
-        "speculative_method": (audit.get("speculative_config") or {}).get("method"),
-        "num_speculative_tokens": (audit.get("speculative_config") or {}).get("num_speculative_tokens"),
-        "dtype": audit.get("model_dtype"),
+    spec = contract.speculative
+    engine_spec = at("speculative_config")
+    compared = {
+        # contract field: (what the engine resolved, what the contract says)
+        "device": (at("device_type"), e.device),
+        "dtype": (at("model_config", "dtype"), e.dtype),
+        "kv_cache_dtype": (at("cache_config", "cache_dtype"), e.kv_cache_dtype),
+        "block_size": (at("cache_config", "block_size"), e.block_size),
+        "tensor_parallel": (at("parallel_config", "tensor_parallel_size"), e.tensor_parallel),
+        "expert_parallel": (at("parallel_config", "enable_expert_parallel"), e.expert_parallel),
+        "enable_prefix_caching": (at("cache_config", "enable_prefix_caching"), e.enable_prefix_caching),
+        "async_scheduling": (at("scheduler_config", "async_scheduling"), e.async_scheduling),
+        "max_num_seqs": (at("scheduler_config", "max_num_seqs"), e.max_num_seqs),
+        # vLLM 0.32 has no run-time KV scale calculation: it reports None, which is "off".
+        "calculate_kv_scales": (at("cache_config", "calculate_kv_scales"), e.calculate_kv_scales),
+        "max_model_len": (at("model_config", "max_model_len"), e.max_model_len),
+        "compile_mode": (at("model_config", "enforce_eager"), e.compile_mode == "eager"),
+        "attention_backend": (at("attention_config", "backend"), e.attention_backend),
+        "seed": (at("model_config", "seed"), e.seed),
+        "speculative.method": (engine_spec.get("method") if isinstance(engine_spec, dict) else engine_spec,
+                               spec.method if spec else None),
+        "speculative.num_speculative_tokens": (
+            engine_spec.get("num_speculative_tokens") if isinstance(engine_spec, dict) else engine_spec,
+            spec.num_speculative_tokens if spec else None),
     }
-    want = {
-        "tensor_parallel": e.tensor_parallel, "expert_parallel": e.expert_parallel,
-        "kv_cache_dtype": e.kv_cache_dtype, "block_size": e.block_size,
-        "enable_prefix_caching": e.enable_prefix_caching, "async_scheduling": e.async_scheduling,
-        "max_num_seqs": e.max_num_seqs,
-        "speculative_method": contract.speculative.method if contract.speculative else None,
-        "num_speculative_tokens": contract.speculative.num_speculative_tokens if contract.speculative else None,
-        "dtype": e.dtype if e.dtype != "auto" else seen["dtype"],
-    }
-    c.observe(**{f"engine_{k}": v for k, v in seen.items()})
-    for key, value in want.items():
-        c.expect(seen[key] == value, f"{key}: engine has {seen[key]!r}, contract says {value!r}")
+    if compared["calculate_kv_scales"][0] is None:
+        compared["calculate_kv_scales"] = (False, e.calculate_kv_scales)
+    c.observe(**{f"engine_{k.replace('.', '_')}": (None if seen is missing else seen)
+                 for k, (seen, _) in compared.items()})
+    for key, (seen, want) in compared.items():
+        if not c.expect(seen is not missing, f"{key}: the audit did not record the engine's value "
+                                             f"(evidence from an older b70lab audit?)"):
+            continue
+        if key == "compile_mode":
+            c.expect(seen == want, f"compile_mode: engine has enforce_eager={seen!r}, contract says {e.compile_mode!r}")
+        else:
+            c.expect(seen == want, f"{key}: engine has {seen!r}, contract says {want!r}")
     return c.done()
 
 
 def checkpoint_sources(engine_name: str, checkpoint: dict[str, dict[str, Any]]) -> list[str]:
-    """The checkpoint tensors an engine parameter is made of (vLLM fuses q/k/v, gate/up and the experts)."""
+    """The checkpoint tensors an engine parameter is made of. vLLM fuses q/k/v and gate/up, and stacks the
+    experts (`experts.w13_<part>` = every expert's gate and up `<part>`); quantized layers keep the
+    checkpoint's part names (`weight_packed`, `weight_scale`, ...), so the part carries through."""
     name = engine_name.replace(".routed_experts.", ".")
-    for fused, parts in ((".qkv_proj.weight", (".q_proj.weight", ".k_proj.weight", ".v_proj.weight")),
-                         (".gate_up_proj.weight", (".gate_proj.weight", ".up_proj.weight"))):
-        if name.endswith(fused):
-            stem = name[: -len(fused)]
-            found = [stem + part for part in parts if stem + part in checkpoint]
+    for fused, members in ((".qkv_proj.", (".q_proj.", ".k_proj.", ".v_proj.")),
+                           (".gate_up_proj.", (".gate_proj.", ".up_proj."))):
+        if fused in name:
+            stem, part = name.rsplit(fused, 1)
+            found = [stem + m + part for m in members if stem + m + part in checkpoint]
             if found:
                 return found
-    for fused, parts in ((".experts.w13_weight", (".gate_proj.weight", ".up_proj.weight")),
-                         (".experts.w2_weight", (".down_proj.weight",))):
-        if name.endswith(fused):
-            prefix = name[: -len(fused)] + ".experts."
-            return sorted(k for k in checkpoint if k.startswith(prefix) and k.endswith(parts)
-                          and k[len(prefix):].split(".")[0].isdigit())
+    stem, _, leaf = name.rpartition(".experts.")
+    for stacked, members in (("w13_", (".gate_proj.", ".up_proj.")), ("w2_", (".down_proj.",))):
+        if stem and leaf.startswith(stacked):
+            prefix, part = stem + ".experts.", leaf.removeprefix(stacked)
+            return sorted(k for k in checkpoint if k.startswith(prefix) and k[len(prefix):].split(".")[0].isdigit()
+                          and any(k.endswith(m + part) for m in members))
     return [name] if name in checkpoint else []
+
+
+# Checkpoint tensors the engine consumes at load instead of keeping as a parameter, and where they are
+# audited instead.
+CONSUMED_AT_LOAD = {
+    "*.self_attn.k_scale": "KV scale, consumed at load: audited by target-scale-audit",
+    "*.self_attn.v_scale": "KV scale, consumed at load: audited by target-scale-audit",
+    "*.self_attn.k_proj.output_scale": "KV scale, consumed at load: audited by target-scale-audit",
+    "*.self_attn.v_proj.output_scale": "KV scale, consumed at load: audited by target-scale-audit",
+}
 
 
 def _close(a: float, b: float) -> bool:
@@ -381,8 +502,7 @@ def _moment_mismatches(per_rank: dict[Any, dict[str, dict[str, Any]]], checkpoin
             continue
         covered.update(parts)
         if any("moments" not in checkpoint[s] for s in parts):
-            problems.append(f"{name}: the checkpoint manifest has no moments for {parts} (a model built by an "
-                            f"older b70lab: rebuild with `b70lab mini build --force`)")
+            problems.append(f"{name}: the checkpoint table has no moments for {parts}")
             continue
         want = {k: sum(checkpoint[s]["moments"][k] for s in parts) for k in ("sum", "sumsq", "numel")}
         seen = {rank: params[name].get("moments") for rank, params in per_rank.items() if name in params}
@@ -405,61 +525,75 @@ def _moment_mismatches(per_rank: dict[Any, dict[str, dict[str, Any]]], checkpoin
     return compared, covered, problems
 
 
-def load_audit(start: Evidence, target_tensors: dict[str, dict[str, Any]] | None,
-               draft_tensors: dict[str, dict[str, Any]] | None = None,
-               ignore_suffixes: tuple[str, ...] = (".k_scale", ".v_scale")) -> Verdict:
+def load_audit(start: Evidence, contract: Contract, target: dict[str, Any] | None,
+               draft: dict[str, Any] | None, problems: dict[str, str] | None = None) -> Verdict:
     """Every tensor of the target (and draft) checkpoint reached the engine with its values: the float64
     sum and sum of squares of what the ranks loaded equal those of the checkpoint tensors each engine
     parameter is made of. Moments see through tensor-parallel sharding, fusion, kernel repacking and zero
     padding; a tensor left at its initial value (a router bias at zero) or loaded from the wrong place
-    changes them. KV scales are consumed at load and audited by the scale gate."""
-    c = _Check("load-audit", f"start-{start.start_index}")
+    changes them. `target` / `draft` are checkpoint tables (pytest_b70lab.checkpoint); a checkpoint tensor
+    that no parameter is made of fails, unless the contract exempts it by name with a reason."""
+    c = _Check("load-audit", subject(start.start_index))
     if not _started(c, start):
         return c.done()
-    if not c.expect(bool(target_tensors), "no checkpoint tensor digests to compare with (a hub model without a "
-                                          "local manifest)"):
-        return c.done()
-    checks = [("target", target_tensors, {a.get("tp_rank"): a.get("parameters") or {} for a in start.audits},
-               lambda n: checkpoint_sources(n, target_tensors))]
-    if draft_tensors:
+    exempt = {**CONSUMED_AT_LOAD, **contract.expect.load_audit_exempt}
+    parts = [("target", target, "parameters", lambda n: n)]
+    if contract.speculative is not None:
         # The draft's engine names carry a "model." prefix its checkpoint does not; embedding and lm_head
         # are shared from the target and have no draft tensor.
-        checks.append(("draft", draft_tensors,
-                       {a.get("tp_rank"): a.get("draft_parameters") or {} for a in start.audits},
-                       lambda n: checkpoint_sources(n.removeprefix("model."), draft_tensors)))
-    for label, tensors, per_rank, sources in checks:
-        if not any(per_rank.values()):
-            c.expect(False, f"{label}: the audit recorded no {label} parameters (evidence from an older b70lab audit)")
+        parts.append(("draft", draft, "draft_parameters", lambda n: n.removeprefix("model.")))
+    for label, table, key, to_checkpoint in parts:
+        tensors = (table or {}).get("tensors")
+        why = (problems or {}).get(label) or "the checkpoint was not read"
+        if not c.expect(bool(tensors), f"{label}: no checkpoint table to compare the engine with: {why}"):
             continue
-        compared, covered, problems = _moment_mismatches(per_rank, tensors, sources)
-        missing = sorted(k for k in tensors if k not in covered and not k.endswith(ignore_suffixes))
+        per_rank = {a.get("tp_rank"): a.get(key) or {} for a in start.audits}
+        if not c.expect(any(per_rank.values()), f"{label}: the audit recorded no {label} parameters"):
+            continue
+        compared, covered, mismatches = _moment_mismatches(
+            per_rank, tensors, lambda n, t=tensors, f=to_checkpoint: checkpoint_sources(f(n), t))
+        uncovered = sorted(k for k in tensors if k not in covered)
+        exempted = {k: next(r for pattern, r in exempt.items() if fnmatch.fnmatchcase(k, pattern))
+                    for k in uncovered if any(fnmatch.fnmatchcase(k, pattern) for pattern in exempt)}
+        missing = [k for k in uncovered if k not in exempted]
         c.observe(**{f"{label}_parameters_compared": compared, f"{label}_tensors_covered": len(covered),
-                     f"{label}_tensors": len(tensors), f"{label}_mismatched": len(problems)})
-        c.expect(not problems, f"{label}: {len(problems)} mismatch(es) with the checkpoint: "
-                               + "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else ""))
-        c.expect(not missing, f"{label}: {len(missing)} checkpoint tensors never reached an engine parameter: "
-                              + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
+                     f"{label}_tensors": len(tensors), f"{label}_coverage": f"{len(covered)}/{len(tensors)}",
+                     f"{label}_exempted": len(exempted), f"{label}_mismatched": len(mismatches)})
+        c.expect(not mismatches, f"{label}: {len(mismatches)} mismatch(es) with the checkpoint: "
+                 + "; ".join(mismatches[:3]) + (f"; and {len(mismatches) - 3} more" if len(mismatches) > 3 else ""))
+        c.expect(not missing, f"{label}: {len(missing)} of {len(tensors)} checkpoint tensors never reached an engine "
+                              f"parameter (and the contract does not exempt them): " + ", ".join(missing[:5])
+                              + (" ..." if len(missing) > 5 else ""))
     return c.done()
 
 
 def spec_counters(start: Evidence, contract: Contract) -> Verdict:
     """Speculative counters are consistent: draft tokens = k × drafts, per-position acceptance counts never
     increase with the position, and their sum is the accepted total."""
-    c = _Check("spec-counters", f"start-{start.start_index}")
+    c = _Check("spec-counters", subject(start.start_index))
     if not _started(c, start):
         return c.done()
     if contract.speculative is None:
         return c.done()
     k = contract.speculative.num_speculative_tokens
 
+    names = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+             "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total")
+    absent = [f"{n} ({when})" for n in names for when, text in (("before", start.metrics_before),
+                                                                   ("after", start.metrics_after))
+              if not has_counter(text, n)]
+    if not c.expect(not absent, f"start-{start.start_index}: the contract speculates, but /metrics lacks "
+                                f"{', '.join(absent)}"):
+        return c.done()
+
     def delta(name: str) -> float:
         return counter_total(start.metrics_after, name) - counter_total(start.metrics_before, name)
 
-    drafts = delta("vllm:spec_decode_num_drafts_total")
-    draft_tokens = delta("vllm:spec_decode_num_draft_tokens_total")
-    accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
-    before = counter_by_label(start.metrics_before, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
-    after = counter_by_label(start.metrics_after, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
+    drafts = delta(names[0])
+    draft_tokens = delta(names[1])
+    accepted = delta(names[2])
+    before = counter_by_label(start.metrics_before, names[3], "position")
+    after = counter_by_label(start.metrics_after, names[3], "position")
     per_pos = [after.get(p, 0.0) - before.get(p, 0.0) for p in sorted(after, key=int)]
     c.observe(drafts=drafts, draft_tokens=draft_tokens, accepted=accepted, accepted_per_position=per_pos)
     c.expect(drafts > 0, "no drafts were proposed: speculation did not run")
@@ -467,13 +601,14 @@ def spec_counters(start: Evidence, contract: Contract) -> Verdict:
     c.expect(all(a >= b for a, b in zip(per_pos, per_pos[1:])),
              f"per-position accepted counts increase somewhere: {per_pos}")
     c.expect(sum(per_pos) == accepted, f"per-position accepted sum {sum(per_pos):g} != accepted {accepted:g}")
-    c.expect(len(per_pos) in (0, k), f"{len(per_pos)} acceptance positions, expected {k}")
+    c.expect(sorted(after, key=int) == [str(i) for i in range(k)],
+             f"acceptance recorded at positions {sorted(after, key=int)}, expected 0..{k - 1}")
     return c.done()
 
 
 def token_count(start: Evidence, prompt_id: str, contract: Contract) -> Verdict:
     """The reported completion token count equals the token IDs received, and the contract's count."""
-    c = _Check("token-count", f"start-{start.start_index} {prompt_id}")
+    c = _Check("token-count", subject(start.start_index, prompt=prompt_id))
     if (r := _request(c, start, prompt_id)) is None:
         return c.done()
     reported = r.usage.get("completion_tokens")
@@ -489,44 +624,79 @@ def token_count(start: Evidence, prompt_id: str, contract: Contract) -> Verdict:
 
 # --- 4. teacher exactness ----------------------------------------------------------------------------
 
+TEACHER_IDENTITY_FIELDS = ("kind", "output_digest", "model_digest", "kv_cache_dtype", "engine_kv_cache_dtypes",
+                           "engine_speculative_config", "engine_version")
+
+
+def first_difference(mine: list[int], theirs: list[int]) -> int | None:
+    """The first position where two token sequences differ (the shorter one's end counts), or None."""
+    at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+    return None if at == len(mine) == len(theirs) else at
+
+
+def _around(text: str, other: str, width: int = 30) -> tuple[str, str]:
+    """Both texts around their first differing character, for a message a person can read."""
+    at = next((i for i, (a, b) in enumerate(zip(text, other)) if a != b), min(len(text), len(other)))
+    lo = max(0, at - width)
+    return text[lo:at + width], other[lo:at + width]
+
+
 def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snapshot: dict[str, Any] | None,
                       snapshot_file: str) -> Verdict:
-    """Token-ID hash and text hash equal the FP8 teacher's, and the snapshot is this contract's teacher:
-    target-only, FP8, same engine version and model. A missing, stale, non-FP8 or foreign snapshot fails."""
+    """Token IDs and text equal the FP8 teacher's, and the snapshot is this contract's teacher: target-only,
+    FP8, same engine version and target checkpoint (the draft is not part of a teacher). A missing, stale,
+    non-FP8, foreign or incomplete snapshot fails."""
     from . import teacher
 
-    c = _Check("teacher-exactness", f"start-{start.start_index} {prompt_id}")
+    c = _Check("teacher-exactness", subject(start.start_index, prompt=prompt_id))
     record = teacher.RECORD_COMMAND.format(name=contract.name)
     if not _started(c, start):
         return c.done()
     if not c.expect(snapshot is not None, f"no teacher snapshot for {prompt_id} at {snapshot_file}; "
                                           f"record one with `{record}`"):
         return c.done()
-    want = teacher.identity(contract, start)
     have = snapshot["teacher"]
-    c.observe(teacher_output_digest=have.get("output_digest"), snapshot=snapshot_file)
-    c.expect(have.get("kind") == "teacher" and not any(have.get("engine_speculative_config") or []),
-             f"the snapshot was not recorded by a target-only teacher ({have.get('engine_speculative_config')})")
-    fp8 = have.get("kv_cache_dtype") in FP8_KV_DTYPES and all(
-        d in FP8_KV_DTYPES for d in have.get("engine_kv_cache_dtypes") or [None])
-    c.expect(fp8, f"the teacher did not run an FP8 KV cache (contract {have.get('kv_cache_dtype')!r}, "
-                  f"engine {have.get('engine_kv_cache_dtypes')!r})")
-    c.expect(have.get("output_digest") == want["output_digest"],
-             f"stale teacher: snapshot of a teacher with output digest {str(have.get('output_digest'))[:16]}..., "
-             f"this contract's teacher is {want['output_digest'][:16]}... (models, engine arguments, prompts or "
+    absent = [f for f in TEACHER_IDENTITY_FIELDS if f not in have]
+    if not c.expect(not absent, f"the teacher snapshot {snapshot_file} lacks {absent}: what recorded it cannot be "
+                                f"told; re-record with `{record}`"):
+        return c.done()
+    want = teacher.identity(contract, start)
+    c.observe(teacher_output_digest=have["output_digest"], snapshot=snapshot_file)
+    c.expect(have["kind"] == "teacher" and isinstance(have["engine_speculative_config"], list)
+             and not any(have["engine_speculative_config"]),
+             f"the snapshot was not recorded by a target-only teacher ({have['engine_speculative_config']})")
+    fp8 = have["kv_cache_dtype"] in FP8_KV_DTYPES and bool(have["engine_kv_cache_dtypes"]) and all(
+        d in FP8_KV_DTYPES for d in have["engine_kv_cache_dtypes"])
+    c.expect(fp8, f"the teacher did not run an FP8 KV cache (contract {have['kv_cache_dtype']!r}, "
+                  f"engine {have['engine_kv_cache_dtypes']!r})")
+    c.expect(have["output_digest"] == want["output_digest"],
+             f"stale teacher: snapshot of a teacher with output digest {str(have['output_digest'])[:16]}..., "
+             f"this contract's teacher is {want['output_digest'][:16]}... (target, engine arguments, prompts or "
              f"token count changed); re-record with `{record}`")
-    c.expect(have.get("model_digest") == want["model_digest"],
-             f"foreign teacher: recorded on model {have.get('model_digest')}, this run serves {want['model_digest']}")
-    c.expect(have.get("engine_version") == want["engine_version"],
-             f"teacher recorded on engine {have.get('engine_version')}, this run is {want['engine_version']}")
+    c.expect(have["model_digest"] == want["model_digest"],
+             f"foreign teacher: recorded on target checkpoint {have['model_digest']}, this run serves target "
+             f"{want['model_digest']}; re-record with `{record}`")
+    c.expect(have["engine_version"] == want["engine_version"],
+             f"teacher recorded on engine {have['engine_version']}, this run is {want['engine_version']}")
     c.expect(snapshot.get("prompt_id") == prompt_id, f"snapshot is of prompt {snapshot.get('prompt_id')!r}")
     if (r := _request(c, start, prompt_id)) is None:
         return c.done()
     c.observe(token_ids_sha256=r.token_ids_sha256, teacher_token_ids_sha256=snapshot["token_ids_sha256"])
-    c.expect(len(r.token_ids) == snapshot["token_count"],
+    ids = snapshot.get("token_ids")
+    if not c.expect(isinstance(ids, list) and sha256_ids(ids) == snapshot["token_ids_sha256"],
+                    f"the teacher snapshot {snapshot_file} does not keep its token IDs (or they do not match its "
+                    f"hash): re-record with `{record}`"):
+        return c.done()
+    c.expect(len(r.token_ids) == snapshot["token_count"] == len(ids),
              f"{prompt_id}: {len(r.token_ids)} tokens, the teacher produced {snapshot['token_count']}")
-    c.expect(r.token_ids_sha256 == snapshot["token_ids_sha256"],
-             f"{prompt_id}: token IDs differ from the teacher (sha256 {r.token_ids_sha256[:16]}... vs "
-             f"{snapshot['token_ids_sha256'][:16]}...)")
+    at = first_difference(r.token_ids, ids)
+    if at is not None:
+        mine, theirs = (r.token_ids[at] if at < len(r.token_ids) else None), (ids[at] if at < len(ids) else None)
+        here, there = _around(r.text, snapshot.get("text", ""))
+        c.observe(first_differing_token=at)
+        c.expect(False, f"{prompt_id}: token IDs differ from the teacher from token {at} on (this run {mine}, "
+                        f"teacher {theirs}); text here {here!r}, teacher {there!r}")
+    c.expect(r.token_ids_sha256 == snapshot["token_ids_sha256"] or at is not None,
+             f"{prompt_id}: token-ID hash {r.token_ids_sha256[:16]}... differs from the teacher's")
     c.expect(r.text_sha256 == snapshot["text_sha256"], f"{prompt_id}: decoded text differs from the teacher")
     return c.done()

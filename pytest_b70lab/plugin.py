@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,9 +20,12 @@ MARKERS = {
     "kernels": "page-32 FP8 paged-attention and cache-update component tests",
     "quality": "coding / structured output / tool use / repetition / long-context checks",
     "bench": "benchmarks: report medians and ratios, never assert on time",
+    "b70_gate": "b70_gate(name): the catalogue gate this test judges; its subject is its b70_start / b70_rank / "
+                "b70_prompt parameters, and the verdict requires every (gate, subject) pair of the contract",
 }
 DEFAULT_CONTRACT = "mini-laguna-cpu"
 GATE_TEST_PROPERTY = "b70_gate_test"
+GATE_PROPERTY, SUBJECT_PROPERTY = "b70_gate", "b70_subject"
 # A test may state a measured finding (a kernel's rounding, its q12/q1 difference) under this property: it
 # is printed in the terminal summary, also when the test ran on an xdist worker.
 FINDING_PROPERTY = "b70_finding"
@@ -40,7 +43,6 @@ class LabState:
     replay_dir: Path | None
     _contract: contract_mod.Contract | None = None
     _evidence: list[evidence_mod.Evidence] | None = None
-    gate_results: list[dict] = field(default_factory=list)   # filled from reports, also those of xdist workers
 
     @property
     def contract(self) -> contract_mod.Contract:
@@ -129,8 +131,8 @@ def _guard_snapshot_update(config: pytest.Config) -> None:
 
 
 def _teacher_snapshots_of_other_contracts_are_not_errors(config: pytest.Config) -> None:
-    """Every contract keeps its teacher in a folder of its own; a run of one contract leaves the others'
-    snapshots unused, which syrupy would report as a failure."""
+    """Every teacher keeps its snapshots in a folder of its own; a run of one contract leaves the other
+    teachers' snapshots unused, which syrupy would report as a failure."""
     if hasattr(config.option, "warn_unused_snapshots"):
         config.option.warn_unused_snapshots = True
 
@@ -164,11 +166,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark gate tests in their reports (which xdist workers send back), so that a gate test failing
-    before it reaches its verdict still counts against promotion."""
+    """Mark gate tests in their reports (which xdist workers send back) with the (gate, subject) pair they
+    judge, so that the verdict can tell which required pairs ran, also when a test fails before it reaches
+    its gate, or on another process."""
     for item in items:
-        if item.get_closest_marker("gates"):
-            item.user_properties.append((GATE_TEST_PROPERTY, True))
+        if not item.get_closest_marker("gates"):
+            continue
+        item.user_properties.append((GATE_TEST_PROPERTY, True))
+        if (mark := item.get_closest_marker("b70_gate")) is None:
+            continue
+        from . import gates
+
+        name = mark.args[0] if mark.args else None
+        if name not in gates.SCOPES:
+            pytest.exit(f"b70lab: {item.nodeid}: b70_gate({name!r}) is not a gate of the catalogue "
+                        f"({', '.join(gates.CATALOGUE)})", returncode=pytest.ExitCode.USAGE_ERROR)
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        subject = gates.subject(params.get("b70_start"), params.get("b70_rank"), params.get("b70_prompt"))
+        item.user_properties += [(GATE_PROPERTY, name), (SUBJECT_PROPERTY, subject)]
 
 
 def _contract_or_usage_error(config: pytest.Config) -> contract_mod.Contract:
@@ -204,10 +219,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _prompts(config: pytest.Config, contract: contract_mod.Contract) -> list[contract_mod.Prompt]:
+    """The contract's prompt set (never the evidence's requests: a prompt missing there must still be
+    judged). A replayed run folder carries a copy, checked against the same pinned sha256."""
     state = config.stash[STATE]
-    if state.replay_dir is not None:  # replay on any machine: the prompt ids are in the evidence
-        return [contract_mod.Prompt(id=r.prompt_id, prompt="(replayed)") for r in state.replay_evidence()[0].requests]
-    return contract_mod.load_prompts(contract)
+    from . import session
+
+    copy = state.replay_dir / session.PROMPTS_COPY if state.replay_dir is not None else None
+    return contract_mod.load_prompts(contract, fallback=copy)
 
 
 # --- fixtures ---------------------------------------------------------------------------------------
@@ -263,24 +281,29 @@ def b70_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> li
         pytest.fail(str(e), pytrace=False)
 
 
+@pytest.fixture
+def b70_start_evidence(b70_evidence: list[evidence_mod.Evidence], b70_start: int,
+                       b70_state: LabState) -> evidence_mod.Evidence:
+    """The evidence of fresh start `b70_start`; a start the contract asks for but the run lacks fails."""
+    found = [e for e in b70_evidence if e.start_index == b70_start]
+    if not found:
+        pytest.fail(f"start-{b70_start}: no evidence (the run has starts {[e.start_index for e in b70_evidence]}; "
+                    f"the contract asks for {b70_state.contract.reproduction.fresh_starts}); looked in "
+                    f"{b70_state.run_dir}", pytrace=False)
+    return found[0]
+
+
 @pytest.fixture(scope="session")
-def b70_manifest(b70_state: LabState, b70_evidence: list[evidence_mod.Evidence]) -> dict | None:
-    """The mini model's manifest behind the evidence (calibrated scales, tensor digests): the copy in the
-    run folder, else the model cache's; None for hub models."""
-    from . import mini, session
+def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidence],
+                    b70_contract: contract_mod.Contract) -> dict:
+    """The checkpoint tables of the served target and draft (tensor moments, calibrated KV scales): the
+    run folder's copy, else read from the checkpoints themselves. A part that cannot be read is None,
+    with the reason under "problems" (its gates then fail closed)."""
+    from . import session
 
     try:
-        copy = session.load_manifest_copy(b70_state.run_dir)
+        return session.checkpoint_tables(b70_state.run_dir, b70_evidence[0], b70_contract, b70_state.cache_root)
     except evidence_mod.EvidenceError as e:
-        pytest.fail(str(e), pytrace=False)
-    if copy is not None:
-        return copy
-    path = b70_evidence[0].target.manifest_path
-    if not path or not Path(path).is_file():
-        return None
-    try:
-        return mini.load_manifest(Path(path).parent)
-    except mini.MiniModelError as e:
         pytest.fail(str(e), pytrace=False)
 
 
@@ -307,9 +330,14 @@ def b70_verdict(request: pytest.FixtureRequest) -> Callable[[object], None]:
     def record_property(name: str, value: object) -> None:
         request.node.user_properties.append((name, value))
 
+    declared = dict(request.node.user_properties)
+
     def judge(verdict) -> None:
-        record_property("b70_gate", verdict.gate)
-        record_property("b70_subject", verdict.subject)
+        pair = (declared.get(GATE_PROPERTY), declared.get(SUBJECT_PROPERTY))
+        if pair != (verdict.gate, verdict.subject):
+            pytest.fail(f"{request.node.nodeid} declares {pair[0]} [{pair[1]}] but its verdict is of {verdict.gate} "
+                        f"[{verdict.subject}]: the test judges another subject than the one the verdict counts",
+                        pytrace=False)
         record_property("b70_passed", verdict.passed)
         for key, value in verdict.observed.items():
             record_property(key, value)
@@ -348,89 +376,92 @@ def b70_engine(b70_state: LabState, b70_run_dir: Path) -> Iterator[Callable[...,
         pytest.fail("engine processes outlived teardown:\n  " + "\n  ".join(survivors), pytrace=False)
 
 
-# --- verdict: summary and promotion.json ---------------------------------------------------------------
+# --- verdict: summary, promotion.json, exit status -----------------------------------------------------
+
+def _reasons(report: pytest.TestReport) -> str:
+    props = dict(report.user_properties)
+    if report.skipped:
+        longrepr = report.longrepr
+        reason = str(longrepr[2] if isinstance(longrepr, tuple) else longrepr)
+        return f"skipped: {reason.removeprefix('Skipped: ')}"
+    if report.failed:
+        if props.get("b70_reasons"):
+            return str(props["b70_reasons"])
+        lines = (report.longreprtext or "").strip().splitlines()
+        return lines[-1] if lines else f"failed in {report.when}"
+    return ""
+
 
 class VerdictReporter:
-    """Collects gate results from test reports (xdist workers send theirs back in user_properties), prints
-    PROMOTABLE / NOT PROMOTABLE and writes RUN/promotion.json. Registered on the controller only."""
+    """Collects gate outcomes from test reports (xdist workers send theirs back with their user properties),
+    then has the verdict module decide: the terminal verdict, RUN/promotion.json, and a non-zero exit status
+    for anything short of PROMOTABLE. Registered on the controller only."""
 
     def __init__(self, state: LabState):
         self.state = state
         self.findings: list[str] = []
+        self.outcomes: dict[str, object] = {}
+        self._decision = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        from .verdict import GateOutcome
+
         props = dict(report.user_properties)
         if report.when == "call" and FINDING_PROPERTY in props:
             self.findings.append(str(props[FINDING_PROPERTY]))
-        is_gate = "b70_gate" in props or GATE_TEST_PROPERTY in props
-        if not is_gate or not (report.when == "call" or (report.failed and report.when == "setup")):
+        if GATE_TEST_PROPERTY not in props and GATE_PROPERTY not in props:
             return
-        reasons = props.get("b70_reasons")
-        if report.failed and not reasons:
-            reasons = (report.longreprtext or "").strip().splitlines()[-1:] or ["failed"]
-            reasons = reasons[0]
-        self.state.gate_results.append({
-            "test": report.nodeid, "gate": props.get("b70_gate", report.nodeid.split("::")[-1].split("[")[0]),
-            "subject": props.get("b70_subject"), "passed": report.passed, "reasons": reasons,
-            "observed": {k: v for k, v in props.items() if not k.startswith("b70_")}})
+        if report.when != "call" and report.passed:
+            return  # setup and teardown that passed say nothing about the gate
+        outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
+        observed = {k: v for k, v in props.items() if not k.startswith("b70_")}
+        known = self.outcomes.get(report.nodeid)
+        if known is None:
+            self.outcomes[report.nodeid] = GateOutcome(report.nodeid, props.get(GATE_PROPERTY),
+                                                       props.get(SUBJECT_PROPERTY), outcome, _reasons(report),
+                                                       observed)
+        else:
+            known.merge(outcome, _reasons(report), observed)
 
-    def _medians(self) -> list[float] | None:
-        for r in self.state.gate_results:
-            medians = r["observed"].get("endpoint_medians")
-            if medians:
-                return medians
-        return None
+    def decision(self):
+        """Decided once, after the last report (None when no gate test ran: not a gates session)."""
+        if self._decision is None and self.outcomes:
+            from . import gates, verdict
 
-    def verdict(self) -> dict:
-        from .gates import CATALOGUE
+            problems: list[str] = []
+            required: list[tuple[str, str]] = []
+            name, digest = self.state.contract_name, None
+            try:
+                contract = self.state.contract
+                name, digest = contract.name, contract.digest
+                required = gates.required_subjects(contract, [p.id for p in _prompts(self.state.config, contract)])
+            except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+                problems.append(f"the required gate subjects cannot be known: {e}")
+            self._decision = verdict.decide(required, list(self.outcomes.values()), name, digest, problems)
+        return self._decision
 
-        results = self.state.gate_results
-        failed = sorted({r["gate"] for r in results if not r["passed"]})
-        ran = {r["gate"] for r in results}
-        contract = self.state._contract
-        expected = set(CATALOGUE)
-        if contract is not None and contract.speculative is None:
-            expected -= {"draft-cache-audit", "spec-counters"}
-        missing = sorted(expected - ran)
-        medians = self._medians()
-        return {"promotable": bool(results) and not failed and not missing, "failed_gates": failed,
-                "gates_not_run": missing,
-                "endpoint_medians_tok_s": medians,
-                "contract": contract.name if contract else self.state.contract_name,
-                "contract_digest": contract.digest if contract else None,
-                "run_dir": str(self.state.run_dir), "gates": results}
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        decision = self.decision()
+        if decision is None:
+            return
+        from . import verdict
+
+        if self.state.run_dir.exists():
+            verdict.write(decision, self.state.run_dir)
+        if not decision.promotable and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.findings:
             terminalreporter.section("b70lab findings")
             for line in sorted(set(self.findings)):
                 terminalreporter.write_line(line)
-        if not self.state.gate_results:
+        decision = self.decision()
+        if decision is None:
             return
-        v = self.verdict()
-        medians = v["endpoint_medians_tok_s"]
+        from . import verdict
+
         terminalreporter.section("b70lab promotion verdict")
-        if v["promotable"]:
-            shown = " / ".join(f"{m:.2f}" for m in medians) if medians else "n/a"
-            starts = " / ".join(f"start-{i}" for i in range(1, len(medians or []) + 1))
-            terminalreporter.write_line(f"PROMOTABLE at {shown} tok/s median ({starts}) "
-                                        f"- contract {v['contract']}", green=True, bold=True)
-        elif not v["failed_gates"]:
-            terminalreporter.write_line(f"NOT PROMOTABLE (incomplete) - contract {v['contract']}: every gate that "
-                                        f"ran passed, but these did not run: {', '.join(v['gates_not_run'])}",
-                                        yellow=True, bold=True)
-        else:
-            terminalreporter.write_line(f"NOT PROMOTABLE - contract {v['contract']}; failed gates: "
-                                        f"{', '.join(v['failed_gates']) or 'none ran'}", red=True, bold=True)
-            for r in v["gates"]:
-                if not r["passed"]:
-                    terminalreporter.write_line(f"  {r['test']}: {r['reasons']}")
-        terminalreporter.write_line(f"evidence and promotion.json: {self.state.run_dir}")
-
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if not self.state.gate_results or not self.state.run_dir.exists():
-            return
-        import json
-
-        path = self.state.run_dir / "promotion.json"
-        path.write_text(json.dumps(self.verdict(), indent=1, sort_keys=True, default=str) + "\n")
+        for line, markup in verdict.summary(decision, self.state.run_dir):
+            terminalreporter.write_line(line, **markup)

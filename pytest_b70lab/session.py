@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from . import checkpoint, engine_client, evidence, launch, mini, throughput
 from . import contract as contract_mod
-from . import engine_client, evidence, launch, mini, throughput
 from .contract import Contract
 
 Progress = Callable[[str], None]
@@ -40,33 +41,59 @@ class ResolvedModels:
     target_model: str | Path
     draft_model: str | Path | None
     manifest: dict | None
+    # The checkpoint tables the load and scale audits compare with ("target", "draft"; None where a
+    # checkpoint could not be read, with the reason under "problems").
+    tables: dict[str, Any]
+
+
+def model_folder(source: contract_mod.ModelSource) -> Path:
+    """A path model's folder: relative paths are relative to the repository root, like prompt files."""
+    folder = Path(source.path).expanduser()
+    return (folder if folder.is_absolute() else contract_mod.REPO_ROOT / folder).resolve()
 
 
 def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
-    """Local folders for mini and path sources (the mini model is built or reused), hub ids as they are."""
+    """Local folders for mini and path sources (the mini is built or reused; a missing mini-export folder
+    is exported), hub ids as they are; and each checkpoint's table, read from its own files (cached) or,
+    for the mini, from its manifest."""
     manifest = None
     built: Path | None = None
+    tables: dict[str, Any] = {"problems": {}}
+
+    def the_mini() -> Path:
+        nonlocal manifest, built
+        if built is None:
+            built = mini.build(cache_root / "mini")
+            manifest = mini.verify(built)
+        return built
 
     def one(source: contract_mod.ModelSource, part: str) -> tuple[evidence.ModelRef, str | Path]:
-        nonlocal manifest, built
         if source.source == "mini":
-            if built is None:
-                built = mini.build(cache_root / "mini")
-                manifest = mini.verify(built)
-            folder = built / part
+            folder = the_mini() / part
+            tables[part] = checkpoint.table_from_mini_manifest(manifest, part)
             return evidence.ModelRef(ref=str(folder), manifest_digest=manifest["model_digest"],
-                                     manifest_path=str(built / mini.MANIFEST)), folder
+                                     manifest_path=str(built / mini.MANIFEST), digest=tables[part]["digest"]), folder
         if source.source == "path":
-            folder = Path(source.path).expanduser().resolve()
+            folder = model_folder(source)
+            if not folder.is_dir() and source.if_missing == "mini-export":
+                mini.export_plain(the_mini(), folder.parent)
             if not folder.is_dir():
-                raise contract_mod.ContractError(
-                    f"contract {contract.name}: {part}.path {folder} is not a folder")
-            return evidence.ModelRef(ref=str(folder)), folder
-        return evidence.ModelRef(ref=source.hub_id, revision=source.revision), source.hub_id
+                raise contract_mod.ContractError(f"contract {contract.name}: {part}.path {folder} is not a folder")
+            try:
+                tables[part] = checkpoint.read_table(folder, cache_root)
+            except checkpoint.CheckpointError as e:
+                raise contract_mod.ContractError(f"contract {contract.name}: {part} checkpoint: {e}") from e
+            return evidence.ModelRef(ref=str(folder), digest=tables[part]["digest"]), folder
+        try:  # a hub model is served by id; its table needs the snapshot in the local Hugging Face cache
+            tables[part] = checkpoint.read_table(checkpoint.hub_snapshot(source.hub_id, source.revision), cache_root)
+        except checkpoint.CheckpointError as e:
+            tables[part], tables["problems"][part] = None, str(e)
+        return evidence.ModelRef(ref=source.hub_id, revision=source.revision,
+                                 digest=(tables[part] or {}).get("digest")), source.hub_id
 
     target_ref, target_model = one(contract.target, "target")
     draft_ref, draft_model = (one(contract.draft, "draft") if contract.draft else (None, None))
-    return ResolvedModels(target_ref, draft_ref, target_model, draft_model, manifest)
+    return ResolvedModels(target_ref, draft_ref, target_model, draft_model, manifest, tables)
 
 
 def serve_config(contract: Contract, models: ResolvedModels) -> launch.ServeConfig:
@@ -88,7 +115,7 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
     if contract.target.source == "mini":  # where the build will be, without building it
         folder = mini.folder_for(cache_root / "mini")
         models = ResolvedModels(evidence.ModelRef(ref=str(folder / "target")), None, folder / "target",
-                                folder / "draft" if contract.draft else None, None)
+                                folder / "draft" if contract.draft else None, None, {})
     else:
         models = resolve_models(contract, cache_root)
     config = serve_config(contract, models)
@@ -229,14 +256,17 @@ def start_dirs(run_dir: Path, contract: Contract) -> list[Path]:
     return [base / f"start-{i}" for i in range(1, contract.reproduction.fresh_starts + 1)]
 
 
-MANIFEST_COPY = "model-manifest.json"
+TABLES_COPY = "checkpoint-tables.json"
+PROMPTS_COPY = "prompts.jsonl"
 
 
 def collect(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
             starts: int | None = None) -> list[evidence.Evidence]:
     models = resolve_models(contract, cache_root)
-    if models.manifest is not None:  # the run folder is self-contained: replay needs no model cache
-        (run_dir / MANIFEST_COPY).write_text(json.dumps(models.manifest, indent=1, sort_keys=True) + "\n")
+    # The run folder is self-contained: replay needs neither the model nor the repository's prompt file.
+    tables = {"contract_digest": contract.digest, **models.tables}
+    (run_dir / TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
+    (run_dir / PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
     dirs = start_dirs(run_dir, contract)[: starts or None]
     return [run_start(contract, models, d, cache_root / "engine-state", i, progress, run_dir / "launches.log")
             for i, d in enumerate(dirs, 1)]
@@ -268,9 +298,19 @@ def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: 
         return records
 
 
-def load_manifest_copy(run_dir: Path) -> dict | None:
-    path = run_dir / MANIFEST_COPY
-    return evidence.read_json(path, "model manifest", evidence.EvidenceError) if path.is_file() else None
+def checkpoint_tables(run_dir: Path, first: evidence.Evidence, contract: Contract, cache_root: Path) -> dict[str, Any]:
+    """The checkpoint tables a run was judged against: the run folder's copy, else read anew from the
+    checkpoints the contract names."""
+    path = run_dir / TABLES_COPY
+    if path.is_file():
+        tables = evidence.read_json(path, "checkpoint tables", evidence.EvidenceError)
+        if not isinstance(tables, dict) or "target" not in tables:
+            raise evidence.EvidenceError(f"checkpoint tables {path} have no target table: the file is damaged")
+        return tables
+    try:
+        return resolve_models(contract, cache_root).tables
+    except (contract_mod.ContractError, mini.MiniModelError) as e:
+        return {"target": None, "draft": None, "problems": {"target": str(e), "draft": str(e)}}
 
 
 def load_run(run_dir: Path, kind: str = "candidate") -> list[evidence.Evidence]:

@@ -1,8 +1,12 @@
-"""FP8 teacher snapshots: what a target-only run of the contract produced, one syrupy JSON file per prompt.
+"""FP8 teacher snapshots: what a target-only run produced, one syrupy JSON file per prompt.
 
-A snapshot holds the teacher's identity (the output digest of the derived teacher contract: models, engine
-arguments, prompts and token count; KV dtype, engine version, model digest) and, per prompt, the token count and the SHA-256 of the token IDs and of the decoded text.
-The exactness gate compares a candidate's evidence with these files; it never rewrites them.
+The teacher belongs to the target, not to a candidate: its identity is what decides target-only output
+(the teacher contract's output digest: target, engine arguments, prompts, token count; the target
+checkpoint's own digest; KV dtype; engine version), never the draft. Snapshots live in a folder named by
+that identity, so every candidate that differs only in its draft (a DFlash re-sweep) is judged against the
+same recorded teacher. A snapshot keeps the teacher's token IDs and text beside their hashes, so that a
+mismatch can name the first differing token. The exactness gate compares evidence with these files; it
+never rewrites them.
 """
 
 from __future__ import annotations
@@ -10,8 +14,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-
-from syrupy.extensions.json import JSONSnapshotExtension
 
 from .contract import Contract
 from .evidence import Evidence, read_json
@@ -25,37 +27,48 @@ class TeacherSnapshotError(ValueError):
     """A teacher snapshot is missing or unreadable."""
 
 
-def snapshot_extension(contract_name: str) -> type[JSONSnapshotExtension]:
-    """syrupy's JSON extension with one folder per contract, so that contracts sharing a prompt set keep
-    teachers of their own."""
+def folder_name(contract: Contract) -> str:
+    """The snapshot folder of a contract's teacher: named by the teacher's output digest, which any two
+    candidates differing only in their draft share."""
+    return f"teacher-{contract.teacher().output_digest[:16]}"
 
-    class PerContract(JSONSnapshotExtension):
+
+def snapshot_extension(contract: Contract):
+    """syrupy's JSON extension writing into the contract's teacher folder."""
+    from syrupy.extensions.json import JSONSnapshotExtension  # only a recording run needs syrupy
+
+    folder = folder_name(contract)
+
+    class PerTeacher(JSONSnapshotExtension):
         @classmethod
         def dirname(cls, *, test_location) -> str:
-            return str(Path(super().dirname(test_location=test_location)) / contract_name)
+            # __snapshots__/<teacher>/test_teacher/: syrupy relates a file to its test by the parent folder
+            default = Path(super().dirname(test_location=test_location))
+            return str(default.parent / folder / default.name)
 
-    PerContract.__name__ = f"TeacherSnapshots[{contract_name}]"
-    return PerContract
+    PerTeacher.__name__ = f"TeacherSnapshots[{folder}]"
+    return PerTeacher
 
 
-def snapshot_path(tests_dir: Path, contract_name: str, prompt_id: str) -> Path:
-    """Where syrupy keeps the snapshot that `test_record_teacher[<prompt>]` writes for `contract_name`."""
-    return (tests_dir / "__snapshots__" / Path(SNAPSHOT_TEST_FILE).stem / contract_name
+def snapshot_path(tests_dir: Path, contract: Contract, prompt_id: str) -> Path:
+    """Where syrupy keeps the snapshot that `test_record_teacher[<prompt>]` writes for this contract's teacher."""
+    return (tests_dir / "__snapshots__" / folder_name(contract) / Path(SNAPSHOT_TEST_FILE).stem
             / f"{RECORD_TEST}[{prompt_id}].json")
 
 
 def model_digest(evidence: Evidence) -> str:
-    """The target checkpoint's identity: the mini manifest digest, or hub id @ revision, or the path."""
+    """The target checkpoint's identity (never the draft's): the digest of the target folder's files, or
+    hub id @ revision where the folder was not read."""
     t = evidence.target
-    if t.manifest_digest:
-        return t.manifest_digest
+    if t.digest:
+        return t.digest
     return f"{t.ref}@{t.revision}" if t.revision else t.ref
 
 
 def identity(contract: Contract, evidence: Evidence) -> dict[str, Any]:
     """The teacher this candidate (or teacher) run must be compared with."""
     teacher = contract.teacher()
-    return {"contract": teacher.name, "output_digest": teacher.output_digest, "kind": "teacher",
+    return {"recorded_by": teacher.name, "output_digest": teacher.output_digest, "kind": "teacher",
             "kv_cache_dtype": teacher.engine.kv_cache_dtype, "engine_version": evidence.engine.vllm_version,
             "model_digest": model_digest(evidence)}
 
@@ -70,7 +83,8 @@ def payload(contract: Contract, evidence: Evidence, prompt_id: str) -> dict[str,
     return {"teacher": {**identity(contract, evidence), "engine_kv_cache_dtypes": audit_dtypes,
                         "engine_speculative_config": [json.loads(s) for s in spec]},
             "prompt_id": prompt_id, "token_count": len(request.token_ids),
-            "token_ids_sha256": request.token_ids_sha256, "text_sha256": request.text_sha256}
+            "token_ids_sha256": request.token_ids_sha256, "text_sha256": request.text_sha256,
+            "token_ids": list(request.token_ids), "text": request.text}
 
 
 def read(path: Path) -> dict[str, Any]:

@@ -92,6 +92,11 @@ def _compile_counters() -> dict[str, Any]:
             "dynamo_graph_break_reasons": sorted(map(str, counters["graph_break"]))[:20]}
 
 
+def _backend_name(backend) -> str | None:
+    """The attention backend the configuration forces (an enum member's name), or None for automatic."""
+    return None if backend is None else getattr(backend, "name", str(backend))
+
+
 class AuditExtension:
     """Methods vLLM adds to each worker. `self` is the worker (model_runner, vllm_config, rank...)."""
 
@@ -143,4 +148,10 @@ class AuditExtension:
                               "cudagraph_mode": str(cc.cudagraph_mode), "splitting_ops": list(cc.splitting_ops or [])}
         out["compile_counters"] = _call(_compile_counters)
         out["model_dtype"] = str(cfg.model_config.dtype).removeprefix("torch.")
+        # What the launch-flags gate compares with the contract, field by field, as the engine resolved it.
+        mc = cfg.model_config
+        out["model_config"] = {"max_model_len": mc.max_model_len, "seed": mc.seed, "enforce_eager": mc.enforce_eager,
+                               "dtype": out["model_dtype"]}
+        out["device_type"] = _call(lambda: str(cfg.device_config.device_type))
+        out["attention_config"] = _call(lambda: {"backend": _backend_name(cfg.attention_config.backend)})
         return out

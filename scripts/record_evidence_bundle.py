@@ -1,6 +1,6 @@
 """Copy a real run's evidence into fixtures/evidence/NAME/ for the plugin's own tests.
 
-Keeps each start's evidence.json (candidate and teacher) and the model manifest copy, drops the logs, and
+Keeps each start's evidence.json (candidate and teacher), the checkpoint tables and the prompt set, drops the logs, and
 replaces this machine's paths (the repository, the home folder, the private socket folder) with
 placeholders before re-writing each file with a fresh digest: the bundle says nothing about where it was
 recorded, and everything about what the engine did.
@@ -42,9 +42,8 @@ def main(run: Path, out: Path) -> int:
         for start in session.load_run(run, kind):  # validates every file first
             name = f"start-{start.start_index}"
             copy_start(base / name, (out / "teacher" if kind == "teacher" else out) / name)
-    manifest = run / session.MANIFEST_COPY
-    if manifest.exists():
-        (out / session.MANIFEST_COPY).write_text(anonymize(manifest.read_text()))
+    for name in (session.TABLES_COPY, session.PROMPTS_COPY):
+        (out / name).write_text(anonymize((run / name).read_text()))
     leftover = [p for p in out.rglob("*") if p.is_file() and (str(REPO) in p.read_text() or str(Path.home()) in p.read_text())]
     assert not leftover, f"machine paths left in {leftover}"
     print(f"wrote {out}: {sorted(str(p.relative_to(out)) for p in out.rglob('*.json'))}")

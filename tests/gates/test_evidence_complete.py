@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_b70lab import gates
+
 pytestmark = pytest.mark.gates
 
 
 @pytest.fixture
-def start(b70_evidence, b70_start: int):
-    return b70_evidence[b70_start - 1]
+def start(b70_start_evidence):
+    return b70_start_evidence
 
 
 def test_the_start_succeeded(start, b70_run_dir) -> None:
@@ -29,8 +31,7 @@ def test_every_rank_was_audited_and_logged(start, b70_contract, b70_run_dir) -> 
     assert ranks == list(range(tp)), f"start-{start.start_index}: audits from TP ranks {ranks}, expected 0..{tp - 1}"
     folder = b70_run_dir / f"start-{start.start_index}"
     logged = {name.removeprefix("rank:") for name in start.logs if name.startswith("rank:")}
-    want = {f"Worker_TP{r}_EP{r}" if b70_contract.engine.expert_parallel else f"Worker_TP{r}" for r in range(tp)} \
-        if tp > 1 else {"Worker"}
+    want = {gates.rank_log_name(b70_contract, r).removeprefix("rank:") for r in range(tp)}
     assert want <= logged, f"start-{start.start_index}: per-rank logs {sorted(logged)}, missing {sorted(want - logged)}"
     if (folder / "ranks").is_dir():  # a replayed bundle may carry the evidence without the logs
         for name in want:

@@ -12,13 +12,9 @@ pytestmark = pytest.mark.gates
 SNAPSHOTS = Path(__file__).parent
 
 
-@pytest.fixture
-def start(b70_evidence, b70_start: int):
-    return b70_evidence[b70_start - 1]
-
-
-def test_teacher_exactness(start, b70_prompt, b70_contract, b70_verdict) -> None:
-    path = teacher.snapshot_path(SNAPSHOTS, b70_contract.name, b70_prompt)
+@pytest.mark.b70_gate("teacher-exactness")
+def test_teacher_exactness(b70_start_evidence, b70_prompt, b70_contract, b70_verdict) -> None:
+    path = teacher.snapshot_path(SNAPSHOTS, b70_contract, b70_prompt)
     try:
         snapshot = teacher.read(path)
     except teacher.TeacherSnapshotError as e:
@@ -26,12 +22,14 @@ def test_teacher_exactness(start, b70_prompt, b70_contract, b70_verdict) -> None
             pytest.fail(f"{e}; re-record with `{teacher.RECORD_COMMAND.format(name=b70_contract.name)}`",
                         pytrace=False)
         snapshot = None
-    b70_verdict(gates.teacher_exactness(start, b70_prompt, b70_contract, snapshot, str(path)))
+    b70_verdict(gates.teacher_exactness(b70_start_evidence, b70_prompt, b70_contract, snapshot, str(path)))
 
 
-def test_cold_prompt(start, b70_prompt, b70_verdict) -> None:
-    b70_verdict(gates.cold_prompt(start, b70_prompt))
+@pytest.mark.b70_gate("cold-prompt")
+def test_cold_prompt(b70_start_evidence, b70_prompt, b70_verdict) -> None:
+    b70_verdict(gates.cold_prompt(b70_start_evidence, b70_prompt))
 
 
-def test_token_count(start, b70_prompt, b70_contract, b70_verdict) -> None:
-    b70_verdict(gates.token_count(start, b70_prompt, b70_contract))
+@pytest.mark.b70_gate("token-count")
+def test_token_count(b70_start_evidence, b70_prompt, b70_contract, b70_verdict) -> None:
+    b70_verdict(gates.token_count(b70_start_evidence, b70_prompt, b70_contract))

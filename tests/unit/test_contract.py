@@ -9,13 +9,13 @@ import pytest
 
 from pytest_b70lab import contract
 
-SHIPPED = ["laguna-s-2.1-int4-fp8kv-b70", "mini-laguna-cpu", "mini-laguna-cpu-tp4ep4"]
+SHIPPED = ["laguna-s-2.1-int4-fp8kv-b70", "mini-laguna-cpu", "mini-laguna-cpu-path", "mini-laguna-cpu-tp4ep4"]
 
 
 def test_the_shipped_contracts_load() -> None:
     assert contract.available() == SHIPPED
     digests = {contract.load(name).digest for name in SHIPPED}
-    assert len(digests) == 3
+    assert len(digests) == len(SHIPPED)
 
 
 def test_production_contract_holds_the_seed_values() -> None:
@@ -70,6 +70,12 @@ def _mutated(tmp_path: Path, old: str, new: str) -> Path:
     ("[draft]\nsource = \"mini\"\n", "", "draft and speculative go together"),
     ("target_kv_scale_digest = \"d5", "target_kv_scale_digest = \"x5", "expect.target_kv_scale_digest"),
     ("tokens_per_request = 100", "tokens_per_request = 1", "decode.tokens_per_request"),
+    ("fresh_starts = 2", "fresh_starts = 1", "a candidate needs at least 2 fresh starts"),
+    ('dtype = "float32"', 'dtype = "auto"', "engine.dtype"),
+    ("[target]\nsource = \"mini\"\n", "[target]\nsource = \"mini\"\nif_missing = \"mini-export\"\n",
+     "if_missing applies to a path model only"),
+    ("compile_breaks = 0", "compile_breaks = 0\nload_audit_exempt = { \"*.weight_shape\" = \"\" }",
+     "expect.load_audit_exempt.*.weight_shape"),
 ])
 def test_an_invalid_field_is_named(tmp_path: Path, old: str, new: str, message: str) -> None:
     path = _mutated(tmp_path, old, new)

@@ -2,7 +2,9 @@
 
 The recorded run must pass every gate; each mutation breaks one observation the way a real failure would
 (a rank that lost its scales, a layer on another backend, a cached prompt, a changed token...), and its
-gate must reject it with the right message. A gate that no mutation can fail is not a gate.
+gate must reject it with the right message. A gate that no mutation can fail is not a gate. Each removal
+takes away data a gate reads (a log, a counter, an audit field, a checkpoint table): the gate must fail
+saying what is missing, never pass by having nothing to look at.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import gates, session, teacher
-from pytest_b70lab.contract import Contract
+from pytest_b70lab.contract import Contract, load_prompts
 from pytest_b70lab.evidence import Evidence, sha256_ids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,15 +27,15 @@ SNAPSHOTS = REPO / "tests" / "gates"
 class Run:
     def __init__(self) -> None:
         self.starts: list[Evidence] = session.load_run(BUNDLE)
-        self.manifest: dict = session.load_manifest_copy(BUNDLE)
         self.contract = Contract.model_validate(self.starts[0].contract.canonical, strict=False)
-        self.snapshots = {r.prompt_id: teacher.read(teacher.snapshot_path(SNAPSHOTS, self.contract.name, r.prompt_id))
+        self.tables: dict = session.checkpoint_tables(BUNDLE, self.starts[0], self.contract, BUNDLE / "no-cache")
+        self.snapshots = {r.prompt_id: teacher.read(teacher.snapshot_path(SNAPSHOTS, self.contract, r.prompt_id))
                           for r in self.starts[0].requests}
 
     def clone(self) -> Run:
         other = copy.copy(self)
         other.starts = [s.model_copy(deep=True) for s in self.starts]
-        other.manifest = copy.deepcopy(self.manifest)
+        other.tables = copy.deepcopy(self.tables)
         other.snapshots = copy.deepcopy(self.snapshots)
         return other
 
@@ -43,18 +45,20 @@ class Run:
 
     @property
     def prompts(self) -> list[str]:
-        return [r.prompt_id for r in self.starts[0].requests]
+        """The contract's prompt set (as the plugin parametrizes it), not the evidence's requests."""
+        return [p.id for p in load_prompts(self.contract, fallback=BUNDLE / session.PROMPTS_COPY)]
 
 
 def all_verdicts(run: Run) -> list[gates.Verdict]:
     c = run.contract
     out: list[gates.Verdict] = []
+    target, draft = run.tables.get("target"), run.tables.get("draft")
     for s in run.starts:
         for r in run.ranks:
-            out += [gates.target_scale_audit(s, r, c, run.manifest["target"]["kv_scales"]),
+            out += [gates.target_scale_audit(s, r, c, (target or {}).get("kv_scales")),
                     gates.draft_cache_audit(s, r, c), gates.engine_resolution(s, r, c),
                     gates.compile_topology(s, r, c), gates.launch_flags(s, r, c)]
-        out.append(gates.load_audit(s, run.manifest["target"]["tensors"], run.manifest["draft"]["tensors"]))
+        out.append(gates.load_audit(s, c, target, draft, run.tables.get("problems")))
         for p in run.prompts:
             out += [gates.cold_prompt(s, p), gates.token_count(s, p, c),
                     gates.teacher_exactness(s, p, c, run.snapshots.get(p), f"<snapshot {p}>")]
@@ -225,7 +229,7 @@ def draft_norm_not_loaded(run: Run) -> None:
 
 def tensor_never_loaded(run: Run) -> None:
     """A checkpoint tensor that no engine parameter is made of."""
-    run.manifest["target"]["tensors"]["model.layers.1.mlp.extra_router.weight"] = {
+    run.tables["target"]["tensors"]["model.layers.1.mlp.extra_router.weight"] = {
         "dtype": "bfloat16", "shape": [8], "sha256": "0" * 64, "moments": {"sum": 1.0, "sumsq": 1.0, "numel": 8}}
 
 
@@ -283,7 +287,8 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
     (zero_router_bias, "load-audit", "e_score_correction_bias on rank 0: sum 0"),
     (expert_weights_from_the_wrong_rank, "load-audit", "w13_weight over ranks"),
     (draft_norm_not_loaded, "load-audit", "draft: 2 mismatch(es) with the checkpoint: model.hidden_norm.weight on rank 0: sum 256"),
-    (tensor_never_loaded, "load-audit", "never reached an engine parameter: model.layers.1.mlp.extra_router.weight"),
+    (tensor_never_loaded, "load-audit", "never reached an engine parameter (and the contract does not exempt them): "
+                                        "model.layers.1.mlp.extra_router.weight"),
     (block_size_drift, "launch-flags", "block_size: engine has 64, contract says 32"),
     (draft_token_count_off, "spec-counters", "draft tokens"),
     (reported_count_off, "token-count", "usage says 99 tokens"),
@@ -293,10 +298,154 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("mutate", "gate", "message"), MUTATIONS,
-                         ids=[f"{m.__name__}->{g}" for m, g, _ in MUTATIONS])
-def test_each_mutation_is_rejected_by_its_gate(recorded: Run, mutate, gate: str, message: str) -> None:
-    run = recorded.clone()
+def _drop_metric(text: str, name: str) -> str:
+    """/metrics without any sample (or HELP/TYPE line) of the family `name`."""
+    family = name.removesuffix("_total")
+    return "\n".join(line for line in text.splitlines()
+                     if not (line.startswith((family + "{", family + " ", family + "_total"))
+                             or (line.startswith("#") and f" {family}" in line))) + "\n"
+
+
+def draft_config_unavailable(run: Run) -> None:
+    _audit(run, 0, 1)["draft_quantization"] = "unavailable: AttributeError: 'NoneType' object has no attribute 'hf_config'"
+
+
+def draft_quantization_not_audited(run: Run) -> None:
+    del _audit(run, 1, 0)["draft_quantization"]
+
+
+def no_server_log(run: Run) -> None:
+    run.starts[0].logs.pop("server")
+
+
+def no_rank_log(run: Run) -> None:
+    run.starts[1].logs.pop(gates.rank_log_name(run.contract, 1))
+
+
+def log_not_scanned(run: Run) -> None:
+    run.starts[0].log_findings.pop("backend_fallback")
+
+
+def no_prefix_cache_counter(run: Run) -> None:
+    s = run.starts[1]
+    s.metrics_after = _drop_metric(s.metrics_after, "vllm:prefix_cache_hits_total")
+
+
+def no_acceptance_series(run: Run) -> None:
+    s = run.starts[0]
+    s.metrics_after = _drop_metric(s.metrics_after, "vllm:spec_decode_num_accepted_tokens_per_pos_total")
+
+
+def no_acceptance_counters(run: Run) -> None:
+    s = run.starts[1]
+    s.metrics_before = _drop_metric(s.metrics_before, "vllm:spec_decode_num_accepted_tokens_total")
+
+
+def one_start_missing(run: Run) -> None:
+    run.starts = run.starts[:1]
+
+
+def max_model_len_not_audited(run: Run) -> None:
+    del _audit(run, 0, 1)["model_config"]["max_model_len"]
+
+
+def seed_drift(run: Run) -> None:
+    _audit(run, 1, 0)["model_config"]["seed"] = 7
+
+
+def ran_eager(run: Run) -> None:
+    _audit(run, 0, 0)["model_config"]["enforce_eager"] = True
+
+
+def no_attention_config(run: Run) -> None:
+    del _audit(run, 1, 1)["attention_config"]
+
+
+def teacher_without_speculative_field(run: Run) -> None:
+    for snap in run.snapshots.values():
+        del snap["teacher"]["engine_speculative_config"]
+
+
+def teacher_without_token_ids(run: Run) -> None:
+    del run.snapshots[run.prompts[2]]["token_ids"]
+
+
+def no_target_table(run: Run) -> None:
+    run.tables["target"] = None
+    run.tables["problems"] = {"target": "poolside/Laguna-S-2.1-INT4 is not in the Hugging Face cache"}
+
+
+def no_draft_table(run: Run) -> None:
+    run.tables["draft"] = None
+
+
+def no_draft_parameters(run: Run) -> None:
+    for audit in run.starts[1].audits:
+        audit["draft_parameters"] = None
+
+
+def scale_calculation_not_audited(run: Run) -> None:
+    del _layer(run, 1, 0, "target", 2)["calculate_kv_scales"]
+
+
+def no_compile_break_count(run: Run) -> None:
+    del _audit(run, 1, 0)["compile_counters"]["dynamo_graph_breaks"]
+
+
+def no_cache_config_info(run: Run) -> None:
+    s = run.starts[1]
+    s.metrics_after = _drop_metric(s.metrics_after, "vllm:cache_config_info")
+
+
+def no_cached_token_count(run: Run) -> None:
+    run.starts[0].requests[4].cached_tokens = None
+
+
+def no_usage_count(run: Run) -> None:
+    del run.starts[1].requests[3].usage["completion_tokens"]
+
+
+def a_request_missing(run: Run) -> None:
+    run.starts[0].requests = run.starts[0].requests[1:]
+
+
+def no_requests_at_all(run: Run) -> None:
+    run.starts[0].requests = []
+
+
+REMOVALS: list[tuple[Callable[[Run], None], str, str]] = [
+    (no_target_table, "target-scale-audit", "no checkpoint table of calibrated scales"),
+    (scale_calculation_not_audited, "target-scale-audit", "did not record calculate_kv_scales"),
+    (draft_config_unavailable, "draft-cache-audit", "quantization config could not be read: \"unavailable: AttributeError"),
+    (draft_quantization_not_audited, "draft-cache-audit", "did not record the draft's quantization config"),
+    (no_server_log, "engine-resolution", "no server log recorded"),
+    (no_rank_log, "engine-resolution", "no log of rank 1"),
+    (log_not_scanned, "engine-resolution", "not scanned for backend fallbacks"),
+    (no_cache_config_info, "metrics-agree", "/metrics has no vllm:cache_config_info"),
+    (teacher_without_speculative_field, "teacher-exactness", "lacks ['engine_speculative_config']"),
+    (teacher_without_token_ids, "teacher-exactness", "does not keep its token IDs"),
+    (no_prefix_cache_counter, "cold-prompt", "has no vllm:prefix_cache_hits_total"),
+    (no_cached_token_count, "cold-prompt", "None cached prompt tokens"),
+    (no_compile_break_count, "compile-topology", "lack ['dynamo_graph_breaks']"),
+    (one_start_missing, "fresh-start-reproduction", "1 fresh starts recorded, the contract asks for 2"),
+    (no_requests_at_all, "fresh-start-reproduction", "start-1 recorded no requests"),
+    (max_model_len_not_audited, "launch-flags", "max_model_len: the audit did not record"),
+    (no_attention_config, "launch-flags", "attention_backend: the audit did not record"),
+    (no_target_table, "load-audit", "target: no checkpoint table to compare the engine with: poolside"),
+    (no_draft_table, "load-audit", "draft: no checkpoint table"),
+    (no_draft_parameters, "load-audit", "draft: the audit recorded no draft parameters"),
+    (no_acceptance_series, "spec-counters", "lacks vllm:spec_decode_num_accepted_tokens_per_pos_total (after)"),
+    (no_acceptance_counters, "spec-counters", "lacks vllm:spec_decode_num_accepted_tokens_total (before)"),
+    (no_usage_count, "token-count", "usage says None tokens"),
+    (a_request_missing, "token-count", "no request for prompt"),
+]
+MUTATIONS += [
+    (seed_drift, "launch-flags", "seed: engine has 7, contract says 0"),
+    (ran_eager, "launch-flags", "compile_mode: engine has enforce_eager=True, contract says 'compiled'"),
+]
+
+
+def _rejected(run: Run, mutate, gate: str, message: str) -> None:
     mutate(run)
     failed = [v for v in all_verdicts(run) if not v.passed]
     assert failed, f"no gate rejected {mutate.__name__}"
@@ -306,9 +455,78 @@ def test_each_mutation_is_rejected_by_its_gate(recorded: Run, mutate, gate: str,
         f"{gate} rejected {mutate.__name__} without saying {message!r}: {[v.reasons for v in by_gate]}"
 
 
+@pytest.mark.parametrize(("mutate", "gate", "message"), MUTATIONS,
+                         ids=[f"{m.__name__}->{g}" for m, g, _ in MUTATIONS])
+def test_each_mutation_is_rejected_by_its_gate(recorded: Run, mutate, gate: str, message: str) -> None:
+    _rejected(recorded.clone(), mutate, gate, message)
+
+
+@pytest.mark.parametrize(("remove", "gate", "message"), REMOVALS, ids=[f"{m.__name__}->{g}" for m, g, _ in REMOVALS])
+def test_each_gate_fails_closed_when_its_data_is_removed(recorded: Run, remove, gate: str, message: str) -> None:
+    _rejected(recorded.clone(), remove, gate, message)
+
+
+def test_the_required_subjects_come_from_the_contract(recorded: Run) -> None:
+    c = recorded.contract
+    required = gates.required_subjects(c, recorded.prompts)
+    starts, ranks, prompts = c.reproduction.fresh_starts, c.engine.tensor_parallel, len(recorded.prompts)
+    assert len(required) == len(set(required)) == starts * (5 * ranks + 3 * prompts + 3) + 1
+    assert ("cold-prompt", "start-2 prompt:loop") in required and ("fresh-start-reproduction", "run") in required
+    teacher_only = {g for g, _ in gates.required_subjects(c.teacher(), recorded.prompts)}
+    assert teacher_only == set(gates.CATALOGUE) - gates.SPECULATIVE_GATES
+
+
+def test_each_verdict_is_of_its_declared_subject(recorded: Run) -> None:
+    required = set(gates.required_subjects(recorded.contract, recorded.prompts))
+    assert {(v.gate, v.subject) for v in all_verdicts(recorded)} == required
+
+
 def test_every_gate_has_a_mutation_that_fails_it() -> None:
     covered = {gate for _, gate, _ in MUTATIONS}
     assert covered == set(gates.CATALOGUE)
+
+
+def test_every_gate_has_a_removal_that_fails_it() -> None:
+    assert {gate for _, gate, _ in REMOVALS} == set(gates.CATALOGUE)
+
+
+# --- the teacher belongs to the target -----------------------------------------------------------------
+
+def _other_draft(run: Run) -> None:
+    """The same target with another draft: a DFlash re-sweep (another width, another draft checkpoint)."""
+    data = run.contract.canonical()
+    data["name"] = "mini-laguna-cpu-other-draft"
+    data["speculative"] = {**data["speculative"], "num_speculative_tokens": 7, "verify_width": 8}
+    run.contract = Contract.model_validate(data, strict=False)
+    for s in run.starts:
+        s.draft.digest = "d" * 64
+        s.target.manifest_digest = "e" * 64   # the whole mini's digest moves with its draft
+
+
+def test_candidates_differing_only_in_the_draft_share_one_teacher(recorded: Run) -> None:
+    run = recorded.clone()
+    _other_draft(run)
+    assert teacher.snapshot_path(SNAPSHOTS, run.contract, "x") == teacher.snapshot_path(SNAPSHOTS, recorded.contract, "x")
+    verdicts = [gates.teacher_exactness(s, p, run.contract, run.snapshots[p], f"<snapshot {p}>")
+                for s in run.starts for p in run.prompts]
+    assert all(v.passed for v in verdicts), [v.explain() for v in verdicts if not v.passed]
+
+
+def test_a_candidate_with_another_target_meets_a_foreign_teacher(recorded: Run) -> None:
+    run = recorded.clone()
+    run.starts[0].target.digest = "a" * 64
+    v = gates.teacher_exactness(run.starts[0], run.prompts[0], run.contract, run.snapshots[run.prompts[0]], "<s>")
+    assert not v.passed and any("foreign teacher: recorded on target checkpoint" in r for r in v.reasons), v.reasons
+
+
+def test_a_teacher_mismatch_names_the_first_differing_token_and_the_text(recorded: Run) -> None:
+    run = recorded.clone()
+    changed_token(run)
+    r = run.starts[1].requests[0]
+    v = gates.teacher_exactness(run.starts[1], r.prompt_id, run.contract, run.snapshots[r.prompt_id], "<s>")
+    want = run.snapshots[r.prompt_id]["token_ids"][5]
+    assert any(f"from token 5 on (this run {r.token_ids[5]}, teacher {want})" in x and "text here" in x
+               for x in v.reasons), v.reasons
 
 
 def test_the_original_is_untouched_by_mutations(recorded: Run) -> None:

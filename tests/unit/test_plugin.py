@@ -77,6 +77,84 @@ def test_replay_judges_saved_evidence_without_an_engine(pytester: pytest.Pyteste
     assert any(p.get("b70_gate") == "fresh-start-reproduction" and "endpoint_medians" in p for p in props.values())
 
 
+@pytest.mark.parametrize("deselect", [["-k", "not start-2"], ["-k", "not rank-1"], ["-k", "not prose-fox"],
+                                      ["-k", "not test_cold_prompt"], ["--deselect", "DESELECT_ONE"]],
+                         ids=["a-start", "a-rank", "a-prompt", "a-gate", "one-test"])
+def test_a_partial_selection_is_never_promotable(pytester: pytest.Pytester, deselect: list[str]) -> None:
+    one = "tests/gates/test_rank_gates.py::test_launch_flags[start-2-rank-0]"  # a node id, relative to the rootdir
+    result, run, _ = _replay(pytester, *[one if a == "DESELECT_ONE" else a for a in deselect])
+    assert result.ret != 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu*required gate subjects did "
+                                 "not run*"])
+    assert "PROMOTABLE at" not in result.stdout.str()
+    verdict = json.loads((run / "promotion.json").read_text())
+    assert verdict["promotable"] is False and verdict["complete"] is False and verdict["missing"]
+    assert len(verdict["observed"]) + len(verdict["missing"]) == len(verdict["required"])
+
+
+def test_a_skipped_required_subject_is_a_failure_with_its_reason(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(skip_one_rank="""
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if "test_engine_resolution[start-1-rank-1]" in item.nodeid:
+        pytest.skip("skipped to save time")
+""")
+    pytester.syspathinsert()
+    result, run, _ = _replay(pytester, "-p", "skip_one_rank")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates: engine-resolution*",
+                                 "*test_engine_resolution?start-1-rank-1? skipped, but a promotion requires it: "
+                                 "skipped: skipped to save time*"])
+    verdict = json.loads((run / "promotion.json").read_text())
+    assert verdict["complete"] is True and verdict["promotable"] is False
+
+
+def test_a_worker_that_dies_leaves_the_run_not_promotable(pytester: pytest.Pytester) -> None:
+    gates_copy = pytester.path / "gates"
+    shutil.copytree(GATES, gates_copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (gates_copy / "conftest.py").write_text("""
+import os
+
+def pytest_runtest_call(item):
+    if "test_cold_prompt[start-2-loop]" in item.nodeid:
+        os._exit(3)  # the worker dies mid-test, as an OOM kill or a native crash would end it
+""")
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    result = pytester.runpytest(str(gates_copy), "-m", "gates", "--b70-evidence", str(run), "-p", "no:cacheprovider",
+                                "-n", "2", "--max-worker-restart=0")
+    assert result.ret != 0
+    assert "PROMOTABLE at" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*NOT PROMOTABLE*"])
+    verdict = json.loads((run / "promotion.json").read_text())
+    assert verdict["promotable"] is False
+    lost = [f for f in verdict["failed"] if "test_cold_prompt[start-2-loop]" in f["test"]]
+    assert lost or ["cold-prompt", "start-2 prompt:loop"] in verdict["missing"], verdict["failed"]
+
+
+def test_the_verdict_names_its_contract_and_pairs_under_xdist(pytester: pytest.Pytester) -> None:
+    result, run, _ = _replay(pytester, "-n", "2")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    verdict = json.loads((run / "promotion.json").read_text())
+    contract_digest = json.loads((run / "start-1" / "evidence.json").read_text())["contract"]["digest"]
+    assert verdict["contract_digest"] == contract_digest
+    assert verdict["complete"] is True and verdict["missing"] == []
+    assert sorted(map(tuple, verdict["required"])) == sorted((g, s) for g, s, _ in verdict["observed"])
+    assert {o for _, _, o in verdict["observed"]} == {"passed"}
+
+
+def test_a_start_missing_from_the_evidence_fails_its_gates(pytester: pytest.Pytester) -> None:
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    shutil.rmtree(run / "start-2")
+    result = pytester.runpytest(str(GATES), "-m", "gates", "--b70-evidence", str(run), "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates:*",
+                                 "*start-2: no evidence (the run has starts ?1?; the contract asks for 2)*"])
+
+
 def test_replay_of_a_damaged_run_fails_closed(pytester: pytest.Pytester) -> None:
     run = pytester.path / "run"
     shutil.copytree(BUNDLE, run)

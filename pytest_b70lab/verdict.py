@@ -1,0 +1,153 @@
+"""The promotion verdict: what a promotion needs, what actually ran, and what that allows one to say.
+
+The required (gate, subject) pairs come from the contract alone (`gates.required_subjects`); the outcomes
+come from the gate tests' reports. PROMOTABLE means every required pair ran and passed and no other gate
+test failed. A required pair that never ran (deselected with -k, --deselect, --lf or a marker subset, lost
+with an xdist worker, or never collected) makes the run incomplete; one that was skipped counts as failed,
+with the skip reason. Nothing here knows pytest: the plugin turns reports into `GateOutcome`s.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Pair = tuple[str, str]
+Outcome = Literal["passed", "failed", "skipped"]
+_RANK = {"passed": 0, "skipped": 1, "failed": 2}
+SHOWN = 12  # pairs or failures listed in the terminal before "and N more"
+
+
+@dataclass
+class GateOutcome:
+    """One gate test's result over all its phases (setup, call, teardown)."""
+
+    test: str
+    gate: str | None          # None: a gate-marked test that judges no catalogue pair (an evidence check)
+    subject: str | None
+    outcome: Outcome
+    reasons: str = ""
+    observed: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pair(self) -> Pair | None:
+        return (self.gate, self.subject) if self.gate and self.subject else None
+
+    def merge(self, outcome: Outcome, reasons: str, observed: dict[str, Any]) -> None:
+        """A later phase of the same test: the worst outcome wins, its reasons with it."""
+        self.observed.update(observed)
+        if _RANK[outcome] > _RANK[self.outcome]:
+            self.outcome, self.reasons = outcome, reasons
+
+
+@dataclass
+class Decision:
+    contract: str
+    contract_digest: str | None
+    required: list[Pair]
+    outcomes: list[GateOutcome]
+    problems: list[str] = field(default_factory=list)   # why the required set itself could not be known
+
+    @property
+    def by_pair(self) -> dict[Pair, list[GateOutcome]]:
+        out: dict[Pair, list[GateOutcome]] = {}
+        for o in self.outcomes:
+            if o.pair:
+                out.setdefault(o.pair, []).append(o)
+        return out
+
+    @property
+    def missing(self) -> list[Pair]:
+        ran = self.by_pair
+        return [p for p in self.required if p not in ran]
+
+    @property
+    def failed(self) -> list[GateOutcome]:
+        """Failed gate tests, and skipped ones whose pair a promotion requires."""
+        required = set(self.required)
+        return [o for o in self.outcomes
+                if o.outcome == "failed" or (o.outcome == "skipped" and o.pair in required)]
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems and bool(self.required) and not self.missing
+
+    @property
+    def promotable(self) -> bool:
+        return self.complete and not self.failed
+
+    @property
+    def failed_gates(self) -> list[str]:
+        return sorted({o.gate or o.test.split("::")[-1].split("[")[0] for o in self.failed})
+
+    @property
+    def endpoint_medians(self) -> list[float] | None:
+        for o in self.outcomes:
+            if o.gate == "fresh-start-reproduction" and o.observed.get("endpoint_medians"):
+                return list(o.observed["endpoint_medians"])
+        return None
+
+
+def decide(required: list[Pair], outcomes: list[GateOutcome], contract: str, contract_digest: str | None,
+           problems: list[str] | None = None) -> Decision:
+    return Decision(contract, contract_digest, list(required), list(outcomes), list(problems or []))
+
+
+def _pairs(pairs: list[Pair]) -> str:
+    shown = ", ".join(f"{gate} [{subject}]" for gate, subject in pairs[:SHOWN])
+    return shown + (f", and {len(pairs) - SHOWN} more" if len(pairs) > SHOWN else "")
+
+
+def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool]]]:
+    """The terminal lines of the verdict, each with its TerminalWriter markup."""
+    d = decision
+    ran = d.by_pair
+    passed = sum(1 for p in d.required if p in ran and all(o.outcome == "passed" for o in ran[p]))
+    tally = f"{passed}/{len(d.required)} required gate subjects passed"
+    lines: list[tuple[str, dict[str, bool]]] = []
+    if d.promotable:
+        medians = d.endpoint_medians
+        shown = " / ".join(f"{m:.2f}" for m in medians) if medians else "n/a"
+        starts = " / ".join(f"start-{i}" for i in range(1, len(medians or []) + 1))
+        lines.append((f"PROMOTABLE at {shown} tok/s median ({starts}) - contract {d.contract} ({tally})",
+                      {"green": True, "bold": True}))
+    else:
+        if not d.complete:
+            why = "; ".join(d.problems) if d.problems else (
+                f"{len(d.missing)} of {len(d.required)} required gate subjects did not run (deselected, not "
+                f"collected, or lost with a worker): {_pairs(d.missing)}")
+            lines.append((f"NOT PROMOTABLE (incomplete) - contract {d.contract}: {why}", {"yellow": True, "bold": True}))
+        if d.failed:
+            lines.append((f"NOT PROMOTABLE - contract {d.contract}; failed gates: {', '.join(d.failed_gates)} ({tally})",
+                          {"red": True, "bold": True}))
+            for o in d.failed[:SHOWN]:
+                what = "skipped, but a promotion requires it" if o.outcome == "skipped" else "failed"
+                lines.append((f"  {o.test} {what}: {o.reasons}", {}))
+            if len(d.failed) > SHOWN:
+                lines.append((f"  ... and {len(d.failed) - SHOWN} more failed gate tests (promotion.json lists all)", {}))
+    lines.append((f"evidence and promotion.json: {run_dir}", {}))
+    return lines
+
+
+def record(decision: Decision, run_dir: Path) -> dict[str, Any]:
+    """promotion.json: the verdict with everything it was decided from."""
+    d = decision
+    return {
+        "promotable": d.promotable, "complete": d.complete, "problems": d.problems,
+        "contract": d.contract, "contract_digest": d.contract_digest, "run_dir": str(run_dir),
+        "endpoint_medians_tok_s": d.endpoint_medians, "failed_gates": d.failed_gates,
+        "required": [list(p) for p in d.required],
+        "observed": sorted([o.gate, o.subject, o.outcome] for o in d.outcomes if o.pair),
+        "missing": [list(p) for p in d.missing],
+        "failed": [{"test": o.test, "gate": o.gate, "subject": o.subject, "outcome": o.outcome, "reasons": o.reasons}
+                   for o in d.failed],
+        "gates": [asdict(o) for o in d.outcomes],
+    }
+
+
+def write(decision: Decision, run_dir: Path) -> Path:
+    path = run_dir / "promotion.json"
+    path.write_text(json.dumps(record(decision, run_dir), indent=1, sort_keys=True, default=str) + "\n")
+    return path

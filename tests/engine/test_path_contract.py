@@ -1,0 +1,53 @@
+"""The lane a production checkpoint takes, end to end: `pytest -m gates --b70-contract mini-laguna-cpu-path`.
+
+Target and draft are plain folders (config, tokenizer, safetensors; no b70lab manifest), exported by the
+session itself when they are missing, so the load and scale audits read the checkpoints' own files, and
+the committed teacher of that contract is judged. The session must be PROMOTABLE with every checkpoint
+tensor covered as for the mini: what the production contract needs, short of the B70 machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_b70lab import checkpoint, contract, session
+
+pytestmark = pytest.mark.engine
+REPO = Path(__file__).resolve().parents[2]
+CONTRACT = "mini-laguna-cpu-path"
+
+
+def test_a_path_checkpoint_is_promotable_with_full_load_audit_coverage(tmp_path: Path, b70_cache_root: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(REPO / "tests" / "gates"), "-m", "gates", "-p", "no:cacheprovider",
+         "--b70-contract", CONTRACT, f"--b70-run-dir={run_dir}", "-q"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+    tail = done.stdout[-4000:]
+    assert done.returncode == 0, tail
+    assert "PROMOTABLE at" in tail and f"contract {CONTRACT}" in tail, tail
+
+    verdict = json.loads((run_dir / "promotion.json").read_text())
+    assert verdict["promotable"] and verdict["complete"] and verdict["contract"] == CONTRACT
+    # The tables came from reading the exported folders, not from a manifest.
+    folders = {part: session.model_folder(getattr(contract.load(CONTRACT), part)) for part in ("target", "draft")}
+    assert not any((f / "manifest.json").exists() for f in folders.values())
+    tables = json.loads((run_dir / session.TABLES_COPY).read_text())
+    for part, folder in folders.items():
+        assert tables[part]["digest"] == checkpoint.read_table(folder)["digest"]
+    audits = [g["observed"] for g in verdict["gates"] if g["gate"] == "load-audit"]
+    assert len(audits) == 2
+    for observed in audits:
+        for part in ("target", "draft"):
+            tensors = tables[part]["tensors"]
+            scales = sum(1 for name in tensors if checkpoint.engine_kv_scale(name))
+            assert observed[f"{part}_tensors"] == len(tensors)
+            assert observed[f"{part}_tensors_covered"] == len(tensors) - scales, observed
+            assert observed[f"{part}_exempted"] == scales and observed[f"{part}_mismatched"] == 0
