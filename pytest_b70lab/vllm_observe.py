@@ -1,11 +1,15 @@
 """Observation hook for the load audit, loaded by vLLM in every process (`vllm.general_plugins`).
 
-On CPU, vLLM moves each linear layer's weight into a packed kernel handle after loading and leaves an
-empty parameter behind, so a worker cannot show what it loaded. Just before that hand-over this hook
-stores the weight's moments (float64 sum and sum of squares, element count) on the layer; the worker
-audit reports them, and the load-audit gate compares them with the checkpoint's. Moments survive the
-kernels' reordering and zero padding, and add up across tensor-parallel shards. It changes nothing the
-engine computes.
+After loading, vLLM hands each layer that has a quantization method (unquantized linear and MoE layers
+have one too) to `process_weights_after_loading`, which may repack, re-quantize or move its weights into
+kernel handles and leave empty parameters behind (vLLM's CPU backend does this to every linear weight;
+INT4 kernels repack `weight_packed`). So a worker cannot show afterwards what it loaded. Just before that
+step this hook stores each such layer's parameters' moments (float64 sum and sum of squares, element
+count) on the layer, in their checkpoint form as loaded; the worker audit reports them, and the
+load-audit gate compares them with the checkpoint's. Moments add up across tensor-parallel shards. It
+changes nothing the engine computes.
+
+Imports nothing else of the package: it runs inside vLLM's processes.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import logging
 import os
 
 log = logging.getLogger("vllm.b70lab_observe")
-MOMENTS_ATTR = "_b70lab_loaded_moments"
+LOADED_MOMENTS_ATTR = "_b70lab_loaded_moments"
 _registered = False
 
 
@@ -23,23 +27,35 @@ def moments(tensor) -> dict[str, float]:
     return {"sum": float(t.sum()), "sumsq": float((t * t).sum()), "numel": int(t.numel())}
 
 
+def record_loaded_moments(model) -> int:
+    """Store, on every layer vLLM is about to post-process, its own parameters' moments; returns how many."""
+    count = 0
+    for module in model.modules():
+        if getattr(module, "quant_method", None) is None:
+            continue
+        loaded = {name: moments(p) for name, p in module.named_parameters(recurse=False)
+                  if not p.is_meta and p.numel()}
+        if loaded:
+            setattr(module, LOADED_MOMENTS_ATTR, loaded)
+            count += len(loaded)
+    return count
+
+
 def register() -> None:
     global _registered
     if _registered:
         return
     _registered = True
     try:
-        from vllm.model_executor.layers import utils
+        from vllm.model_executor.model_loader import base_loader
     except ImportError as e:  # not a vLLM this hook knows: the audit then reports what it can
         log.info("b70lab load-moment hook not installed (pid %d): %s", os.getpid(), e)
         return
-    original = utils.dispatch_cpu_unquantized_gemm
+    original = base_loader.process_weights_after_loading
 
-    def dispatch_cpu_unquantized_gemm(layer, remove_weight, *args, **kwargs):
-        weight = getattr(layer, "weight", None)
-        if weight is not None and not weight.is_meta and weight.numel():
-            setattr(layer, MOMENTS_ATTR, moments(weight))
-        return original(layer, remove_weight, *args, **kwargs)
+    def process_weights_after_loading(model, *args, **kwargs):
+        record_loaded_moments(model)
+        return original(model, *args, **kwargs)
 
-    utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+    base_loader.process_weights_after_loading = process_weights_after_loading
     log.info("b70lab load-moment hook installed (pid %d)", os.getpid())

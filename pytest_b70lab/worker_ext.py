@@ -30,19 +30,25 @@ def _tensor_sha256(t) -> str:
 
 
 def _parameters(model) -> dict[str, dict[str, Any]]:
-    """Every parameter: dtype, shape, sha256 of its bytes, and its moments. A weight the CPU backend moved
-    into a packed kernel handle is left empty; its moments were stored at load time by vllm_observe."""
-    from .vllm_observe import MOMENTS_ATTR, moments
+    """Every parameter: dtype, shape, sha256 of its bytes, and its moments as loaded. Layers that vLLM
+    post-processed after loading (repacked, moved into a kernel handle, emptied) report the moments
+    vllm_observe stored just before that step, including parameters the step removed."""
+    from .vllm_observe import LOADED_MOMENTS_ATTR, moments
 
     out = {}
     for module_name, module in model.named_modules():
-        for name, p in module.named_parameters(recurse=False):
+        loaded = getattr(module, LOADED_MOMENTS_ATTR, None) or {}
+        present = dict(module.named_parameters(recurse=False))
+        for name in sorted(set(present) | set(loaded)):
             full = f"{module_name}.{name}" if module_name else name
-            entry = {"dtype": str(p.dtype).removeprefix("torch."), "shape": list(p.shape),
-                     "sha256": _tensor_sha256(p)}
-            stored = getattr(module, MOMENTS_ATTR, None) if name == "weight" and p.numel() == 0 else None
-            entry["moments"] = stored if stored is not None else moments(p)
-            entry["moments_from"] = "load" if stored is not None else "parameter"
+            p = present.get(name)
+            entry: dict[str, Any] = {"dtype": None if p is None else str(p.dtype).removeprefix("torch."),
+                                     "shape": None if p is None else list(p.shape),
+                                     "sha256": None if p is None else _tensor_sha256(p)}
+            if name in loaded:
+                entry["moments"], entry["moments_from"] = loaded[name], "load"
+            else:
+                entry["moments"], entry["moments_from"] = moments(p), "parameter"
             out[full] = entry
     return out
 
