@@ -297,12 +297,12 @@ def b70_start_evidence(b70_evidence: list[evidence_mod.Evidence], b70_start: int
 def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidence],
                     b70_contract: contract_mod.Contract) -> dict:
     """The checkpoint tables of the served target and draft (tensor moments, calibrated KV scales): the
-    run folder's copy, else read from the checkpoints themselves. A part that cannot be read is None,
-    with the reason under "problems" (its gates then fail closed)."""
+    run folder's copy (so after `b70_evidence` has collected), else read from the checkpoints themselves. A
+    part that cannot be read is None, with the reason under "problems" (its gates then fail closed)."""
     from . import session
 
     try:
-        return session.checkpoint_tables(b70_state.run_dir, b70_evidence[0], b70_contract, b70_state.cache_root)
+        return session.checkpoint_tables(b70_state.run_dir, b70_contract, b70_state.cache_root)
     except evidence_mod.EvidenceError as e:
         pytest.fail(str(e), pytrace=False)
 

@@ -40,7 +40,6 @@ class ResolvedModels:
     draft: evidence.ModelRef | None
     target_model: str | Path
     draft_model: str | Path | None
-    manifest: dict | None
     # The checkpoint tables the load and scale audits compare with ("target", "draft"; None where a
     # checkpoint could not be read, with the reason under "problems").
     tables: dict[str, Any]
@@ -93,7 +92,7 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
 
     target_ref, target_model = one(contract.target, "target")
     draft_ref, draft_model = (one(contract.draft, "draft") if contract.draft else (None, None))
-    return ResolvedModels(target_ref, draft_ref, target_model, draft_model, manifest, tables)
+    return ResolvedModels(target_ref, draft_ref, target_model, draft_model, tables)
 
 
 def serve_config(contract: Contract, models: ResolvedModels) -> launch.ServeConfig:
@@ -115,7 +114,7 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
     if contract.target.source == "mini":  # where the build will be, without building it
         folder = mini.folder_for(cache_root / "mini")
         models = ResolvedModels(evidence.ModelRef(ref=str(folder / "target")), None, folder / "target",
-                                folder / "draft" if contract.draft else None, None, {})
+                                folder / "draft" if contract.draft else None, {})
     else:
         models = resolve_models(contract, cache_root)
     config = serve_config(contract, models)
@@ -251,8 +250,13 @@ def _finish(server: launch.EngineServer, record: evidence.Evidence, start_dir: P
     evidence.write(record, start_dir)
 
 
+def kind_dir(run_dir: Path, kind: str) -> Path:
+    """Where a run folder keeps the candidate's files (itself) or the teacher's (teacher/)."""
+    return run_dir / "teacher" if kind == "teacher" else run_dir
+
+
 def start_dirs(run_dir: Path, contract: Contract) -> list[Path]:
-    base = run_dir / "teacher" if contract.kind == "teacher" else run_dir
+    base = kind_dir(run_dir, contract.kind)
     return [base / f"start-{i}" for i in range(1, contract.reproduction.fresh_starts + 1)]
 
 
@@ -264,9 +268,11 @@ def collect(contract: Contract, run_dir: Path, cache_root: Path, progress: Progr
             starts: int | None = None) -> list[evidence.Evidence]:
     models = resolve_models(contract, cache_root)
     # The run folder is self-contained: replay needs neither the model nor the repository's prompt file.
+    base = kind_dir(run_dir, contract.kind)
+    base.mkdir(parents=True, exist_ok=True)
     tables = {"contract_digest": contract.digest, **models.tables}
-    (run_dir / TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
-    (run_dir / PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
+    (base / TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
+    (base / PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
     dirs = start_dirs(run_dir, contract)[: starts or None]
     return [run_start(contract, models, d, cache_root / "engine-state", i, progress, run_dir / "launches.log")
             for i, d in enumerate(dirs, 1)]
@@ -298,14 +304,18 @@ def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: 
         return records
 
 
-def checkpoint_tables(run_dir: Path, first: evidence.Evidence, contract: Contract, cache_root: Path) -> dict[str, Any]:
-    """The checkpoint tables a run was judged against: the run folder's copy, else read anew from the
-    checkpoints the contract names."""
-    path = run_dir / TABLES_COPY
+def checkpoint_tables(run_dir: Path, contract: Contract, cache_root: Path) -> dict[str, Any]:
+    """The checkpoint tables a run was judged against: the run folder's copy (written before its first
+    start, for this contract), else read anew from the checkpoints the contract names."""
+    path = kind_dir(run_dir, contract.kind) / TABLES_COPY
     if path.is_file():
         tables = evidence.read_json(path, "checkpoint tables", evidence.EvidenceError)
         if not isinstance(tables, dict) or "target" not in tables:
             raise evidence.EvidenceError(f"checkpoint tables {path} have no target table: the file is damaged")
+        if tables.get("contract_digest") != contract.digest:
+            raise evidence.EvidenceError(f"checkpoint tables {path} were written for contract digest "
+                                         f"{tables.get('contract_digest')}, this run is {contract.name} "
+                                         f"({contract.digest})")
         return tables
     try:
         return resolve_models(contract, cache_root).tables
@@ -315,7 +325,7 @@ def checkpoint_tables(run_dir: Path, first: evidence.Evidence, contract: Contrac
 
 def load_run(run_dir: Path, kind: str = "candidate") -> list[evidence.Evidence]:
     """Saved evidence of a run folder, for replay with no engine."""
-    base = run_dir / "teacher" if kind == "teacher" else run_dir
+    base = kind_dir(run_dir, kind)
     found = sorted(base.glob("start-*/" + evidence.FILENAME), key=lambda p: int(p.parent.name.split("-")[1]))
     if not found:
         raise evidence.EvidenceError(f"no {kind} evidence under {base} (expected start-N/{evidence.FILENAME})")

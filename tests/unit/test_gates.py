@@ -28,7 +28,7 @@ class Run:
     def __init__(self) -> None:
         self.starts: list[Evidence] = session.load_run(BUNDLE)
         self.contract = Contract.model_validate(self.starts[0].contract.canonical, strict=False)
-        self.tables: dict = session.checkpoint_tables(BUNDLE, self.starts[0], self.contract, BUNDLE / "no-cache")
+        self.tables: dict = session.checkpoint_tables(BUNDLE, self.contract, BUNDLE / "no-cache")
         self.snapshots = {r.prompt_id: teacher.read(teacher.snapshot_path(SNAPSHOTS, self.contract, r.prompt_id))
                           for r in self.starts[0].requests}
 
