@@ -7,6 +7,7 @@ any machine. Each verdict carries the observed values, which the tests attach as
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,10 +257,12 @@ def metrics_agree(start: Evidence, contract: Contract) -> Verdict:
 
 # --- metrics helpers ---------------------------------------------------------------------------------
 
-def _families(text: str | None):
+@functools.lru_cache(maxsize=16)
+def _families(text: str | None) -> tuple:
+    """One parse per /metrics text: every per-prompt and per-start gate reads the same two texts of a start."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return list(text_string_to_metric_families(text or ""))
+    return tuple(text_string_to_metric_families(text or ""))
 
 
 def _info_labels(text: str | None, name: str) -> dict[str, str] | None:
