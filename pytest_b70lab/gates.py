@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -431,7 +431,8 @@ def launch_flags(start: Evidence, rank: int, contract: Contract) -> Verdict:
         "async_scheduling": (at("scheduler_config", "async_scheduling"), e.async_scheduling),
         "max_num_seqs": (at("scheduler_config", "max_num_seqs"), e.max_num_seqs),
         # vLLM 0.32 has no run-time KV scale calculation: it reports None, which is "off".
-        "calculate_kv_scales": (at("cache_config", "calculate_kv_scales"), e.calculate_kv_scales),
+        "calculate_kv_scales": (False if (calc := at("cache_config", "calculate_kv_scales")) is None else calc,
+                                e.calculate_kv_scales),
         "max_model_len": (at("model_config", "max_model_len"), e.max_model_len),
         "compile_mode": (at("model_config", "enforce_eager"), e.compile_mode == "eager"),
         "attention_backend": (at("attention_config", "backend"), e.attention_backend),
@@ -442,8 +443,6 @@ def launch_flags(start: Evidence, rank: int, contract: Contract) -> Verdict:
             engine_spec.get("num_speculative_tokens") if isinstance(engine_spec, dict) else engine_spec,
             spec.num_speculative_tokens if spec else None),
     }
-    if compared["calculate_kv_scales"][0] is None:
-        compared["calculate_kv_scales"] = (False, e.calculate_kv_scales)
     c.observe(**{f"engine_{k.replace('.', '_')}": (None if seen is missing else seen)
                  for k, (seen, _) in compared.items()})
     for key, (seen, want) in compared.items():
@@ -556,8 +555,8 @@ def load_audit(start: Evidence, contract: Contract, target: dict[str, Any] | Non
         compared, covered, mismatches = _moment_mismatches(
             per_rank, tensors, lambda n, t=tensors, f=to_checkpoint: checkpoint_sources(f(n), t))
         uncovered = sorted(k for k in tensors if k not in covered)
-        exempted = {k: next(r for pattern, r in exempt.items() if fnmatch.fnmatchcase(k, pattern))
-                    for k in uncovered if any(fnmatch.fnmatchcase(k, pattern) for pattern in exempt)}
+        exempted = {k: reason for k in uncovered
+                    if (reason := next((r for pattern, r in exempt.items() if fnmatch.fnmatchcase(k, pattern)), None))}
         missing = [k for k in uncovered if k not in exempted]
         c.observe(**{f"{label}_parameters_compared": compared, f"{label}_tensors_covered": len(covered),
                      f"{label}_tensors": len(tensors), f"{label}_coverage": f"{len(covered)}/{len(tensors)}",
@@ -631,15 +630,17 @@ TEACHER_IDENTITY_FIELDS = ("kind", "output_digest", "model_digest", "kv_cache_dt
                            "engine_speculative_config", "engine_version")
 
 
-def first_difference(mine: list[int], theirs: list[int]) -> int | None:
-    """The first position where two token sequences differ (the shorter one's end counts), or None."""
+def first_difference(mine: Sequence, theirs: Sequence) -> int | None:
+    """The first position where two sequences (token IDs, texts) differ (the shorter one's end counts), or
+    None."""
     at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
     return None if at == len(mine) == len(theirs) else at
 
 
 def _around(text: str, other: str, width: int = 30) -> tuple[str, str]:
     """Both texts around their first differing character, for a message a person can read."""
-    at = next((i for i, (a, b) in enumerate(zip(text, other)) if a != b), min(len(text), len(other)))
+    at = first_difference(text, other)
+    at = len(text) if at is None else at
     lo = max(0, at - width)
     return text[lo:at + width], other[lo:at + width]
 

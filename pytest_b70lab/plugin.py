@@ -437,7 +437,7 @@ class VerdictReporter:
                 required = gates.required_subjects(contract, [p.id for p in _prompts(self.state.config, contract)])
             except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
                 problems.append(f"the required gate subjects cannot be known: {e}")
-            self._decision = verdict.decide(required, list(self.outcomes.values()), name, digest, problems)
+            self._decision = verdict.Decision(name, digest, required, list(self.outcomes.values()), problems)
         return self._decision
 
     @pytest.hookimpl(tryfirst=True)

@@ -90,11 +90,6 @@ class Decision:
         return None
 
 
-def decide(required: list[Pair], outcomes: list[GateOutcome], contract: str, contract_digest: str | None,
-           problems: list[str] | None = None) -> Decision:
-    return Decision(contract, contract_digest, list(required), list(outcomes), list(problems or []))
-
-
 def _pairs(pairs: list[Pair]) -> str:
     shown = ", ".join(f"{gate} [{subject}]" for gate, subject in pairs[:SHOWN])
     return shown + (f", and {len(pairs) - SHOWN} more" if len(pairs) > SHOWN else "")
