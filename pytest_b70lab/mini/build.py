@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 # kv_scale_digest and file_sha256 moved to digests; re-exported for the modules that still import them from here.
-from .digests import file_sha256, kv_scale_digest, sha256_canonical
+from ..digests import file_sha256, kv_scale_digest, sha256_canonical
 
 BUILDER_VERSION = 3
 FP8_E4M3_MAX = 448.0
@@ -342,7 +342,7 @@ def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
     import torch
     from safetensors import safe_open
 
-    from .digests import moments  # the same definition the engine side reports
+    from ..digests import moments  # the same definition the engine side reports
 
     def sha(t) -> str:
         return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
