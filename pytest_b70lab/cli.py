@@ -37,6 +37,14 @@ def _mini_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mini_train(args: argparse.Namespace, rest: list[str]) -> int:
+    """Everything after `mini train` goes to the trainer's own parser (it runs where only torch and
+    transformers are installed, so it keeps its options; `--help` prints them)."""
+    from .mini import train
+
+    return train.main(rest)
+
+
 def _derive_text(table: dict) -> str:
     """What a contract pins from a checkpoint, as TOML: the [expect] lines, the rest as comments."""
     from collections import Counter
@@ -111,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     export_p.add_argument("--cache-dir", type=Path, default=None,
                           help="b70lab cache root the mini is built in (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
     export_p.set_defaults(func=_mini_export)
+    train_help = ("train the mini's tokenizer and target and distil its DFlash draft into a folder (on CUDA where "
+                  "present, else CPU; `--help` lists the trainer's options). A retrain need not be byte-identical "
+                  "to the committed weights, which are the artifact; fixtures/mini/recipe.json records the "
+                  "settings they were trained with. Point B70LAB_MINI_WEIGHTS at the folder to build from it")
+    train_p = mini_sub.add_parser("train", add_help=False, help=train_help, description=train_help)
+    train_p.set_defaults(func=_mini_train, passthrough=True)
 
     contract_p = sub.add_parser("contract", help="experiment contracts (fixtures/contracts/)")
     contract_sub = contract_p.add_subparsers(dest="contract_command", required=True)
@@ -136,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     from .contract import ContractError
     from .mini import MiniModelError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        return args.func(args)
+        return args.func(args, rest) if getattr(args, "passthrough", False) else args.func(args)
     except (MiniModelError, ContractError, CheckpointError) as e:
         print(f"b70lab: {e}", file=sys.stderr)
         return 2

@@ -150,6 +150,7 @@ class ServeConfig:
     enforce_eager: bool = False
     attention_backend: str | None = None
     seed: int = 0
+    tool_call_parser: str | None = None  # e.g. "poolside_v1": auto tool choice through vLLM's parser
 
     @property
     def world_size(self) -> int:
@@ -175,6 +176,8 @@ class ServeConfig:
             args.append("--enforce-eager")
         if self.attention_backend:
             args += ["--attention-backend", self.attention_backend]
+        if self.tool_call_parser:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
         if self.draft is not None:
             spec = {"method": self.speculative_method, "model": _model_ref(self.draft),
                     "num_speculative_tokens": self.num_speculative_tokens}

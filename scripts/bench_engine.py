@@ -1,8 +1,11 @@
 """Decode throughput of the embedded default engine under several layouts (a benchmark, not a test).
 
-Starts one fresh server per layout on the mini model, sends one warm-up request, then streams each prompt
-with the contract's decode accounting ((N - 1) / (t_N - t_1), N tokens per request) and reports the
-median over prompts, with the start-up time. Writes JSON under data/bench/ and prints a Markdown table.
+Starts one fresh server per layout on the mini model, sends one warm-up request, then streams each prompt of
+the mini contract's prompt set with the contract's decode accounting ((N - 1) / (t_N - t_1), N tokens per
+request) and reports the median over prompts, the start-up time and, for DFlash layouts, vLLM's own
+speculative counters over the measured requests: accepted draft tokens per draft (bonus token not counted)
+and the acceptance rate per draft position. Writes JSON under data/bench/ and prints a Markdown table with
+each DFlash layout's speed ratio to its target-only twin.
 
     .venv/bin/python scripts/bench_engine.py [--tokens 100] [--layouts tp1,tp1-dflash,tp2ep2,tp2ep2-dflash]
 """
@@ -15,15 +18,26 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_b70lab import engine_client, launch, mini, throughput
+from pytest_b70lab import contract, engine_client, gates, launch, mini, throughput
 
-PROMPTS = [
-    "def fibonacci(n):",
-    "The quick brown fox",
-    "Promotion gates check that",
-    "import json\nclass Model(object):",
-    "Hello world! This is",
-]
+PROMPTS = [p.prompt for p in contract.load_prompts(contract.load("mini-laguna-cpu"))]
+SPEC = "vllm:spec_decode_num_"
+
+
+def acceptance(before: str, after: str) -> dict:
+    """vLLM's speculative counters over the measured requests: accepted tokens per draft, per position."""
+    def delta(name: str) -> float:
+        return gates.counter_total(after, SPEC + name) - gates.counter_total(before, SPEC + name)
+
+    drafts = delta("drafts_total")
+    if not drafts:
+        return {}
+    by_pos_before = gates.counter_by_label(before, SPEC + "accepted_tokens_per_pos_total", "position")
+    by_pos = gates.counter_by_label(after, SPEC + "accepted_tokens_per_pos_total", "position")
+    per_pos = [(by_pos[p] - by_pos_before.get(p, 0.0)) / drafts for p in sorted(by_pos, key=int)]
+    return {"drafts": drafts, "accepted": delta("accepted_tokens_total"),
+            "accepted_per_draft": round(delta("accepted_tokens_total") / drafts, 3),
+            "acceptance_per_position": [round(a, 3) for a in per_pos]}
 
 LAYOUTS = {
     "tp1": dict(tensor_parallel=1),
@@ -46,16 +60,18 @@ def run_layout(name: str, model_dir: Path, out_dir: Path, tokens: int, niceness:
         with server.client() as client:
             model = engine_client.served_model(client)
             engine_client.stream_completion(client, model, "warm up", 8, prompt_id="warm-up")
+            before = engine_client.metrics_text(client)
             rates = []
             for i, prompt in enumerate(PROMPTS):
                 c = engine_client.stream_completion(client, model, prompt, tokens, prompt_id=str(i))
                 rates.append(throughput.decode_rate(c.chunk_times, c.chunk_tokens))
+            spec = acceptance(before, engine_client.metrics_text(client))
     finally:
         report = server.stop()
     return {"layout": name, "niceness": niceness, "config": {k: str(v) for k, v in vars(config).items()},
             "start_s": round(start_s, 1),
             "tokens": tokens, "rates": [round(r, 2) for r in rates],
-            "median_tok_s": round(throughput.endpoint_median(rates), 2),
+            "median_tok_s": round(throughput.endpoint_median(rates), 2), "speculation": spec,
             "teardown_clean": report.clean}
 
 
@@ -75,10 +91,16 @@ def main() -> int:
         results.append(run_layout(name, model_dir, out_dir, args.tokens, args.niceness))
         print(f"{name}: {results[-1]['median_tok_s']} tok/s median, start {results[-1]['start_s']} s", flush=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\n| layout | start (s) | decode tok/s, median of {len(PROMPTS)} prompts | min-max |")
-    print("|---|---|---|---|")
+    medians = {r["layout"]: r["median_tok_s"] for r in results}
+    print(f"\n| layout | start (s) | decode tok/s, median of {len(PROMPTS)} prompts | min-max | vs target-only "
+          f"| accepted / draft | acceptance per position |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['layout']} | {r['start_s']} | {r['median_tok_s']} | {min(r['rates'])}-{max(r['rates'])} |")
+        twin = medians.get(r["layout"].removesuffix("-dflash")) if r["layout"].endswith("-dflash") else None
+        ratio = f"{r['median_tok_s'] / twin:.2f}x" if twin else ""
+        spec = r["speculation"]
+        print(f"| {r['layout']} | {r['start_s']} | {r['median_tok_s']} | {min(r['rates'])}-{max(r['rates'])} | {ratio} "
+              f"| {spec.get('accepted_per_draft', '')} | {' '.join(map(str, spec.get('acceptance_per_position', [])))} |")
     print(f"\nwritten: {out_dir / 'results.json'}")
     return 0
 

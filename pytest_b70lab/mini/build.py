@@ -1,10 +1,12 @@
-"""The embedded default model: a tiny Laguna target and Laguna-DFlash draft, generated offline.
+"""The embedded default model: the trained tiny Laguna target and its distilled DFlash draft, served.
 
-No weights can be downloaded where the gates run in CI, so the project builds its own: a byte-level BPE
-tokenizer, a seeded Laguna (dense + sigmoid-routed MoE layers with a correction bias, gated attention),
-FP8 KV scales from a real calibration pass stored the way compressed-tensors checkpoints carry them, and a
-DFlash draft without KV calibration. Every tensor comes from a generator seeded by (seed, tensor name), so
-the result does not depend on module construction order, and a build is byte-identical to the last one.
+No weights can be downloaded where the gates run in CI, so the project trains its own (`b70lab mini train`,
+mini/train.py and mini/distil.py) and commits them under fixtures/mini/: the curriculum tokenizer, the target
+(dense + sigmoid-routed MoE layers with a fixed correction bias, gated attention) and the draft, in bf16,
+with recipe.json and the training log. A build assembles the served folders from those files: configs, the
+tokenizer with the mini's chat template, FP8 KV scales from a calibration pass over curriculum text (stored
+the way compressed-tensors checkpoints carry them), and the draft without KV calibration. A build is
+byte-identical to the last one from the same weights and libraries.
 
 Output folder (keyed by the recipe digest):
     target/     the served checkpoint: weights + k_scale/v_scale + a `kv_cache_scheme` quantization_config
@@ -27,10 +29,12 @@ from typing import Any
 # kv_scale_digest and file_sha256 moved to digests; re-exported for the modules that still import them from here.
 from ..digests import file_sha256, kv_scale_digest, sha256_canonical
 
-BUILDER_VERSION = 3
+BUILDER_VERSION = 4
 FP8_E4M3_MAX = 448.0
 MANIFEST = "manifest.json"
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>", "<|mask|>")
+WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "mini"
+WEIGHT_FILES = ("tokenizer.json", "target.safetensors", "draft.safetensors", "recipe.json")
 
 
 class MiniModelError(RuntimeError):
@@ -71,7 +75,7 @@ class DraftRecipe:
 
 @dataclass(frozen=True)
 class MiniRecipe:
-    vocab_size: int = 512
+    vocab_size: int = 1024
     target: TargetRecipe = field(default_factory=TargetRecipe)
     draft: DraftRecipe = field(default_factory=DraftRecipe)
     # K is stored after RoPE, which rotates pairs: |k_rot| <= sqrt(2) * amax(k before RoPE).
@@ -82,32 +86,41 @@ class MiniRecipe:
         return len(self.target.heads_per_layer)
 
 
-TRAINING_TEXT = """\
-The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
-def fibonacci(n):
-    if n < 2:
-        return n
-    return fibonacci(n - 1) + fibonacci(n - 2)
-for i in range(10):
-    print(i, fibonacci(i))
-import json
-class Model(object):
-    def __init__(self, layers=4, hidden=256):
-        self.layers = layers
-        self.hidden = hidden
-{"name": "laguna", "layers": 4, "experts": [1, 2, 3], "ok": true}
-Hello world! This is a tiny corpus used to train a byte level BPE tokenizer for testing.
-The deployment runs a mixture of experts model with an FP8 key value cache and speculative decoding.
-Promotion gates check that the engine loads the calibrated scales and produces identical tokens.
-"""
+def calibration_texts() -> list[str]:
+    """Curriculum text of every family (one needle task near the contract's length): the activations the
+    KV scales must cover. Training samples: what the model was fitted to, not what the checks hold out."""
+    from . import curriculum
 
-CALIBRATION_TEXTS = (
-    "def fibonacci(n):\n    if n < 2:\n        return n",
-    "The quick brown fox jumps over the lazy dog.",
-    "Promotion gates check that the engine loads the calibrated scales.",
-    "for i in range(10):\n    print(i)",
-    '{"name": "laguna", "experts": [1, 2, 3]}',
-)
+    texts = [curriculum.sample("train", 99, i, family, n_pairs=150 if i == 0 else 12).text
+             for family in curriculum.FAMILIES for i in range(2)]
+    return [t.removeprefix(curriculum.BOS) for t in texts]  # the tokenizer puts `<s>` in front
+
+
+def weights_dir() -> Path:
+    """Where the trained weights are read from: fixtures/mini, or B70LAB_MINI_WEIGHTS (a retrain's output)."""
+    return Path(os.environ.get("B70LAB_MINI_WEIGHTS") or WEIGHTS_DIR)
+
+
+def weight_digests(folder: Path | None = None) -> dict[str, str]:
+    folder = folder or weights_dir()
+    missing = [name for name in WEIGHT_FILES if not (folder / name).is_file()]
+    if missing:
+        raise MiniModelError(f"the mini's trained weights are incomplete in {folder}: missing {', '.join(missing)} "
+                             f"(a fresh clone has them under fixtures/mini/; `b70lab mini train` makes new ones)")
+    return {name: file_sha256(folder / name) for name in WEIGHT_FILES}
+
+
+def trained_recipe(folder: Path | None = None) -> MiniRecipe:
+    """The architecture the committed weights were trained with (recipe.json)."""
+    folder = folder or weights_dir()
+    try:
+        arch = json.loads((folder / "recipe.json").read_text())["architecture"]
+        tuples = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # noqa: E731
+        return MiniRecipe(vocab_size=arch["vocab_size"], target=TargetRecipe(**tuples(arch["target"])),
+                          draft=DraftRecipe(**tuples(arch["draft"])),
+                          k_scale_headroom=arch.get("k_scale_headroom", math.sqrt(2.0)))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MiniModelError(f"{folder / 'recipe.json'} does not describe the mini's architecture ({e})") from e
 
 
 def library_versions() -> dict[str, str]:
@@ -120,10 +133,13 @@ def library_versions() -> dict[str, str]:
             "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__}
 
 
-def recipe_digest(recipe: MiniRecipe, versions: dict[str, str] | None = None) -> str:
-    """Identity of a build: the recipe, the builder and the libraries whose numerics shape the bytes."""
-    payload = {"recipe": asdict(recipe), "builder": BUILDER_VERSION,
-               "versions": versions if versions is not None else library_versions()}
+def recipe_digest(recipe: MiniRecipe | None = None, versions: dict[str, str] | None = None,
+                  weights: dict[str, str] | None = None) -> str:
+    """Identity of a build: the trained weights, the recipe, the builder and the libraries whose numerics
+    shape the bytes."""
+    payload = {"recipe": asdict(recipe or trained_recipe()), "builder": BUILDER_VERSION,
+               "versions": versions if versions is not None else library_versions(),
+               "weights": weights if weights is not None else weight_digests()}
     return sha256_canonical(payload)
 
 
@@ -140,36 +156,10 @@ def default_cache_root() -> Path:
 
 # --- building blocks ---------------------------------------------------------------------------------
 
-def _generator(seed: int, name: str):
-    import torch
+def load_tokenizer(folder: Path, recipe: MiniRecipe):
+    from .train import load_tokenizer as load
 
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-
-
-def _normal(shape, std: float, seed: int, name: str, mean: float = 0.0):
-    import torch
-
-    return mean + std * torch.randn(*shape, generator=_generator(seed, name), dtype=torch.float32)
-
-
-def build_tokenizer(recipe: MiniRecipe):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size, min_frequency=1,
-                                  special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([TRAINING_TEXT] * 20, trainer=trainer)
-    bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", bos)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>", mask_token="<|mask|>",
-                                   model_max_length=recipe.target.max_position_embeddings)
+    return load(folder / "tokenizer.json", recipe)
 
 
 def target_config(recipe: MiniRecipe, tok):
@@ -192,30 +182,19 @@ def target_config(recipe: MiniRecipe, tok):
     return cfg
 
 
-def build_target_model(recipe: MiniRecipe, tok):
-    """A Laguna whose every parameter is drawn from its own named generator."""
+def load_target_model(folder: Path, recipe: MiniRecipe, tok):
+    """The trained target in fp32 (its bf16 weights upcast: the fp32 engine holds the same values)."""
     import torch
+    from safetensors.torch import load_file
     from transformers import LagunaForCausalLM
 
-    t = recipe.target
     model = LagunaForCausalLM(target_config(recipe, tok))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):
-                value = _normal(p.shape, t.router_bias_std, t.seed, name)
-            elif p.dim() >= 2:
-                value = _normal(p.shape, t.init_std, t.seed, name)
-            elif name.endswith("norm.weight"):
-                value = _normal(p.shape, 0.1, t.seed, name, mean=1.0)
-            else:
-                raise MiniModelError(f"mini recipe has no rule for parameter {name} {tuple(p.shape)}")
-            p.copy_(value)
-        # Spread the K/V ranges so that every layer calibrates to its own scales.
-        for i, layer in enumerate(model.model.layers):
-            layer.self_attn.k_norm.weight.mul_(0.6 + 0.4 * i)
-            layer.self_attn.v_proj.weight.mul_(1.6 - 0.3 * i)
-    # Weights are stored in bf16: the fp32 engine and the fp32 reference both upcast the same values.
-    return model.to(torch.bfloat16).to(torch.float32).eval()
+    state = {k: v.to(torch.float32) for k, v in load_file(str(folder / "target.safetensors")).items()}
+    problems = model.load_state_dict(state, strict=False)
+    if problems.missing_keys or problems.unexpected_keys:
+        raise MiniModelError(f"{folder / 'target.safetensors'} does not fit the recipe's target: missing "
+                             f"{problems.missing_keys[:5]}, unexpected {problems.unexpected_keys[:5]}")
+    return model.eval()
 
 
 def calibrate_kv_scales(model, tok, recipe: MiniRecipe) -> dict[int, tuple[float, float]]:
@@ -236,7 +215,7 @@ def calibrate_kv_scales(model, tok, recipe: MiniRecipe) -> dict[int, tuple[float
         handles.append(layer.self_attn.v_proj.register_forward_hook(tracker(i, 1)))
     try:
         with torch.no_grad():
-            for text in CALIBRATION_TEXTS:
+            for text in calibration_texts():
                 model(**tok(text, return_tensors="pt"))
     finally:
         for h in handles:
@@ -287,52 +266,42 @@ def write_target(reference_dir: Path, target_dir: Path, tok, scales: dict[int, t
     tok.save_pretrained(str(target_dir))
 
 
-def write_draft(recipe: MiniRecipe, target_dir: Path, draft_dir: Path, tok) -> None:
-    """DFlash draft as vLLM's DFlashLagunaForCausalLM loads it: no `model.` prefix, pre-fused qkv_proj,
-    embedding and lm_head shared from the target (not stored)."""
-    import torch
-
+def draft_config(recipe: MiniRecipe, tok) -> dict[str, Any]:
+    """The DFlash draft's config.json: the target's config with the draft's layers and `dflash_config`."""
     d = recipe.draft
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    hidden = tcfg["hidden_size"]
-    draft_cfg = target_config(recipe, tok).to_dict()
+    target = target_config(recipe, tok).to_dict()
+    draft_cfg = dict(target)
     draft_cfg.update(
         architectures=["DFlashLagunaForCausalLM"], num_hidden_layers=d.layers, num_attention_heads=d.heads,
         num_attention_heads_per_layer=[d.heads] * d.layers, num_key_value_heads=d.num_key_value_heads,
         head_dim=d.head_dim, intermediate_size=d.intermediate_size, mlp_layer_types=["dense"] * d.layers,
-        layer_types=["full_attention"] * d.layers, draft_vocab_size=tcfg["vocab_size"], block_size=d.block_size,
+        layer_types=["full_attention"] * d.layers, draft_vocab_size=target["vocab_size"], block_size=d.block_size,
         dflash_config={"target_layer_ids": list(d.target_layer_ids), "mask_token_id": tok.mask_token_id},
-        rope_parameters=tcfg["rope_parameters"],
+        rope_parameters=target["rope_parameters"],
     )
     draft_cfg.pop("quantization_config", None)
+    return draft_cfg
+
+
+def write_draft(recipe: MiniRecipe, weights: Path, draft_dir: Path, tok) -> None:
+    """The distilled draft as vLLM's DFlashLagunaForCausalLM loads it: no `model.` prefix, pre-fused qkv_proj,
+    embedding and lm_head shared from the target (not stored). The names and shapes are checked against the
+    training-side draft, which the parity test holds to vLLM's."""
+    import torch
+
+    from .draft_model import DFlashDraft
+
+    draft_cfg = draft_config(recipe, tok)
+    hidden = draft_cfg["hidden_size"]
+    shell = DFlashDraft(draft_cfg, torch.zeros(draft_cfg["vocab_size"], hidden), torch.zeros(draft_cfg["vocab_size"], hidden))
+    try:
+        shell.load_state_dict_from_safetensors(weights / "draft.safetensors")
+    except ValueError as e:
+        raise MiniModelError(f"the committed draft does not fit the recipe: {e}") from e
     draft_dir.mkdir(parents=True)
     _write_json(draft_dir / "config.json", draft_cfg)
     tok.save_pretrained(str(draft_dir))
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for i in range(d.layers):
-        p = f"layers.{i}."
-        shapes[p + "self_attn.qkv_proj.weight"] = ((d.heads + 2 * d.num_key_value_heads) * d.head_dim, hidden)
-        shapes[p + "self_attn.o_proj.weight"] = (hidden, d.heads * d.head_dim)
-        shapes[p + "self_attn.g_proj.weight"] = (d.heads, hidden)
-        shapes[p + "mlp.gate_proj.weight"] = (d.intermediate_size, hidden)
-        shapes[p + "mlp.up_proj.weight"] = (d.intermediate_size, hidden)
-        shapes[p + "mlp.down_proj.weight"] = (hidden, d.intermediate_size)
-        for norm in ("self_attn.q_norm", "self_attn.k_norm"):
-            shapes[p + norm + ".weight"] = (d.head_dim,)
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            shapes[p + norm + ".weight"] = (hidden,)
-    shapes["fc.weight"] = (hidden, hidden * len(d.target_layer_ids))
-    for j in range(len(d.target_layer_ids)):
-        shapes[f"aux_hidden_norms.{j}.weight"] = (hidden,)
-    shapes["hidden_norm.weight"] = (hidden,)
-    shapes["norm.weight"] = (hidden,)
-    tensors = {
-        name: (_normal(shape, 0.1, d.seed, name, mean=1.0) if len(shape) == 1
-               else _normal(shape, d.init_std, d.seed, name)).to(torch.bfloat16)
-        for name, shape in shapes.items()
-    }
-    _save_safetensors(tensors, draft_dir / "model.safetensors")
+    shutil.copyfile(weights / "draft.safetensors", draft_dir / "model.safetensors")
 
 
 def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
@@ -365,22 +334,24 @@ def _files_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
-def _build_into(out: Path, recipe: MiniRecipe, key: str, versions: dict[str, str]) -> None:
+def _build_into(out: Path, recipe: MiniRecipe, key: str, versions: dict[str, str], weights: Path,
+                weight_files: dict[str, str]) -> None:
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # reductions in one fixed order: the calibrated scales are the same everywhere
     try:
-        tok = build_tokenizer(recipe)
-        model = build_target_model(recipe, tok)
+        tok = load_tokenizer(weights, recipe)
+        model = load_target_model(weights, recipe, tok)
         scales = calibrate_kv_scales(model, tok, recipe)
         reference_dir = out / "reference"
         model.to(torch.bfloat16).save_pretrained(str(reference_dir), safe_serialization=True)
         tok.save_pretrained(str(reference_dir))
         write_target(reference_dir, out / "target", tok, scales)
-        write_draft(recipe, out / "target", out / "draft", tok)
+        write_draft(recipe, weights, out / "draft", tok)
     finally:
         torch.set_num_threads(threads)
+    training = json.loads((weights / "recipe.json").read_text())
 
     named_scales = {engine_attention_layer(i): s for i, s in scales.items()}
     n = recipe.num_layers
@@ -391,6 +362,8 @@ def _build_into(out: Path, recipe: MiniRecipe, key: str, versions: dict[str, str
         "recipe_digest": key,
         "builder_version": BUILDER_VERSION,
         "versions": versions,
+        "weights": {"files": weight_files, "corpus_digest": training.get("corpus_digest"),
+                    "trained_with": training.get("versions")},
         "files": files,
         "model_digest": sha256_canonical(files),
         "target": {
@@ -445,18 +418,20 @@ def verify(folder: Path) -> dict[str, Any]:
 
 
 def folder_for(root: Path | str | None = None, recipe: MiniRecipe | None = None) -> Path:
-    """Where `build` puts (or finds) the model for this recipe and these library versions."""
+    """Where `build` puts (or finds) the model for these weights, this recipe and these library versions."""
     root = (Path(root) if root is not None else default_cache_root() / "mini").resolve()
-    return root / f"mini-laguna-{recipe_digest(recipe or MiniRecipe())[:16]}"
+    return root / f"mini-laguna-{recipe_digest(recipe)[:16]}"
 
 
 def build(root: Path | str | None = None, *, force: bool = False, recipe: MiniRecipe | None = None) -> Path:
-    """Build (or reuse) the mini model under `root` and return its folder."""
+    """Build (or reuse) the served mini from the trained weights under `root` and return its folder."""
     from filelock import FileLock
 
-    recipe = recipe or MiniRecipe()
+    weights = weights_dir()
+    weight_files = weight_digests(weights)
+    recipe = recipe or trained_recipe(weights)
     versions = library_versions()
-    key = recipe_digest(recipe, versions)
+    key = recipe_digest(recipe, versions, weight_files)
     out = folder_for(root, recipe)
     root = out.parent
     root.mkdir(parents=True, exist_ok=True)
@@ -468,7 +443,7 @@ def build(root: Path | str | None = None, *, force: bool = False, recipe: MiniRe
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         try:
-            _build_into(staging, recipe, key, versions)
+            _build_into(staging, recipe, key, versions, weights, weight_files)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(staging, out)
         finally:

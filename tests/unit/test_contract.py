@@ -68,7 +68,7 @@ def _mutated(tmp_path: Path, old: str, new: str) -> Path:
     ("max_num_seqs = 1", "max_num_seqs = 4", "engine.max_num_seqs"),
     ("verify_width = 12", "verify_width = 11", "verify_width 11 must be num_speculative_tokens + 1 (12)"),
     ("[draft]\nsource = \"mini\"\n", "", "draft and speculative go together"),
-    ("target_kv_scale_digest = \"d5", "target_kv_scale_digest = \"x5", "expect.target_kv_scale_digest"),
+    ("target_kv_scale_digest = \"f7", "target_kv_scale_digest = \"x7", "expect.target_kv_scale_digest"),
     ("tokens_per_request = 100", "tokens_per_request = 1", "decode.tokens_per_request"),
     ("fresh_starts = 2", "fresh_starts = 1", "a candidate needs at least 2 fresh starts"),
     ('dtype = "float32"', 'dtype = "auto"', "engine.dtype"),
@@ -101,8 +101,10 @@ def test_a_changed_prompt_set_is_refused(tmp_path: Path, monkeypatch: pytest.Mon
     c = contract.load("mini-laguna-cpu")
     copy = tmp_path / "prompts.jsonl"
     shutil.copy(contract.prompts_path(c), copy)
-    copy.write_text(copy.read_text().replace("fox", "cat"))
-    p = _mutated(tmp_path, 'file = "fixtures/prompts/mini-v1.jsonl"', f'file = "{copy}"')
+    text = copy.read_text()
+    copy.write_text(text.replace("e", "E", 1))  # one byte of the first prompt
+    assert copy.read_text() != text
+    p = _mutated(tmp_path, 'file = "fixtures/prompts/mini-v2.jsonl"', f'file = "{copy}"')
     with pytest.raises(contract.ContractError, match="the prompts changed"):
         contract.load(p)
 

@@ -1,4 +1,5 @@
-"""The generated mini model: deterministic, self-describing, and its scales come from calibration."""
+"""The served mini model: assembled deterministically from the committed trained weights, self-describing,
+and its scales come from calibration."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def test_manifest_matches_the_files(b70_mini_model: Path) -> None:
     on_disk = {p.relative_to(b70_mini_model).as_posix() for p in b70_mini_model.rglob("*")
                if p.is_file() and p.name != mini.MANIFEST}
     assert set(manifest["files"]) == on_disk
-    assert manifest["recipe_digest"] == mini.recipe_digest(mini.MiniRecipe())
+    assert manifest["recipe_digest"] == mini.recipe_digest()
+    assert manifest["weights"]["files"] == mini.weight_digests(), "the manifest pins the committed weights"
     assert b70_mini_model.name == f"mini-laguna-{manifest['recipe_digest'][:16]}"
 
 
@@ -76,12 +78,12 @@ def test_scales_fit_the_calibration_activations(b70_mini_model: Path) -> None:
         layer.self_attn.k_norm.register_forward_hook(keep(i, "k"))
         layer.self_attn.v_proj.register_forward_hook(keep(i, "v"))
     with torch.no_grad():
-        for text in mini.CALIBRATION_TEXTS:
+        for text in mini.calibration_texts():
             model(**tok(text, return_tensors="pt"))
     for i in range(manifest["target"]["num_layers"]):
         scales = manifest["target"]["kv_scales"][mini.engine_attention_layer(i)]
         v_codes = seen[(i, "v")] / scales["v_scale"]
-        k_codes = seen[(i, "k")] * mini.MiniRecipe().k_scale_headroom / scales["k_scale"]
+        k_codes = seen[(i, "k")] * mini.trained_recipe().k_scale_headroom / scales["k_scale"]
         # bf16 storage of the scale moves it by at most 2^-8 relative
         for kind, codes in (("v", v_codes), ("k", k_codes)):
             assert 448 * (1 - 2**-7) <= codes <= 448 * (1 + 2**-7), \
@@ -93,7 +95,7 @@ def test_draft_is_a_dflash_laguna_without_kv_calibration(b70_mini_model: Path) -
     config = json.loads((b70_mini_model / "draft" / "config.json").read_text())
     assert config["architectures"] == ["DFlashLagunaForCausalLM"]
     assert "quantization_config" not in config
-    assert config["dflash_config"]["target_layer_ids"] == list(mini.DraftRecipe().target_layer_ids)
+    assert config["dflash_config"]["target_layer_ids"] == list(mini.trained_recipe().draft.target_layer_ids)
     tok = json.loads((b70_mini_model / "draft" / "tokenizer.json").read_text())
     mask = [t for t in tok["added_tokens"] if t["content"] == "<|mask|>"]
     assert mask and config["dflash_config"]["mask_token_id"] == mask[0]["id"]
@@ -101,13 +103,13 @@ def test_draft_is_a_dflash_laguna_without_kv_calibration(b70_mini_model: Path) -
     assert not any(k.endswith(("k_scale", "v_scale")) for k in tensors)
     assert all(not k.startswith("model.") for k in tensors)
     assert manifest["draft"]["kv_calibrated"] is False
-    assert len(manifest["draft"]["cache_layers"]) == mini.DraftRecipe().layers
+    assert len(manifest["draft"]["cache_layers"]) == mini.trained_recipe().draft.layers
 
 
 def test_router_bias_is_stored_and_not_zero(b70_mini_model: Path) -> None:
     tensors = load_file(str(b70_mini_model / "target" / "model.safetensors"))
     biases = {k: v for k, v in tensors.items() if k.endswith("e_score_correction_bias")}
-    sparse = [i for i, kind in enumerate(mini.TargetRecipe().mlp_layer_types) if kind == "sparse"]
+    sparse = [i for i, kind in enumerate(mini.trained_recipe().target.mlp_layer_types) if kind == "sparse"]
     assert sorted(biases) == [f"model.layers.{i}.mlp.experts.e_score_correction_bias" for i in sparse]
     assert all(float(v.abs().max()) > 0.05 for v in biases.values())
 
@@ -152,3 +154,52 @@ def test_cli_reports_a_broken_cache_without_a_traceback(tmp_path: Path) -> None:
                          capture_output=True, text=True)
     assert run.returncode == 2
     assert "Traceback" not in run.stderr and "is corrupted" in run.stderr
+
+
+def test_the_served_model_is_the_committed_weights(b70_mini_model: Path) -> None:
+    """The build adds configs, scales and the tokenizer; the weights themselves are the trained artifact."""
+    from transformers import LagunaForCausalLM
+
+    committed = load_file(str(mini.WEIGHTS_DIR / "target.safetensors"))
+    served = LagunaForCausalLM.from_pretrained(str(b70_mini_model / "reference"), dtype=torch.bfloat16).state_dict()
+    assert sorted(committed) == sorted(served)
+    differing = [name for name, t in committed.items() if not torch.equal(t, served[name])]
+    assert not differing, f"served target tensors differ from fixtures/mini/target.safetensors: {differing[:5]}"
+    assert (b70_mini_model / "draft" / "model.safetensors").read_bytes() == \
+        (mini.WEIGHTS_DIR / "draft.safetensors").read_bytes()
+
+
+def test_the_served_tokenizer_carries_the_chat_template_and_tool_tokens(b70_mini_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from pytest_b70lab.mini import curriculum
+
+    tok = AutoTokenizer.from_pretrained(str(b70_mini_model / "target"), local_files_only=True)
+    assert tok.chat_template == curriculum.CHAT_TEMPLATE
+    for token in curriculum.TOOL_TOKENS:
+        ids = tok(token, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1 and tok.decode(ids, skip_special_tokens=True) == token, \
+            f"{token} must be one token that survives decoding (vLLM's poolside_v1 parser reads it)"
+
+
+def test_missing_weights_are_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("B70LAB_MINI_WEIGHTS", str(tmp_path))
+    with pytest.raises(mini.MiniModelError, match="missing tokenizer.json, target.safetensors"):
+        mini.build(tmp_path / "cache")
+
+
+def test_the_trained_target_retrieves_held_out_needles(b70_mini_model: Path) -> None:
+    """What training bought, in fp32 transformers: five held-out needles among 40 pairs, each copied."""
+    from transformers import AutoTokenizer, LagunaForCausalLM
+
+    from pytest_b70lab.mini import curriculum
+
+    tok = AutoTokenizer.from_pretrained(str(b70_mini_model / "reference"), local_files_only=True)
+    model = LagunaForCausalLM.from_pretrained(str(b70_mini_model / "reference"), dtype=torch.float32).eval()
+    for i in range(5):
+        sample = curriculum.sample("heldout", 1, i, "retrieval", n_pairs=40)
+        ids = tok(sample.prompt, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+        text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        assert text.split()[:1] == [sample.meta["expected"]], f"needle {sample.meta['key']}: got {text!r}"

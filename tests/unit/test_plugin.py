@@ -77,12 +77,18 @@ def test_replay_judges_saved_evidence_without_an_engine(pytester: pytest.Pyteste
     assert any(p.get("b70_gate") == "fresh-start-reproduction" and "endpoint_medians" in p for p in props.values())
 
 
-@pytest.mark.parametrize("deselect", [["-k", "not start-2"], ["-k", "not rank-1"], ["-k", "not prose-fox"],
+def _first_prompt_id() -> str:
+    """A prompt of the recorded bundle (its own prompt set, not a literal that a re-recording would orphan)."""
+    return json.loads((BUNDLE / "prompts.jsonl").read_text().splitlines()[0])["id"]
+
+
+@pytest.mark.parametrize("deselect", [["-k", "not start-2"], ["-k", "not rank-1"], ["-k", "not FIRST_PROMPT"],
                                       ["-k", "not test_cold_prompt"], ["--deselect", "DESELECT_ONE"]],
                          ids=["a-start", "a-rank", "a-prompt", "a-gate", "one-test"])
 def test_a_partial_selection_is_never_promotable(pytester: pytest.Pytester, deselect: list[str]) -> None:
     one = "tests/gates/test_rank_gates.py::test_launch_flags[start-2-rank-0]"  # a node id, relative to the rootdir
-    result, run, _ = _replay(pytester, *[one if a == "DESELECT_ONE" else a for a in deselect])
+    args = [one if a == "DESELECT_ONE" else a.replace("FIRST_PROMPT", _first_prompt_id()) for a in deselect]
+    result, run, _ = _replay(pytester, *args)
     assert result.ret != 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu*required gate subjects did "
                                  "not run*"])
@@ -114,11 +120,12 @@ def pytest_runtest_setup(item):
 def test_a_worker_that_dies_leaves_the_run_not_promotable(pytester: pytest.Pytester) -> None:
     gates_copy = pytester.path / "gates"
     shutil.copytree(GATES, gates_copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (gates_copy / "conftest.py").write_text("""
+    victim = f"test_cold_prompt[start-2-{_first_prompt_id()}]"
+    (gates_copy / "conftest.py").write_text(f"""
 import os
 
 def pytest_runtest_call(item):
-    if "test_cold_prompt[start-2-loop]" in item.nodeid:
+    if {victim!r} in item.nodeid:
         os._exit(3)  # the worker dies mid-test, as an OOM kill or a native crash would end it
 """)
     run = pytester.path / "run"
@@ -130,8 +137,8 @@ def pytest_runtest_call(item):
     result.stdout.fnmatch_lines(["*NOT PROMOTABLE*"])
     verdict = json.loads((run / "promotion.json").read_text())
     assert verdict["promotable"] is False
-    lost = [f for f in verdict["failed"] if "test_cold_prompt[start-2-loop]" in f["test"]]
-    assert lost or ["cold-prompt", "start-2 prompt:loop"] in verdict["missing"], verdict["failed"]
+    lost = [f for f in verdict["failed"] if victim in f["test"]]
+    assert lost or ["cold-prompt", f"start-2 prompt:{_first_prompt_id()}"] in verdict["missing"], verdict["failed"]
 
 
 def test_the_verdict_names_its_contract_and_pairs_under_xdist(pytester: pytest.Pytester) -> None:
