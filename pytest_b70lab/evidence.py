@@ -73,7 +73,10 @@ class Request(Loose):
 class Throughput(Loose):
     endpoint_median: float | None = None
     per_prompt: dict[str, float] = Field(default_factory=dict)
-    server_mean_inter_token_s: float | None = None   # from vllm:inter_token_latency_seconds over the run
+    # vLLM's own figures over the run: inter_token_latency is per engine step (several tokens when drafts are
+    # accepted); server_tokens_per_s is per token, the inverse of request_time_per_output_token (evidence
+    # recorded before 2026-11-30 holds the step rate there).
+    server_mean_inter_token_s: float | None = None
     server_tokens_per_s: float | None = None
 
 

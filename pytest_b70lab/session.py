@@ -157,14 +157,14 @@ def _library_version(name: str) -> str | None:
     return None
 
 
-def server_inter_token(before: str | None, after: str | None) -> tuple[float | None, float | None]:
-    """Mean inter-token latency over the run, from vLLM's own histogram: (seconds, tokens per second)."""
+def _histogram_mean(before: str | None, after: str | None, name: str) -> float | None:
+    """Mean of what a vLLM histogram observed between two /metrics texts (sum and count deltas)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     def totals(text: str | None) -> tuple[float, float]:
         s = c = 0.0
         for family in text_string_to_metric_families(text or ""):
-            if family.name == "vllm:inter_token_latency_seconds":
+            if family.name == name:
                 for sample in family.samples:
                     if sample.name.endswith("_sum"):
                         s += sample.value
@@ -173,10 +173,18 @@ def server_inter_token(before: str | None, after: str | None) -> tuple[float | N
         return s, c
 
     (s0, c0), (s1, c1) = totals(before), totals(after)
-    if c1 - c0 <= 0:
-        return None, None
-    mean = (s1 - s0) / (c1 - c0)
-    return mean, (1.0 / mean if mean > 0 else None)
+    return (s1 - s0) / (c1 - c0) if c1 - c0 > 0 else None
+
+
+def server_decode_figures(before: str | None, after: str | None) -> tuple[float | None, float | None, float | None]:
+    """(mean seconds between engine steps, mean seconds per output token, tokens per second), vLLM's own.
+
+    `inter_token_latency_seconds` is observed once per engine step, not per token: with accepted drafts a
+    step carries several tokens, so its inverse is a step rate. The per-token figure is
+    `request_time_per_output_token_seconds` (each request's decode time over its output tokens)."""
+    step = _histogram_mean(before, after, "vllm:inter_token_latency_seconds")
+    per_token = _histogram_mean(before, after, "vllm:request_time_per_output_token_seconds")
+    return step, per_token, (1.0 / per_token if per_token else None)
 
 
 def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state_dir: Path, index: int,
@@ -218,10 +226,10 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
                     + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else ""))
             record.metrics_after = engine_client.metrics_text(client)
         rates = {r.prompt_id: r.decode_rate for r in record.requests if r.decode_rate is not None}
-        mean_itl, server_rate = server_inter_token(record.metrics_before, record.metrics_after)
+        step_s, _per_token_s, server_rate = server_decode_figures(record.metrics_before, record.metrics_after)
         record.throughput = evidence.Throughput(
             endpoint_median=throughput.endpoint_median(list(rates.values())) if rates else None,
-            per_prompt=rates, server_mean_inter_token_s=mean_itl, server_tokens_per_s=server_rate)
+            per_prompt=rates, server_mean_inter_token_s=step_s, server_tokens_per_s=server_rate)
         record.status = "ok"
     except (launch.EngineStartError, engine_client.EngineRequestError, OSError, ValueError) as e:
         record.failure = evidence.Failure(message=str(e), phase=server.phase, tails=server.tails())

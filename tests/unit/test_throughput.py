@@ -46,3 +46,26 @@ def test_endpoint_is_the_median_over_prompts() -> None:
     assert throughput.endpoint_median([3.0, 1.0, 100.0]) == 3.0
     with pytest.raises(ValueError):
         throughput.endpoint_median([])
+
+
+def test_the_server_figure_counts_tokens_not_engine_steps() -> None:
+    """On a recorded run with accepted drafts: vLLM's inter-token histogram is per engine step, so its inverse
+    undercounts by the tokens a step carries (1 + accepted / drafts); the per-token histogram agrees with
+    the client's decode median."""
+    import json
+    from pathlib import Path
+
+    from pytest_b70lab import gates, session
+
+    bundle = Path(__file__).resolve().parents[2] / "fixtures" / "evidence" / "mini-laguna-cpu"
+    for start in sorted(bundle.glob("start-*/evidence.json")):
+        e = json.loads(start.read_text())
+        step_s, per_token_s, rate = session.server_decode_figures(e["metrics_before"], e["metrics_after"])
+        spec = "vllm:spec_decode_num_"
+        drafts, accepted = (gates.counter_total(e["metrics_after"], spec + n) - gates.counter_total(e["metrics_before"], spec + n)
+                            for n in ("drafts_total", "accepted_tokens_total"))
+        tokens_per_step = 1 + accepted / drafts
+        assert tokens_per_step > 2, f"{start}: the bundle should carry accepted runs ({tokens_per_step:.2f} tokens a step)"
+        assert step_s / per_token_s == pytest.approx(tokens_per_step, rel=0.25), start
+        client = e["throughput"]["endpoint_median"]
+        assert rate == pytest.approx(client, rel=0.3), f"{start}: server {rate:.1f} tok/s, client median {client:.1f}"
