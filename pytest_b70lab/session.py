@@ -74,7 +74,10 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
                                      manifest_path=str(built / mini.MANIFEST), digest=tables[part]["digest"]), folder
         if source.source == "path":
             folder = model_folder(source)
-            if not folder.is_dir() and source.if_missing == "mini-export":
+            # Missing, or an earlier export of another mini (the mark says so): export the current one. A
+            # folder without the mark is somebody's checkpoint and is never touched.
+            if source.if_missing == "mini-export" and (not folder.is_dir()
+                                                       or (folder.parent / mini.EXPORT_MARK).is_file()):
                 mini.export_plain(the_mini(), folder.parent)
             if not folder.is_dir():
                 raise contract_mod.ContractError(f"contract {contract.name}: {part}.path {folder} is not a folder")

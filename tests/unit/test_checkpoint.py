@@ -404,3 +404,26 @@ def test_mini_export_refuses_a_folder_it_did_not_write(tmp_path: Path, b70_mini_
     with pytest.raises(mini.MiniModelError, match="not a b70lab mini export"):
         mini.export_plain(b70_mini_model, tmp_path)
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_a_stale_mini_export_is_refreshed_and_a_foreign_folder_is_not(tmp_path: Path, b70_cache_root: Path,
+                                                                      b70_mini_model: Path) -> None:
+    """An export left by an earlier mini (its mark says it is ours) is replaced by the current mini's; a
+    folder without the mark is somebody's checkpoint and is served as it is."""
+    from pytest_b70lab import contract, session
+
+    text = contract.resolve_path("mini-laguna-cpu-path").read_text()
+    export = tmp_path / "export"
+    spec = tmp_path / "path.toml"
+    spec.write_text(text.replace('"data/mini-export/', f'"{export}/'))
+    mini.export_plain(b70_mini_model, export)
+    stale = export / "target" / "config.json"
+    stale.write_text(stale.read_text().replace('"hidden_size"', '"hidden_size" ', 1))  # an older mini's file
+    models = session.resolve_models(contract.load(spec), b70_cache_root)
+    assert models.tables["target"]["digest"] == checkpoint.read_table(b70_mini_model / "target", None)["digest"]
+
+    (export / mini.EXPORT_MARK).unlink()  # now a plain folder the harness did not write
+    stale.write_text(stale.read_text().replace('"hidden_size"', '"hidden_size" ', 1))
+    edited = digests.file_sha256(stale)
+    session.resolve_models(contract.load(spec), b70_cache_root)
+    assert digests.file_sha256(stale) == edited, "a folder without the export mark must never be rewritten"
