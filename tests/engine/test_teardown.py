@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
+LOADING = re.compile(r"Starting to load model|Loading weights")  # the ranks exist and are loading
 
 
 def _engine_processes(run_dir: Path) -> list[psutil.Process]:
@@ -37,18 +39,24 @@ def test_ctrl_c_during_start_up_leaves_no_engine_behind(tmp_path: Path, b70_cach
         [sys.executable, "-m", "pytest", "-m", "gates", "-p", "no:cacheprovider", "-x",
          str(REPO / "tests" / "gates" / "test_evidence_complete.py"), f"--b70-run-dir={run_dir}"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = run_dir / "start-1" / "server.log"
+    output = ""
     try:
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:  # wait until the engine has workers, then interrupt
-            workers = [p for p in _engine_processes(run_dir) if "Worker" in " ".join(p.cmdline()) or
-                       p.name().startswith("VLLM")]
-            if len(workers) >= 2 or session.poll() is not None:
+        while time.monotonic() < deadline:  # interrupt mid-start: once the ranks load weights
+            loading = log.is_file() and LOADING.search(log.read_text(errors="replace"))
+            if (loading and len(_engine_processes(run_dir)) >= 2) or session.poll() is not None:
                 break
-            time.sleep(1)
+            time.sleep(0.5)
         assert session.poll() is None, f"the session ended before it could be interrupted:\n{session.stdout.read()}"
         assert _engine_processes(run_dir), "no engine process was seen before the interrupt"
         session.send_signal(signal.SIGINT)
-        output, _ = session.communicate(timeout=180)
+        try:
+            output, _ = session.communicate(timeout=180)
+        except subprocess.TimeoutExpired as e:
+            session.kill()
+            output = (e.output or b"").decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+            pytest.fail(f"the session did not end within 180 s of Ctrl-C:\n{output[-3000:]}")
     finally:
         if session.poll() is None:
             session.kill()
