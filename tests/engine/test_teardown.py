@@ -38,7 +38,10 @@ def test_ctrl_c_during_start_up_leaves_no_engine_behind(tmp_path: Path, b70_cach
     session = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-m", "gates", "-p", "no:cacheprovider", "-x",
          str(REPO / "tests" / "gates" / "test_evidence_complete.py"), f"--b70-run-dir={run_dir}"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # Ctrl-C as a terminal delivers it: a session started from a background job inherits SIGINT ignored,
+        # and Python then never raises KeyboardInterrupt (seen when CI itself ran as a background job).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log = run_dir / "start-1" / "server.log"
     output = ""
     try:
