@@ -61,7 +61,8 @@ class Engine(Strict):
     # No "auto": the contract is the identity of the experiment, and the launch-flags gate compares this
     # with what the engine resolved.
     dtype: Literal["float32", "bfloat16", "float16"]
-    kv_cache_dtype: Literal["fp8", "fp8_e4m3"]
+    # "auto" only in the derived unquantized-KV reference (Contract.unquantized_kv_reference), never written.
+    kv_cache_dtype: Literal["fp8", "fp8_e4m3", "auto"]
     block_size: int = Field(gt=0, multiple_of=16)
     tensor_parallel: int = Field(ge=1)
     expert_parallel: bool
@@ -124,11 +125,39 @@ class Deadlines(Strict):
     request_s: float = Field(gt=0)
 
 
+class Chat(Strict):
+    """Settings of /v1/chat/completions: they decide how tool calls are rendered and parsed, not the tokens
+    of the gate prompts (so they are part of the contract's digest, not of its output digest)."""
+
+    tool_call_parser: str | None = None   # e.g. "poolside_v1": launched with --enable-auto-tool-choice
+    chat_template: str | None = None      # a file (relative to the repository root); None: the tokenizer's own
+
+
+class Quality(Strict):
+    """Gate 8: the quality prompt set (pinned like the gate prompts) and the tolerances, fixed before any
+    candidate is judged. A figure regresses when an exact paired binomial test says the candidate lost
+    more samples than chance explains, at `alpha` (quality/judge.py)."""
+
+    file: str
+    version: int = Field(ge=1)
+    sha256: SHA256
+    count: int = Field(gt=0)
+    alpha: float = Field(gt=0, lt=0.5)
+    repetition_ngram: int = Field(default=4, ge=2)
+    max_repetition_rate: float = Field(default=0.5, gt=0, le=1)
+    max_repeated_span: int = Field(default=16, ge=1)
+    request_s: float = Field(default=120, gt=0)
+    # The same target without its KV scheme, served with --kv-cache-dtype auto, to show what FP8 KV costs
+    # ("auto" alone stays FP8 when the checkpoint declares a scheme). A mini source means the build's
+    # plain reference checkpoint.
+    unquantized_kv_target: ModelSource | None = None
+
+
 class Contract(Strict):
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
     description: str
-    kind: Literal["candidate", "teacher"] = "candidate"
+    kind: Literal["candidate", "teacher", "reference"] = "candidate"
     target: ModelSource
     draft: ModelSource | None = None
     engine: Engine
@@ -138,9 +167,14 @@ class Contract(Strict):
     decode: Decode
     reproduction: Reproduction
     deadlines: Deadlines
+    chat: Chat | None = None
+    quality: Quality | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Contract:
+        if (self.engine.kv_cache_dtype == "auto") != (self.kind == "reference"):
+            raise ValueError(f"engine.kv_cache_dtype {self.engine.kv_cache_dtype!r}: the lab measures FP8 KV; "
+                             f"\"auto\" is only for the derived unquantized-KV reference")
         if (self.draft is None) != (self.speculative is None):
             raise ValueError("draft and speculative go together: both present or both absent")
         if self.target.source == "mini" and self.draft is not None and self.draft.source != "mini":
@@ -151,7 +185,9 @@ class Contract(Strict):
         return self
 
     def canonical(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        # Tables added later are left out while absent: a contract without them keeps the digest it had,
+        # and evidence recorded before them still replays.
+        return self.model_dump(mode="json", exclude={k for k in ("chat", "quality") if getattr(self, k) is None})
 
     @property
     def digest(self) -> str:
@@ -175,6 +211,18 @@ class Contract(Strict):
         data.update(name=f"{self.name}-teacher", kind="teacher", draft=None, speculative=None,
                     description=f"teacher of {self.name}: target only")
         data["expect"] = {**data["expect"], "draft_unit_scale_layers": 0}
+        return Contract.model_validate(data, strict=False)
+
+    def unquantized_kv_reference(self) -> Contract:
+        """The teacher served from the target without its KV scheme and --kv-cache-dtype auto: what the
+        quality baseline costs in FP8 KV. Needs quality.unquantized_kv_target."""
+        if self.quality is None or self.quality.unquantized_kv_target is None:
+            raise ContractError(f"contract {self.name} names no quality.unquantized_kv_target")
+        data = self.teacher().canonical()
+        data.update(name=f"{self.name}-unquantized-kv", kind="reference",
+                    target=self.quality.unquantized_kv_target.model_dump(mode="json"),
+                    description=f"unquantized-KV reference of {self.name}: target only, no KV scheme")
+        data["engine"] = {**data["engine"], "kv_cache_dtype": "auto"}
         return Contract.model_validate(data, strict=False)
 
     @field_validator("description")
@@ -226,6 +274,12 @@ def load(name_or_path: str | Path) -> Contract:
         raise ContractError(f"contract {path} is invalid:\n{_format_errors(e)}") from e
     load_prompts(contract)  # the pinned prompt set must exist and match, or the contract is unusable
     return contract
+
+
+def repo_path(file: str) -> Path:
+    """A file a contract names: relative paths are relative to the repository root (where fixtures/ is)."""
+    p = Path(file)
+    return p if p.is_absolute() else REPO_ROOT / p
 
 
 def prompts_path(contract: Contract) -> Path:

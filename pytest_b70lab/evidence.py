@@ -28,9 +28,12 @@ class Loose(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+Role = Literal["candidate", "teacher", "reference"]
+
+
 class ContractRef(Loose):
     name: str
-    kind: Literal["candidate", "teacher"]
+    kind: Role
     digest: str
     canonical: dict[str, Any]
 
@@ -80,6 +83,19 @@ class Throughput(Loose):
     server_tokens_per_s: float | None = None
 
 
+class QualityRecord(Loose):
+    """One quality request and what the engine answered (a failed request keeps its error: a failed sample)."""
+    sample_id: str
+    family: str
+    variant: str = ""
+    text: str = ""
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)   # the server's parsed calls: name, arguments
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    seconds: float | None = None
+
+
 class Failure(Loose):
     message: str
     phase: str | None = None
@@ -89,7 +105,7 @@ class Failure(Loose):
 class Evidence(Loose):
     schema_name: Literal["b70lab.evidence"] = Field(default=SCHEMA, alias="schema")
     version: Literal[1] = VERSION
-    role: Literal["candidate", "teacher"]
+    role: Role
     start_index: int
     created_at: str
     contract: ContractRef
@@ -104,6 +120,9 @@ class Evidence(Loose):
     metrics_after: str | None = None
     requests: list[Request] = Field(default_factory=list)
     throughput: Throughput = Field(default_factory=Throughput)
+    # Quality answers, asked after every gate request and after metrics_after (never part of the cold-prompt
+    # or throughput evidence); empty unless the session judged quality.
+    quality: list[QualityRecord] = Field(default_factory=list)
     teardown: dict[str, Any] | None = None
     logs: dict[str, str] = Field(default_factory=dict)   # relative to the evidence file's folder
     log_findings: dict[str, list[str]] = Field(default_factory=dict)  # lines that gates care about
@@ -112,7 +131,8 @@ class Evidence(Loose):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     def body_digest(self) -> str:
-        body = self.model_dump(mode="json", by_alias=True, exclude={"digest"})
+        # Without quality answers the body is what it was before they existed: older evidence still verifies.
+        body = self.model_dump(mode="json", by_alias=True, exclude={"digest"} | (set() if self.quality else {"quality"}))
         return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def request(self, prompt_id: str) -> Request | None:

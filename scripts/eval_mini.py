@@ -47,7 +47,7 @@ def completion(client, model: str, prompt: str, max_tokens: int) -> str:
 def tool_calls(client, model: str, sample: curriculum.Sample) -> list[dict]:
     r = client.post("/v1/chat/completions", json={"model": model, "messages": sample.meta["messages"],
                                                  "tools": sample.meta["tools"], "tool_choice": "auto",
-                                                 "max_tokens": 96, "temperature": 0.0})
+                                                 "max_tokens": 200, "temperature": 0.0})
     r.raise_for_status()
     calls = r.json()["choices"][0]["message"].get("tool_calls") or []
     return [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"] or "{}")}
@@ -65,7 +65,7 @@ def run(kv: str, folder: Path, out: Path, n: int, max_model_len: int, tok) -> di
         with server.client(timeout=300) as client:
             model = engine_client.served_model(client)
             pairs = longest_needle(tok, max_model_len)
-            plan = [("retrieval", "heldout", 8), ("code", "heldout", 48), ("code", "unseen", 48)]
+            plan = [("retrieval", "heldout", 8), ("code", "heldout", 128), ("code", "unseen", 128)]
             for family, split, max_tokens in plan:
                 t0 = time.monotonic()
                 samples = [curriculum.sample(split, SEED, i, family, n_pairs=pairs) for i in range(n)]

@@ -1,4 +1,4 @@
-"""Write the mini's gate prompt set (fixtures/prompts/mini-v2.jsonl) from the curriculum's held-out split.
+"""Write the mini's gate prompt set (fixtures/prompts/mini-v3.jsonl) from the curriculum's held-out split.
 
 Held-out prompts of every family, so that the gates decode what the mini was trained to do (long accepted
 draft runs) on text it never saw. Deterministic: rerunning writes the same bytes; the contracts pin the sha256.
@@ -20,7 +20,7 @@ CATEGORY = {"code": "code", "tool": "tool", "json": "structured", "prose": "pros
 
 
 def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "fixtures/prompts/mini-v2.jsonl")
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "fixtures/prompts/mini-v3.jsonl")
     lines = []
     for family, index, pairs in PLAN:
         s = curriculum.sample("heldout", 0, index, family, n_pairs=pairs or 20)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import keyword
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2
 FAMILIES = ("code", "json", "tool", "prose", "retrieval")
 SPLITS = ("train", "heldout", "unseen")
 
@@ -68,7 +69,7 @@ VERBS = (["get", "find", "send", "list", "create", "delete", "update", "check", 
 NOUNS = (["weather", "order", "user", "file", "ticket", "flight", "email", "invoice", "note", "task", "event",
           "song", "photo", "report", "account", "message", "table", "room", "car", "book", "price", "stock",
           "city", "team", "game", "card", "page", "item"],
-         ["parcel", "recipe", "garden", "planet", "river", "engine", "ladder", "violin", "harbor", "meadow"])
+         ["parcel", "recipe", "canyon", "planet", "beacon", "engine", "ladder", "violin", "harbor", "meadow"])
 PARAMS = (["name", "city", "id", "count", "date", "color", "size", "title", "user", "level", "amount", "code",
            "tag", "day", "limit", "query", "unit", "zone"],
           ["radius", "weight", "origin", "volume", "country", "season", "speed", "label"])
@@ -129,6 +130,10 @@ worker writer
 """.split()
 
 
+_NOT_MADE_UP = frozenset(keyword.kwlist + keyword.softkwlist + [
+    w for lists in (VERBS, NOUNS, PARAMS, VARIABLES, LISTS, STRINGS, WORDS) for w in lists[1]])
+
+
 def held_out_number(n: int) -> bool:
     """About three numbers in ten belong to the held-out splits (a fixed rule, spread over every digit)."""
     return (n * 37) % 10 < 3
@@ -161,9 +166,12 @@ class _Draw:
     def made_up(self) -> str:  # the training split's word: made up, or from TRAIN_ENGLISH
         if self.rng.random() < 0.5:
             return self.rng.choice(TRAIN_ENGLISH)
-        # Words of every length, some ending in a consonant: no length or shape to learn in place of copying.
-        word = "".join(self.rng.choice(SYLLABLES) for _ in range(self.rng.randint(1, 4)))
-        return word + (self.rng.choice("nrstlk") if self.rng.random() < 0.3 else "")
+        while True:
+            # Words of every length, some ending in a consonant: no length or shape to learn in place of copying.
+            word = "".join(self.rng.choice(SYLLABLES) for _ in range(self.rng.randint(1, 4)))
+            word += self.rng.choice("nrstlk") if self.rng.random() < 0.3 else ""
+            if word not in _NOT_MADE_UP:  # a held-out word or a Python keyword is never a training name
+                return word
 
     def word(self, lists: tuple[list[str], list[str]]) -> str:
         return self.made_up() if self.side == 0 else self.rng.choice(lists[1])

@@ -118,8 +118,8 @@ def generate(model, tok, prompts: list[str], max_new_tokens: int, batch: int = 3
 def held_out(model, tok, *, seed: int, n: int, longest_pairs: int) -> dict[str, Any]:
     """Accuracy per family on `n` held-out samples each (retrieval at `longest_pairs`), plus unseen shapes."""
     results: dict[str, Any] = {}
-    plan = [("code", "heldout", 64), ("tool", "heldout", 64), ("json", "heldout", 96),
-            ("retrieval", "heldout", 8), ("code", "unseen", 64)]
+    plan = [("code", "heldout", 128), ("tool", "heldout", 192), ("json", "heldout", 256),
+            ("retrieval", "heldout", 8), ("code", "unseen", 128)]
     for family, split, max_new in plan:
         samples = [curriculum.sample(split, seed, i, family, n_pairs=longest_pairs) for i in range(n)]
         texts = generate(model, tok, [s.prompt for s in samples], max_new,

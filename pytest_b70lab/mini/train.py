@@ -27,7 +27,9 @@ DRAFT_WEIGHTS = "draft.safetensors"
 RECIPE_FILE = "recipe.json"
 LOG_FILE = "training-log.jsonl"
 IGNORE = -100
-TRAINED_RECIPE = MiniRecipe(vocab_size=1024)
+# Letters are never merged (train_tokenizer): the vocabulary is the byte alphabet, the markers, and the
+# whitespace and punctuation runs of the curriculum seen at least twice, which this size leaves room for.
+TRAINED_RECIPE = MiniRecipe(vocab_size=288)
 
 
 @dataclass(frozen=True)
@@ -51,12 +53,22 @@ class TargetTraining:
 # --- tokenizer -----------------------------------------------------------------------------------------
 
 def train_tokenizer(recipe: MiniRecipe, seed: int):
-    """Byte-level BPE on the curriculum, digits split one a token (numbers are copied, never merged), the
-    chat markers as special tokens and the tool-call markers as plain added tokens (kept when decoding)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    """Byte-level BPE on the curriculum that never merges letters: digits and letters are one a token, the
+    chat markers special tokens and the tool-call markers plain added tokens (kept when decoding).
+
+    A name must be spelled in the same pieces wherever it appears (in a request, in a schema, in the call
+    the model writes), and each piece must be one the model copies all the time. With GPT-2's
+    space-prefixed words "planet" was one token after a space and "plan"+"et" after a quote; with words
+    merged at all, held-out names split into rare pieces ("w e i ght", "count r y") that the model cut or
+    changed: two trained minis copied 21-26 of 50 held-out tool calls right
+    (notes/2026-11-30-trained-mini.md). Letters one a token cost ~2.2x the tokens of a sample; only
+    whitespace and punctuation runs are merged."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\s+"), behavior="isolated"),
+                                                 pre_tokenizers.Split(Regex(r"\p{L}"), behavior="isolated"),
+                                                 pre_tokenizers.Digits(individual_digits=True),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     specials = list(SPECIAL_TOKENS) + list(curriculum.CHAT_TOKENS)

@@ -68,7 +68,7 @@ def _mutated(tmp_path: Path, old: str, new: str) -> Path:
     ("max_num_seqs = 1", "max_num_seqs = 4", "engine.max_num_seqs"),
     ("verify_width = 12", "verify_width = 11", "verify_width 11 must be num_speculative_tokens + 1 (12)"),
     ("[draft]\nsource = \"mini\"\n", "", "draft and speculative go together"),
-    ("target_kv_scale_digest = \"f7", "target_kv_scale_digest = \"x7", "expect.target_kv_scale_digest"),
+    ("target_kv_scale_digest = \"", "target_kv_scale_digest = \"x", "expect.target_kv_scale_digest"),
     ("tokens_per_request = 100", "tokens_per_request = 1", "decode.tokens_per_request"),
     ("fresh_starts = 2", "fresh_starts = 1", "a candidate needs at least 2 fresh starts"),
     ('dtype = "float32"', 'dtype = "auto"', "engine.dtype"),
@@ -76,6 +76,12 @@ def _mutated(tmp_path: Path, old: str, new: str) -> Path:
      "if_missing applies to a path model only"),
     ("compile_breaks = 0", "compile_breaks = 0\nload_audit_exempt = { \"*.weight_shape\" = \"\" }",
      "expect.load_audit_exempt.*.weight_shape"),
+    ('kv_cache_dtype = "fp8"', 'kv_cache_dtype = "auto"', "\"auto\" is only for the derived unquantized-KV reference"),
+    ("alpha = 0.05", "alpha = 0.5", "quality.alpha"),
+    ("alpha = 0.05", "alpha = 0.05\nmargin = 0.1", "quality.margin: Extra inputs are not permitted"),
+    ('unquantized_kv_target = { source = "mini" }', 'unquantized_kv_target = { source = "path" }',
+     "quality.unquantized_kv_target"),
+    ('tool_call_parser = "poolside_v1"', 'tool_call_parser = 1', "chat.tool_call_parser"),
 ])
 def test_an_invalid_field_is_named(tmp_path: Path, old: str, new: str, message: str) -> None:
     path = _mutated(tmp_path, old, new)
@@ -104,7 +110,8 @@ def test_a_changed_prompt_set_is_refused(tmp_path: Path, monkeypatch: pytest.Mon
     text = copy.read_text()
     copy.write_text(text.replace("e", "E", 1))  # one byte of the first prompt
     assert copy.read_text() != text
-    p = _mutated(tmp_path, 'file = "fixtures/prompts/mini-v2.jsonl"', f'file = "{copy}"')
+    pinned = contract.prompts_path(c).relative_to(Path(__file__).resolve().parents[2]).as_posix()
+    p = _mutated(tmp_path, f'file = "{pinned}"', f'file = "{copy}"')
     with pytest.raises(contract.ContractError, match="the prompts changed"):
         contract.load(p)
 
@@ -113,3 +120,24 @@ def test_prompt_set_loads_with_unique_ids() -> None:
     c = contract.load("mini-laguna-cpu")
     prompts = contract.load_prompts(c)
     assert len(prompts) == c.prompts.count == len({p.id for p in prompts})
+
+
+def test_the_tables_added_later_leave_older_digests_alone() -> None:
+    """A contract without [chat] and [quality] hashes as it did before they existed: evidence recorded then
+    still replays. The mini default has both, and they change its digest but not its teacher."""
+    plain = contract.load("mini-laguna-cpu-path")
+    assert "chat" not in plain.canonical() and "quality" not in plain.canonical()
+    mini = contract.load("mini-laguna-cpu")
+    assert mini.quality is not None and mini.chat is not None
+    bare = contract.Contract.model_validate({k: v for k, v in mini.canonical().items() if k not in ("chat", "quality")},
+                                            strict=False)
+    assert bare.digest != mini.digest and bare.output_digest == mini.output_digest
+
+
+def test_the_unquantized_kv_reference_is_the_teacher_without_the_kv_scheme() -> None:
+    mini = contract.load("mini-laguna-cpu")
+    ref = mini.unquantized_kv_reference()
+    assert (ref.kind, ref.engine.kv_cache_dtype, ref.draft, ref.speculative) == ("reference", "auto", None, None)
+    assert ref.engine.tensor_parallel == mini.engine.tensor_parallel and ref.prompts == mini.prompts
+    with pytest.raises(contract.ContractError, match="names no quality.unquantized_kv_target"):
+        contract.load("laguna-s-2.1-int4-fp8kv-b70").unquantized_kv_reference()
