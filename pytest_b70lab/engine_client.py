@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from . import throughput
-from .evidence import Request, sha256_ids
+from .evidence import QualityRecord, Request, sha256_ids
 
 
 class EngineRequestError(RuntimeError):
@@ -100,3 +100,42 @@ def metrics_text(client: httpx.Client) -> str:
     if response.status_code != 200:
         raise EngineRequestError(f"/metrics: HTTP {response.status_code}")
     return response.text
+
+
+def quality_answer(client: httpx.Client, model: str, sample, variant: str, *, timeout_s: float) -> QualityRecord:
+    """One quality request, greedy, stopping at EOS like a user's request would (unlike the gate prompts).
+    Any failure is recorded as the sample's error: a quality run never stops at one bad request."""
+    body: dict[str, Any] = {"model": model, "max_tokens": sample.max_tokens, "temperature": 0.0}
+    if sample.stop:
+        body["stop"] = list(sample.stop)
+    if sample.family == "tool_use":
+        path = "/v1/chat/completions"
+        body.update(messages=sample.messages, tools=sample.tools, tool_choice="auto")
+    else:
+        path = "/v1/completions"
+        body["prompt"] = sample.prompt
+        if variant == "guided":
+            body["structured_outputs"] = {"json": sample.schema_}
+    record = QualityRecord(sample_id=sample.id, family=sample.family, variant=variant)
+    t0 = time.perf_counter()
+    try:
+        response = client.post(path, json=body, timeout=timeout_s)
+        if response.status_code != 200:
+            record.error = f"HTTP {response.status_code}: {response.text[:300]}"
+        else:
+            choice = response.json()["choices"][0]
+            if sample.family == "tool_use":
+                message = choice.get("message") or {}
+                record.text = message.get("content") or ""
+                record.tool_calls = [{"name": c["function"]["name"], "arguments": c["function"].get("arguments") or ""}
+                                     for c in message.get("tool_calls") or []]
+            else:
+                record.text = choice.get("text") or ""
+            record.finish_reason = choice.get("finish_reason")
+            record.completion_tokens = (response.json().get("usage") or {}).get("completion_tokens")
+    except httpx.HTTPError as e:
+        record.error = f"{type(e).__name__}: {e}"
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        record.error = f"unreadable answer ({type(e).__name__}: {e})"
+    record.seconds = round(time.perf_counter() - t0, 3)
+    return record

@@ -151,6 +151,7 @@ class ServeConfig:
     attention_backend: str | None = None
     seed: int = 0
     tool_call_parser: str | None = None  # e.g. "poolside_v1": auto tool choice through vLLM's parser
+    chat_template: Path | None = None    # None: the tokenizer's own
 
     @property
     def world_size(self) -> int:
@@ -178,6 +179,8 @@ class ServeConfig:
             args += ["--attention-backend", self.attention_backend]
         if self.tool_call_parser:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+        if self.chat_template:
+            args += ["--chat-template", str(self.chat_template)]
         if self.draft is not None:
             spec = {"method": self.speculative_method, "model": _model_ref(self.draft),
                     "num_speculative_tokens": self.num_speculative_tokens}

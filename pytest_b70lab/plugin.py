@@ -30,6 +30,9 @@ GATE_PROPERTY, SUBJECT_PROPERTY = "b70_gate", "b70_subject"
 # is printed in the terminal summary, also when the test ran on an xdist worker.
 FINDING_PROPERTY = "b70_finding"
 WORKER_RUN_DIR = "b70lab_run_dir"
+# A quality test names the figure it judges (e.g. "long_context/near-max"): the quality verdict needs all.
+QUALITY_PROPERTY = "b70_quality_figure"
+NO_QUALITY = "not-judgeable"
 
 
 @dataclass
@@ -43,6 +46,9 @@ class LabState:
     replay_dir: Path | None
     _contract: contract_mod.Contract | None = None
     _evidence: list[evidence_mod.Evidence] | None = None
+    # Set at collection: a selected test judges quality, so the starts ask the quality samples too.
+    wants_quality: bool = False
+    _scores: dict[str, dict] | None = None   # quality scores by evidence digest (coding runs code once)
 
     @property
     def contract(self) -> contract_mod.Contract:
@@ -121,10 +127,11 @@ def _guard_snapshot_update(config: pytest.Config) -> None:
     refuses --snapshot-update, so a candidate can never become its own teacher."""
     if not getattr(config.option, "update_snapshots", False):
         return
-    markexpr = config.getoption("-m") or ""
-    if "teacher" not in markexpr or "gates" in markexpr or " or " in markexpr or "not teacher" in markexpr:
-        raise pytest.UsageError("--snapshot-update records FP8 teacher snapshots and is only allowed with "
-                                "`-m teacher` (e.g. `pytest -m teacher --snapshot-update --b70-contract NAME`); "
+    markexpr = (config.getoption("-m") or "").strip()
+    if markexpr not in ("teacher", "quality"):
+        raise pytest.UsageError("--snapshot-update records FP8 teacher snapshots or quality baselines and is only "
+                                "allowed with `-m teacher` or `-m quality` alone (e.g. `pytest -m teacher "
+                                "--snapshot-update --b70-contract NAME`); "
                                 f"this run selects -m {markexpr!r}")
     # Recording one contract's teacher must never delete another contract's snapshots.
     config.option.no_cleanup = True
@@ -170,6 +177,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     judge, so that the verdict can tell which required pairs ran, also when a test fails before it reaches
     its gate, or on another process."""
     for item in items:
+        if item.get_closest_marker("quality"):
+            item.config.stash[STATE].wants_quality = True
+            figure = item.callspec.params.get("b70_quality_figure") if hasattr(item, "callspec") else None
+            if figure:
+                item.user_properties.append((QUALITY_PROPERTY, figure))
+                if _updating_snapshots(item.config):  # before its fixtures: no candidate engine is started
+                    item.add_marker(pytest.mark.skip(reason="recording the quality baseline: judge the candidate "
+                                                            "in a run without --snapshot-update"))
         if not item.get_closest_marker("gates"):
             continue
         item.user_properties.append((GATE_TEST_PROPERTY, True))
@@ -203,10 +218,20 @@ def _contract_or_exit(config: pytest.Config) -> contract_mod.Contract:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Gate tests name what they are per: `b70_start`, `b70_rank` or `b70_prompt`."""
-    wanted = {"b70_start", "b70_rank", "b70_prompt"} & set(metafunc.fixturenames)
+    wanted = {"b70_start", "b70_rank", "b70_prompt", "b70_quality_figure", "b70_quality_flavour"} \
+        & set(metafunc.fixturenames)
     if not wanted:
         return
     contract = _contract_or_exit(metafunc.config)
+    if "b70_quality_figure" in wanted:
+        figures = list(_quality_keys(metafunc.config, contract))
+        metafunc.parametrize("b70_quality_figure", figures, ids=figures)
+    if "b70_quality_flavour" in wanted:
+        from .quality import baseline
+
+        flavours = [f for f in baseline.FLAVOURS
+                    if f == "fp8" or (contract.quality and contract.quality.unquantized_kv_target)]
+        metafunc.parametrize("b70_quality_flavour", flavours, ids=flavours)
     if "b70_start" in wanted:
         n = contract.reproduction.fresh_starts
         metafunc.parametrize("b70_start", range(1, n + 1), ids=[f"start-{i}" for i in range(1, n + 1)])
@@ -226,6 +251,55 @@ def _prompts(config: pytest.Config, contract: contract_mod.Contract) -> list[con
 
     copy = state.replay_dir / session.PROMPTS_COPY if state.replay_dir is not None else None
     return contract_mod.load_prompts(contract, fallback=copy)
+
+
+class _NoQuality(Exception):
+    """The contract cannot judge gate 8 (no [quality] table, or its prompt set is missing or changed)."""
+
+
+def _quality_set(contract: contract_mod.Contract) -> list:
+    from .quality import samples
+
+    if contract.quality is None:
+        raise _NoQuality(f"contract {contract.name} has no [quality] table: gate 8 (-m quality) needs its quality "
+                         f"prompt set and tolerances")
+    q = contract.quality
+    try:
+        return samples.load(contract_mod.repo_path(q.file), q.sha256, q.count)
+    except samples.QualityPromptError as e:
+        raise _NoQuality(f"contract {contract.name}, field quality.file: {e}") from e
+
+
+def _quality_samples(config: pytest.Config, contract: contract_mod.Contract) -> list:
+    try:
+        return _quality_set(contract)
+    except _NoQuality as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def _quality_keys(config: pytest.Config, contract: contract_mod.Contract) -> dict:
+    """Figures to parametrize by. Collection never stops here: a contract that cannot judge quality gets one
+    placeholder figure that fails with the reason if it is selected (`-m gates` deselects it quietly)."""
+    from .quality import judge
+
+    try:
+        return judge.keys_by_figure(_quality_set(contract))
+    except _NoQuality:
+        return {NO_QUALITY: []}
+
+
+def _updating_snapshots(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "update_snapshots", False))
+
+
+def _quality_for(state: LabState, contract: contract_mod.Contract) -> list | None:
+    """The samples a start must also ask: only when a selected test judges quality."""
+    if not state.wants_quality or contract.quality is None:
+        return None
+    try:
+        return _quality_set(contract)
+    except _NoQuality:
+        return None  # the quality tests fail with the reason; the gate evidence is collected as always
 
 
 # --- fixtures ---------------------------------------------------------------------------------------
@@ -276,7 +350,8 @@ def b70_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> li
             return b70_state.replay_evidence()
         b70_state.run_dir.mkdir(parents=True, exist_ok=True)
         b70_state.say(f"run folder {b70_state.run_dir}")
-        return session.collect_once(b70_contract, b70_state.run_dir, b70_state.cache_root, b70_state.say)
+        return session.collect_once(b70_contract, b70_state.run_dir, b70_state.cache_root, b70_state.say,
+                                    quality=_quality_for(b70_state, b70_contract))
     except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
         pytest.fail(str(e), pytrace=False)
 
@@ -316,9 +391,81 @@ def b70_teacher_evidence(b70_state: LabState, b70_contract: contract_mod.Contrac
     try:
         if b70_state.replay_dir is not None:
             return session.load_run(b70_state.replay_dir, kind="teacher")[0]
-        return session.collect_once(teacher, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1)[0]
+        return session.collect_once(teacher, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
+                                    quality=_quality_for(b70_state, teacher))[0]
     except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
         pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def b70_reference_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
+    """One start of the contract's unquantized-KV reference (target without its KV scheme, KV dtype auto),
+    with the quality samples."""
+    from . import session
+
+    try:
+        reference = b70_contract.unquantized_kv_reference()
+        if b70_state.replay_dir is not None:
+            return session.load_run(b70_state.replay_dir, kind="reference")[0]
+        return session.collect_once(reference, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
+                                    quality=_quality_samples(b70_state.config, b70_contract))[0]
+    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def b70_quality_samples(b70_state: LabState, b70_contract: contract_mod.Contract) -> list:
+    return _quality_samples(b70_state.config, b70_contract)
+
+
+@pytest.fixture(scope="session")
+def b70_quality_keys(b70_quality_samples: list) -> dict:
+    """The figures of the contract's quality set, each with its (sample id, variant) keys."""
+    from .quality import judge
+
+    return judge.keys_by_figure(b70_quality_samples)
+
+
+@pytest.fixture(scope="session")
+def b70_quality_scores(b70_state: LabState, b70_contract: contract_mod.Contract,
+                       b70_quality_samples: list) -> Callable[[evidence_mod.Evidence], tuple[dict, dict]]:
+    """`scores(evidence)` -> (scores, texts) of a start's quality answers, computed once per evidence (coding
+    samples run in the sandbox). A start without any quality answer fails: it was collected without them."""
+    from .quality import scoring
+
+    cache = b70_state._scores = b70_state._scores or {}
+
+    def scores(evidence: evidence_mod.Evidence) -> tuple[dict, dict]:
+        key = evidence.digest or evidence.body_digest()
+        if key not in cache:
+            if evidence.status != "ok" and not evidence.quality:
+                pytest.fail(f"{evidence.role} start-{evidence.start_index} failed before its quality samples: "
+                            f"{evidence.failure.message if evidence.failure else '?'}", pytrace=False)
+            if not evidence.quality:
+                pytest.fail(f"{evidence.role} start-{evidence.start_index} of {b70_state.run_dir} holds no quality "
+                            f"answers (collected by a session that judged no quality?)", pytrace=False)
+            answers = scoring.answers_of(evidence.quality)
+            cache[key] = (scoring.score_all(b70_quality_samples, answers, scoring.limits_of(b70_contract.quality)),
+                          scoring.texts_of(answers))
+        return cache[key]
+
+    return scores
+
+
+@pytest.fixture
+def b70_quality_verdict(request: pytest.FixtureRequest) -> Callable[[object], None]:
+    """`b70_quality_verdict(verdict)`: the figure's values as JUnit properties, then pass or fail with the
+    judge's explanation."""
+
+    def judge(verdict) -> None:
+        for key, value in verdict.observed.items():
+            request.node.user_properties.append((key, value))
+        request.node.user_properties.append(("b70_quality_passed", verdict.passed))
+        if not verdict.passed:
+            request.node.user_properties.append(("b70_reasons", " | ".join(verdict.reasons)))
+            pytest.fail(verdict.explain(), pytrace=False)
+
+    return judge
 
 
 @pytest.fixture
@@ -401,7 +548,23 @@ class VerdictReporter:
         self.state = state
         self.findings: list[str] = []
         self.outcomes: dict[str, object] = {}
+        self.quality_outcomes: dict[str, object] = {}
         self._decision = None
+        self._quality = None
+
+    def _quality_report(self, report: pytest.TestReport, props: dict) -> None:
+        from .verdict import QualityOutcome
+
+        if report.when != "call" and report.passed:
+            return
+        outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
+        observed = {k: v for k, v in props.items() if not k.startswith("b70_")}
+        known = self.quality_outcomes.get(report.nodeid)
+        if known is None:
+            self.quality_outcomes[report.nodeid] = QualityOutcome(report.nodeid, str(props[QUALITY_PROPERTY]),
+                                                                  outcome, _reasons(report), observed)
+        else:
+            known.merge(outcome, _reasons(report), observed)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         from .verdict import GateOutcome
@@ -409,6 +572,9 @@ class VerdictReporter:
         props = dict(report.user_properties)
         if report.when == "call" and FINDING_PROPERTY in props:
             self.findings.append(str(props[FINDING_PROPERTY]))
+        if QUALITY_PROPERTY in props:
+            self._quality_report(report, props)
+            return
         if GATE_TEST_PROPERTY not in props and GATE_PROPERTY not in props:
             return
         if report.when != "call" and report.passed:
@@ -440,16 +606,39 @@ class VerdictReporter:
             self._decision = verdict.Decision(name, digest, required, list(self.outcomes.values()), problems)
         return self._decision
 
+    def quality_decision(self):
+        """Gate 8's own verdict (None when no quality figure was judged in this session)."""
+        if self._quality is None and self.quality_outcomes:
+            from . import verdict
+            from .quality import judge, samples
+
+            problems: list[str] = []
+            required: list[str] = []
+            try:
+                contract = self.state.contract
+                q = contract.quality
+                if q is None:
+                    problems.append(f"contract {contract.name} has no [quality] table")
+                else:
+                    required = list(judge.keys_by_figure(samples.load(contract_mod.repo_path(q.file), q.sha256,
+                                                                      q.count)))
+            except (contract_mod.ContractError, evidence_mod.EvidenceError, samples.QualityPromptError) as e:
+                problems.append(f"the required quality figures cannot be known: {e}")
+            self._quality = verdict.QualityDecision(required, list(self.quality_outcomes.values()), problems)
+        return self._quality
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        decision = self.decision()
-        if decision is None:
+        decision, quality = self.decision(), self.quality_decision()
+        if decision is None and quality is None:
             return
         from . import verdict
 
         if self.state.run_dir.exists():
-            verdict.write(decision, self.state.run_dir)
-        if not decision.promotable and session.exitstatus == pytest.ExitCode.OK:
+            verdict.write(decision, self.state.run_dir, quality)
+        if decision is not None and not decision.promotable and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if quality is not None and quality.status != "ok" and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
@@ -457,11 +646,17 @@ class VerdictReporter:
             terminalreporter.section("b70lab findings")
             for line in sorted(set(self.findings)):
                 terminalreporter.write_line(line)
-        decision = self.decision()
-        if decision is None:
-            return
         from . import verdict
 
+        decision, quality = self.decision(), self.quality_decision()
+        if quality is not None:
+            terminalreporter.section("b70lab quality verdict (gate 8)")
+            for line, markup in verdict.quality_summary(quality):
+                terminalreporter.write_line(line, **markup)
+        if decision is None:
+            if quality is not None:
+                terminalreporter.write_line(f"evidence and promotion.json: {self.state.run_dir}")
+            return
         terminalreporter.section("b70lab promotion verdict")
         for line, markup in verdict.summary(decision, self.state.run_dir):
             terminalreporter.write_line(line, **markup)

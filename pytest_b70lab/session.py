@@ -22,6 +22,7 @@ from typing import Any
 from . import checkpoint, engine_client, evidence, launch, mini, throughput
 from . import contract as contract_mod
 from .contract import Contract
+from .quality.samples import QualitySample
 
 Progress = Callable[[str], None]
 # Log lines a gate must see even though nothing else reports them (vLLM says "Cannot use X backend" once,
@@ -68,8 +69,12 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
 
     def one(source: contract_mod.ModelSource, part: str) -> tuple[evidence.ModelRef, str | Path]:
         if source.source == "mini":
-            folder = the_mini() / part
-            tables[part] = checkpoint.table_from_mini_manifest(manifest, part)
+            if contract.kind == "reference":  # the build's plain checkpoint: no KV scheme, no scales
+                folder = the_mini() / "reference"
+                tables[part] = checkpoint.read_table(folder, cache_root)
+            else:
+                folder = the_mini() / part
+                tables[part] = checkpoint.table_from_mini_manifest(manifest, part)
             return evidence.ModelRef(ref=str(folder), manifest_digest=manifest["model_digest"],
                                      manifest_path=str(built / mini.MANIFEST), digest=tables[part]["digest"]), folder
         if source.source == "path":
@@ -109,7 +114,10 @@ def serve_config(contract: Contract, models: ResolvedModels) -> launch.ServeConf
         speculative_method=spec.method if spec else "dflash",
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
         max_model_len=e.max_model_len, enforce_eager=e.compile_mode == "eager",
-        attention_backend=e.attention_backend, seed=e.seed)
+        attention_backend=e.attention_backend, seed=e.seed,
+        tool_call_parser=contract.chat.tool_call_parser if contract.chat else None,
+        chat_template=(contract_mod.repo_path(contract.chat.chat_template)
+                       if contract.chat and contract.chat.chat_template else None))
 
 
 def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) -> str:
@@ -191,9 +199,13 @@ def server_decode_figures(before: str | None, after: str | None) -> tuple[float 
 
 
 def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state_dir: Path, index: int,
-              progress: Progress | None = None, launches_log: Path | None = None) -> evidence.Evidence:
-    """One fresh engine start: audit every rank, scrape metrics, stream every prompt, tear down, and write
-    the evidence (also when any of it fails)."""
+              progress: Progress | None = None, launches_log: Path | None = None,
+              quality: list[QualitySample] | None = None) -> evidence.Evidence:
+    """One fresh engine start: audit every rank, scrape metrics, stream every prompt, then (when asked) the
+    quality samples, tear down, and write the evidence (also when any of it fails).
+
+    Quality answers ride on the start after its gate requests and after the closing /metrics scrape: they
+    cost no extra engine start, and neither the cold-prompt nor the throughput evidence sees them."""
     say = progress or (lambda _msg: None)
     prompts = contract_mod.load_prompts(contract)
     config = serve_config(contract, models)
@@ -228,6 +240,8 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
                 say(f"{contract.name} start-{index}: {p.id} {len(r.token_ids)} tokens"
                     + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else ""))
             record.metrics_after = engine_client.metrics_text(client)
+            if quality:
+                _ask_quality(client, model, quality, record, contract, index, say)
         rates = {r.prompt_id: r.decode_rate for r in record.requests if r.decode_rate is not None}
         step_s, _per_token_s, server_rate = server_decode_figures(record.metrics_before, record.metrics_after)
         record.throughput = evidence.Throughput(
@@ -243,6 +257,21 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
         raise
     _finish(server, record, start_dir)
     return record
+
+
+def _ask_quality(client, model: str, samples: list[QualitySample], record: evidence.Evidence,
+                 contract: Contract, index: int, say: Progress) -> None:
+    from .quality.judge import variants
+
+    assert contract.quality is not None
+    t0, failed = time.monotonic(), 0
+    for sample in samples:
+        for variant in variants(sample):
+            answer = engine_client.quality_answer(client, model, sample, variant, timeout_s=contract.quality.request_s)
+            failed += answer.error is not None
+            record.quality.append(answer)
+    say(f"{contract.name} start-{index}: {len(record.quality)} quality answers in {time.monotonic() - t0:.0f} s"
+        + (f", {failed} requests failed" if failed else ""))
 
 
 def _finish(server: launch.EngineServer, record: evidence.Evidence, start_dir: Path) -> None:
@@ -262,8 +291,9 @@ def _finish(server: launch.EngineServer, record: evidence.Evidence, start_dir: P
 
 
 def kind_dir(run_dir: Path, kind: str) -> Path:
-    """Where a run folder keeps the candidate's files (itself) or the teacher's (teacher/)."""
-    return run_dir / "teacher" if kind == "teacher" else run_dir
+    """Where a run folder keeps the candidate's files (itself), the teacher's (teacher/) or the
+    unquantized-KV reference's (reference/)."""
+    return run_dir / kind if kind in ("teacher", "reference") else run_dir
 
 
 def start_dirs(run_dir: Path, contract: Contract) -> list[Path]:
@@ -276,7 +306,9 @@ PROMPTS_COPY = "prompts.jsonl"
 
 
 def collect(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
-            starts: int | None = None) -> list[evidence.Evidence]:
+            starts: int | None = None, quality: list[QualitySample] | None = None) -> list[evidence.Evidence]:
+    """Every fresh start of `contract`; quality samples (if any) are asked on start-1 only: the later starts
+    exist to reproduce the gate evidence."""
     models = resolve_models(contract, cache_root)
     # The run folder is self-contained: replay needs neither the model nor the repository's prompt file.
     base = kind_dir(run_dir, contract.kind)
@@ -285,7 +317,8 @@ def collect(contract: Contract, run_dir: Path, cache_root: Path, progress: Progr
     (base / TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
     (base / PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
     dirs = start_dirs(run_dir, contract)[: starts or None]
-    return [run_start(contract, models, d, cache_root / "engine-state", i, progress, run_dir / "launches.log")
+    return [run_start(contract, models, d, cache_root / "engine-state", i, progress, run_dir / "launches.log",
+                      quality if i == 1 else None)
             for i, d in enumerate(dirs, 1)]
 
 
@@ -293,7 +326,7 @@ DONE_MARK = ".collected-{kind}.json"
 
 
 def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
-                 starts: int | None = None) -> list[evidence.Evidence]:
+                 starts: int | None = None, quality: list[QualitySample] | None = None) -> list[evidence.Evidence]:
     """Collect under a file lock: the first pytest-xdist worker to get it runs the engine, every other one
     (and any later call) reads the evidence it wrote."""
     from filelock import FileLock
@@ -307,9 +340,14 @@ def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: 
                 raise evidence.EvidenceError(
                     f"{run_dir} holds evidence of contract digest {done.get('contract_digest')}, "
                     f"not {contract.name} ({contract.digest}): use a new --b70-run-dir")
+            if quality and not done.get("quality"):
+                raise evidence.EvidenceError(
+                    f"{run_dir} holds {contract.kind} evidence collected without quality samples: "
+                    f"use a new --b70-run-dir to judge quality")
             return [evidence.read(run_dir / rel) for rel in done["starts"]]
-        records = collect(contract, run_dir, cache_root, progress, starts)
+        records = collect(contract, run_dir, cache_root, progress, starts, quality)
         mark.write_text(json.dumps({"contract": contract.name, "contract_digest": contract.digest,
+                                    "quality": bool(quality),
                                     "starts": [str(d.relative_to(run_dir))
                                                for d in start_dirs(run_dir, contract)[:len(records)]]}) + "\n")
         return records

@@ -142,7 +142,99 @@ def record(decision: Decision, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def write(decision: Decision, run_dir: Path) -> Path:
+# --- gate 8: its own verdict, never mixed with exactness --------------------------------------------------
+
+@dataclass
+class QualityOutcome:
+    test: str
+    figure: str
+    outcome: Outcome
+    reasons: str = ""
+    observed: dict[str, Any] = field(default_factory=dict)
+
+    def merge(self, outcome: Outcome, reasons: str, observed: dict[str, Any]) -> None:
+        self.observed.update(observed)
+        if _RANK[outcome] > _RANK[self.outcome]:
+            self.outcome, self.reasons = outcome, reasons
+
+    @property
+    def regressed(self) -> bool:
+        """Judged and found worse (a p-value was computed), as opposed to not judged at all."""
+        return self.outcome == "failed" and self.observed.get("p_value") is not None
+
+    @property
+    def figure_text(self) -> str:
+        o = self.observed
+        if o.get("samples") is None:
+            return "not judged"
+        return f"{o.get('candidate_passed')}/{o['samples']} vs {o.get('baseline_passed')}/{o['samples']}"
+
+
+@dataclass
+class QualityDecision:
+    required: list[str]               # the figures of the contract's quality set
+    outcomes: list[QualityOutcome]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def missing(self) -> list[str]:
+        ran = {o.figure for o in self.outcomes}
+        return [f for f in self.required if f not in ran]
+
+    @property
+    def regressed(self) -> list[QualityOutcome]:
+        return [o for o in self.outcomes if o.regressed]
+
+    @property
+    def not_judged(self) -> list[QualityOutcome]:
+        return [o for o in self.outcomes if o.outcome != "passed" and not o.regressed]
+
+    @property
+    def status(self) -> str:
+        if self.regressed:
+            return "regressed"
+        if self.problems or self.missing or self.not_judged or not self.required:
+            return "incomplete"
+        return "ok"
+
+
+def quality_summary(q: QualityDecision) -> list[tuple[str, dict[str, bool]]]:
+    """`QUALITY OK`, or `QUALITY REGRESSED: <figure>: <figure> vs <baseline>`, and what was not judged."""
+    lines: list[tuple[str, dict[str, bool]]] = []
+    if q.status == "ok":
+        shown = ", ".join(f"{o.figure} {o.figure_text}" for o in sorted(q.outcomes, key=lambda o: o.figure))
+        lines.append((f"QUALITY OK - {len(q.outcomes)} figures against the FP8 baseline: {shown}",
+                      {"green": True, "bold": True}))
+    if q.regressed:
+        lines.append(("QUALITY REGRESSED: " + "; ".join(f"{o.figure}: {o.figure_text}" for o in q.regressed),
+                      {"red": True, "bold": True}))
+    if q.not_judged or q.missing or q.problems or (not q.required and q.status != "ok"):
+        reasons = {o.reasons for o in q.not_judged}
+        if len(q.not_judged) > 1 and len(reasons) == 1:  # one cause (a recording run, a missing baseline): once
+            judged = [f"{len(q.not_judged)} figures: {reasons.pop()}"]
+        else:
+            judged = [f"{o.figure}: {o.reasons if o.reasons.startswith(o.outcome) else f'{o.outcome}: {o.reasons}'}"
+                      for o in q.not_judged]
+        parts = q.problems + judged + [f"{f}: did not run" for f in q.missing]
+        lines.append(("QUALITY NOT JUDGED: " + "; ".join(parts[:SHOWN]) + (" ..." if len(parts) > SHOWN else ""),
+                      {"yellow": True, "bold": True}))
+    return lines
+
+
+def quality_record(q: QualityDecision) -> dict[str, Any]:
+    return {"status": q.status, "required": q.required, "missing": q.missing, "problems": q.problems,
+            "regressed": [o.figure for o in q.regressed], "not_judged": [o.figure for o in q.not_judged],
+            "figures": [asdict(o) for o in sorted(q.outcomes, key=lambda o: o.figure)]}
+
+
+def write(decision: Decision | None, run_dir: Path, quality: QualityDecision | None = None) -> Path:
+    """promotion.json. Quality is a section of its own: it never changes `promotable`. A session that ran
+    no gate test decides no promotion (promotable false, incomplete)."""
     path = run_dir / "promotion.json"
-    path.write_text(json.dumps(record(decision, run_dir), indent=1, sort_keys=True, default=str) + "\n")
+    data = record(decision, run_dir) if decision is not None else {
+        "promotable": False, "complete": False, "run_dir": str(run_dir),
+        "problems": ["no gate test ran in this session: nothing decides a promotion"]}
+    if quality is not None:
+        data["quality"] = quality_record(quality)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     return path
