@@ -220,7 +220,7 @@ def os_layers() -> tuple[str, ...]:
         if layer == "pids-cgroup" and _pids_cgroup_parent() is None:
             PROBE_FAILURES[layer] = "no writable pids cgroup (v1 /sys/fs/cgroup/pids or v2 with +pids)"
             continue
-        if layer == "unprivileged-user" and (_nobody() is None or _interpreter_for_others() is None):
+        if layer == "unprivileged-user" and (_nobody() is None or _interpreter(for_others=True) is None):
             PROBE_FAILURES[layer] = "no user nobody, or no Python interpreter that nobody may run"
             continue
         trial = BASE_LAYERS + ("audit-hook",) + tuple(kept) + (layer,)
@@ -254,9 +254,10 @@ def _run(program: str, layers: tuple[str, ...], start: float, *, timeout_s: floa
         with open(program_path, "w", encoding="utf-8") as f:
             f.write(program)
         user = _nobody() if "unprivileged-user" in layers else None
-        interpreter = _interpreter_for_others() if user else sys.executable
+        interpreter = _interpreter(for_others=user is not None)
         if interpreter is None:
-            raise RuntimeError("no Python interpreter that the unprivileged user may run")
+            raise RuntimeError("no Python interpreter outside /tmp" + (" that the unprivileged user may run"
+                                                                      if user else ""))
         if "pids-cgroup" in layers:
             parent = _pids_cgroup_parent()
             if parent is None:
@@ -544,13 +545,23 @@ def _runnable_by_others(path: str) -> bool:
         return False
 
 
+def _under_throwaway(path: str) -> bool:
+    return any(path == place or path.startswith(place + "/") for place in _THROWAWAY)
+
+
 @functools.cache
-def _interpreter_for_others() -> str | None:
-    """A Python that `nobody` can run: a venv under root's home folder is not one. The program needs only the stdlib."""
-    candidates = [sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3",
-                  "/usr/local/bin/python3",
+def _interpreter(for_others: bool) -> str | None:
+    """The program's Python. It needs only the standard library, and it must exist inside the mount
+    namespace, where /tmp and the other world-writable places are fresh tmpfs: a checkout (and its venv)
+    under /tmp is hidden there, so the venv's own interpreter is resolved to the one it links to, or a
+    system one is used. `nobody` also needs to be able to run it (a venv under root's home folder is not
+    one)."""
+    candidates = [sys.executable, getattr(sys, "_base_executable", ""),
+                  "/usr/bin/python3", "/usr/local/bin/python3",
                   shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or ""]
-    return next((c for c in candidates if c and os.path.isfile(c) and _runnable_by_others(c)), None)
+    resolved = [os.path.realpath(c) for c in candidates if c]   # exec'd inside the namespace: no links via /tmp
+    return next((c for c in resolved if os.path.isfile(c) and not _under_throwaway(c)
+                 and (not for_others or _runnable_by_others(c))), None)
 
 
 @functools.cache
