@@ -224,7 +224,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     contract = _contract_or_exit(metafunc.config)
     if "b70_quality_figure" in wanted:
-        figures = list(_quality_keys(metafunc.config, contract))
+        figures = list(_quality_keys(contract))
         metafunc.parametrize("b70_quality_figure", figures, ids=figures)
     if "b70_quality_flavour" in wanted:
         from .quality import baseline
@@ -270,14 +270,14 @@ def _quality_set(contract: contract_mod.Contract) -> list:
         raise _NoQuality(f"contract {contract.name}, field quality.file: {e}") from e
 
 
-def _quality_samples(config: pytest.Config, contract: contract_mod.Contract) -> list:
+def _quality_samples(contract: contract_mod.Contract) -> list:
     try:
         return _quality_set(contract)
     except _NoQuality as e:
         pytest.fail(str(e), pytrace=False)
 
 
-def _quality_keys(config: pytest.Config, contract: contract_mod.Contract) -> dict:
+def _quality_keys(contract: contract_mod.Contract) -> dict:
     """Figures to parametrize by. Collection never stops here: a contract that cannot judge quality gets one
     placeholder figure that fails with the reason if it is selected (`-m gates` deselects it quietly)."""
     from .quality import judge
@@ -408,14 +408,14 @@ def b70_reference_evidence(b70_state: LabState, b70_contract: contract_mod.Contr
         if b70_state.replay_dir is not None:
             return session.load_run(b70_state.replay_dir, kind="reference")[0]
         return session.collect_once(reference, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
-                                    quality=_quality_samples(b70_state.config, b70_contract))[0]
+                                    quality=_quality_samples(b70_contract))[0]
     except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
         pytest.fail(str(e), pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def b70_quality_samples(b70_state: LabState, b70_contract: contract_mod.Contract) -> list:
-    return _quality_samples(b70_state.config, b70_contract)
+    return _quality_samples(b70_contract)
 
 
 @pytest.fixture(scope="session")
@@ -552,42 +552,29 @@ class VerdictReporter:
         self._decision = None
         self._quality = None
 
-    def _quality_report(self, report: pytest.TestReport, props: dict) -> None:
-        from .verdict import QualityOutcome
-
-        if report.when != "call" and report.passed:
-            return
-        outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
-        observed = {k: v for k, v in props.items() if not k.startswith("b70_")}
-        known = self.quality_outcomes.get(report.nodeid)
-        if known is None:
-            self.quality_outcomes[report.nodeid] = QualityOutcome(report.nodeid, str(props[QUALITY_PROPERTY]),
-                                                                  outcome, _reasons(report), observed)
-        else:
-            known.merge(outcome, _reasons(report), observed)
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from .verdict import GateOutcome
+        from .verdict import GateOutcome, QualityOutcome
 
         props = dict(report.user_properties)
         if report.when == "call" and FINDING_PROPERTY in props:
             self.findings.append(str(props[FINDING_PROPERTY]))
-        if QUALITY_PROPERTY in props:
-            self._quality_report(report, props)
-            return
-        if GATE_TEST_PROPERTY not in props and GATE_PROPERTY not in props:
-            return
         if report.when != "call" and report.passed:
-            return  # setup and teardown that passed say nothing about the gate
+            return  # setup and teardown that passed say nothing about a gate or a figure
         outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
         observed = {k: v for k, v in props.items() if not k.startswith("b70_")}
-        known = self.outcomes.get(report.nodeid)
-        if known is None:
-            self.outcomes[report.nodeid] = GateOutcome(report.nodeid, props.get(GATE_PROPERTY),
-                                                       props.get(SUBJECT_PROPERTY), outcome, _reasons(report),
-                                                       observed)
+        if QUALITY_PROPERTY in props:
+            store, new = self.quality_outcomes, lambda: QualityOutcome(
+                report.nodeid, str(props[QUALITY_PROPERTY]), outcome, _reasons(report), observed)
+        elif GATE_TEST_PROPERTY in props or GATE_PROPERTY in props:
+            store, new = self.outcomes, lambda: GateOutcome(
+                report.nodeid, props.get(GATE_PROPERTY), props.get(SUBJECT_PROPERTY), outcome, _reasons(report),
+                observed)
         else:
-            known.merge(outcome, _reasons(report), observed)
+            return
+        if report.nodeid in store:
+            store[report.nodeid].merge(outcome, _reasons(report), observed)
+        else:
+            store[report.nodeid] = new()
 
     def decision(self):
         """Decided once, after the last report (None when no gate test ran: not a gates session)."""
@@ -610,19 +597,13 @@ class VerdictReporter:
         """Gate 8's own verdict (None when no quality figure was judged in this session)."""
         if self._quality is None and self.quality_outcomes:
             from . import verdict
-            from .quality import judge, samples
+            from .quality import judge
 
             problems: list[str] = []
             required: list[str] = []
             try:
-                contract = self.state.contract
-                q = contract.quality
-                if q is None:
-                    problems.append(f"contract {contract.name} has no [quality] table")
-                else:
-                    required = list(judge.keys_by_figure(samples.load(contract_mod.repo_path(q.file), q.sha256,
-                                                                      q.count)))
-            except (contract_mod.ContractError, evidence_mod.EvidenceError, samples.QualityPromptError) as e:
+                required = list(judge.keys_by_figure(_quality_set(self.state.contract)))
+            except (contract_mod.ContractError, evidence_mod.EvidenceError, _NoQuality) as e:
                 problems.append(f"the required quality figures cannot be known: {e}")
             self._quality = verdict.QualityDecision(required, list(self.quality_outcomes.values()), problems)
         return self._quality

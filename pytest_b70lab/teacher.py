@@ -35,19 +35,9 @@ def folder_name(contract: Contract) -> str:
 
 def snapshot_extension(contract: Contract):
     """syrupy's JSON extension writing into the contract's teacher folder."""
-    from syrupy.extensions.json import JSONSnapshotExtension  # only a recording run needs syrupy
+    from .snapshots import json_extension_in
 
-    folder = folder_name(contract)
-
-    class PerTeacher(JSONSnapshotExtension):
-        @classmethod
-        def dirname(cls, *, test_location) -> str:
-            # __snapshots__/<teacher>/test_teacher/: syrupy relates a file to its test by the parent folder
-            default = Path(super().dirname(test_location=test_location))
-            return str(default.parent / folder / default.name)
-
-    PerTeacher.__name__ = f"TeacherSnapshots[{folder}]"
-    return PerTeacher
+    return json_extension_in(folder_name(contract), "TeacherSnapshots")
 
 
 def snapshot_path(tests_dir: Path, contract: Contract, prompt_id: str) -> Path:

@@ -113,15 +113,6 @@ def identity(contract: Any, flavour: str, evidence: Any | None) -> dict[str, Any
 
 def snapshot_extension(output_digest: str):
     """syrupy's JSON extension writing into the baseline's folder (imported only by a recording run)."""
-    from syrupy.extensions.json import JSONSnapshotExtension
+    from ..snapshots import json_extension_in
 
-    folder = folder_name(output_digest)
-
-    class PerBaseline(JSONSnapshotExtension):
-        @classmethod
-        def dirname(cls, *, test_location) -> str:
-            default = Path(super().dirname(test_location=test_location))
-            return str(default.parent / folder / default.name)
-
-    PerBaseline.__name__ = f"QualityBaseline[{folder}]"
-    return PerBaseline
+    return json_extension_in(folder_name(output_digest), "QualityBaseline")
