@@ -295,27 +295,37 @@ def load_prompts(contract: Contract, fallback: Path | None = None) -> list[Promp
     if not path.is_file() and fallback is not None and fallback.is_file():
         path = fallback
     where = f"prompt set {path} (contract {contract.name}, field prompts.file)"
+    return read_pinned_jsonl(path, contract.prompts.sha256, contract.prompts.count, Prompt, where, ContractError,
+                             noun="prompts", changed="the prompts changed; a new prompt set needs a new version "
+                                                     "and digest")
+
+
+def read_pinned_jsonl(path: Path, sha256: str, count: int, model: type[BaseModel], where: str,
+                      error: type[Exception], *, noun: str, changed: str) -> list[Any]:
+    """A set of JSON lines a contract pins (gate prompts, quality samples): the file must exist, have the
+    pinned sha256 and count, and every line must validate, with unique ids. Each problem is `error`, naming
+    `where` (and the line)."""
     if not path.is_file():
-        raise ContractError(f"{where} does not exist")
+        raise error(f"{where} does not exist")
     data = path.read_bytes()
     seen = hashlib.sha256(data).hexdigest()
-    if seen != contract.prompts.sha256:
-        raise ContractError(f"{where} has sha256 {seen}, the contract pins {contract.prompts.sha256}: "
-                            f"the prompts changed; a new prompt set needs a new version and digest")
-    prompts = []
+    if seen != sha256:
+        raise error(f"{where} has sha256 {seen}, the contract pins {sha256}: {changed}")
+    items = []
     for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            prompts.append(Prompt.model_validate_json(line))
+            items.append(model.model_validate_json(line))
         except ValidationError as e:
-            raise ContractError(f"{where}, line {number}:\n{_format_errors(e)}") from e
-    ids = [p.id for p in prompts]
+            raise error(f"{where}, line {number}:\n{_format_errors(e)}") from e
+    ids = [item.id for item in items]
     if len(set(ids)) != len(ids):
-        raise ContractError(f"{where}: duplicate prompt ids {sorted({i for i in ids if ids.count(i) > 1})}")
-    if len(prompts) != contract.prompts.count:
-        raise ContractError(f"{where}: {len(prompts)} prompts, the contract says {contract.prompts.count}")
-    return prompts
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise error(f"{where}: duplicate {noun.removesuffix('s')} ids {twice}")
+    if len(items) != count:
+        raise error(f"{where}: {len(items)} {noun}, the contract says {count}")
+    return items
 
 
 def available() -> list[str]:

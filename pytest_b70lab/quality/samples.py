@@ -16,11 +16,10 @@ A set is pinned by sha256 in the contract's [quality] table, like the gate promp
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Family = Literal["coding", "structured", "tool_use", "repetition", "long_context"]
 FAMILIES: tuple[str, ...] = ("coding", "structured", "tool_use", "repetition", "long_context")
@@ -63,30 +62,11 @@ class QualitySample(BaseModel):
 
 def load(path: Path, sha256: str, count: int) -> list[QualitySample]:
     """The pinned quality prompt set, checked against its sha256 and count, ids unique."""
-    where = f"quality prompt set {path}"
-    if not path.is_file():
-        raise QualityPromptError(f"{where} does not exist")
-    data = path.read_bytes()
-    seen = hashlib.sha256(data).hexdigest()
-    if seen != sha256:
-        raise QualityPromptError(f"{where} has sha256 {seen}, the contract pins {sha256}: the samples changed; "
-                                 f"a new set needs a new version and digest (and a new quality baseline)")
-    samples = []
-    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            samples.append(QualitySample.model_validate_json(line))
-        except ValidationError as e:
-            first = e.errors()[0]
-            raise QualityPromptError(f"{where}, line {number}: {'.'.join(map(str, first['loc'])) or 'sample'}: "
-                                     f"{first['msg']}") from e
-    ids = [s.id for s in samples]
-    if len(set(ids)) != len(ids):
-        raise QualityPromptError(f"{where}: duplicate ids {sorted({i for i in ids if ids.count(i) > 1})}")
-    if len(samples) != count:
-        raise QualityPromptError(f"{where}: {len(samples)} samples, the contract says {count}")
-    return samples
+    from ..contract import read_pinned_jsonl
+
+    return read_pinned_jsonl(path, sha256, count, QualitySample, f"quality prompt set {path}", QualityPromptError,
+                             noun="samples", changed="the samples changed; a new set needs a new version and "
+                                                     "digest (and a new quality baseline)")
 
 
 def dump_line(sample: QualitySample) -> str:
