@@ -79,15 +79,24 @@ class TeardownReport:
 def thread_binding(world_size: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for `world_size` ranks on the cores this process may use.
 
-    vLLM's `auto` gives each rank its own NUMA node, and a one-node machine has one: bind by hand. The last
-    core is kept free for the engine core, the API server and the measuring client whenever there is more
-    than one: ranks bound to every core (0|1 on two cores) leave those processes to share a core with a busy
-    rank, and about one request in three then decodes at half speed (measured: 47.6-142 tok/s across 8
-    prompts at 0|1, 16.7-18.0 at 0|0). Ranks share the remaining cores round-robin."""
+    vLLM's `auto` gives each rank its own NUMA node, and a one-node machine has one: bind by hand. With
+    more cores than ranks, each rank gets a core of its own and the rest serve the engine core, the API
+    server and the measuring client. Otherwise the ranks share every core round-robin, and the launch turns
+    vLLM's spinning SHM all-reduce off (ranks_need_blocking_allreduce), so that a waiting rank blocks and
+    the engine core can use its core. Measured on 2 cores, TP2+EP2+DFlash with gloo: `0|1` 215 / 217 tok/s
+    and 49 s starts against `0|0` 218 / ~210 tok/s and 87-95 s starts (the ranks then compile on one core);
+    with the SHM all-reduce `0|0` was 16.5 tok/s (notes/2026-11-30-cpu-shm-allreduce-spins.md)."""
     cores = sorted(os.sched_getaffinity(0))
-    usable = cores[:-1] if len(cores) > 1 else cores
-    usable = cores[:world_size] if len(cores) > world_size else usable
+    usable = cores[:world_size] if len(cores) > world_size else cores
     return "|".join(str(usable[i % len(usable)]) for i in range(world_size))
+
+
+def ranks_need_blocking_allreduce(world_size: int) -> bool:
+    """Whether the ranks (plus the engine core and API server, which need a core too) outnumber the cores.
+    vLLM's SHM all-reduce busy-waits without yielding, so then a rank spins out its time slice on every
+    all-reduce while the peer it waits for cannot run; gloo blocks instead. Measured on 2 cores, TP2+EP2
+    mini (notes/2026-11-30-cpu-shm-allreduce-spins.md): DFlash 111.6 -> 194.9 tok/s, target-only 27.2 -> 58.5."""
+    return world_size > 1 and len(os.sched_getaffinity(0)) < world_size + 1
 
 
 def intel_openmp_library() -> str | None:
@@ -119,15 +128,45 @@ def engine_environment(state_dir: Path, world_size: int, extra: dict[str, str] |
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     if device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": thread_binding(world_size)})
+        if ranks_need_blocking_allreduce(world_size):
+            env["VLLM_CPU_SHM_ALLREDUCE"] = "0"  # vllm_fixes (patch 0006) reads it
     if os.environ.get("B70LAB_VLLM_FIXES"):
         env["B70LAB_VLLM_FIXES"] = os.environ["B70LAB_VLLM_FIXES"]
     env.update(extra or {})
     return env
 
 
-def vllm_serve_command(model: str, socket_path: Path, args: Iterable[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest_b70lab.vllm_entry", "serve", model, "--uds", str(socket_path),
-            *args]
+def vllm_serve_command(model: str, socket_path: Path, args: Iterable[str], tcp: TcpListen | None = None) -> list[str]:
+    where = ["--host", LOOPBACK, "--port", str(tcp.port)] if tcp else ["--uds", str(socket_path)]
+    return [sys.executable, "-m", "pytest_b70lab.vllm_entry", "serve", model, *where, *args]
+
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class TcpListen:
+    """Benchmark-only mode: the API on loopback TCP behind a key, for tools that speak only TCP (`vllm bench
+    serve`). The gates never use it: their engine answers on a private Unix socket. The key reaches the
+    server through its environment (VLLM_API_KEY), never its command line, so logs and command.txt stay
+    clean of it."""
+
+    port: int
+    api_key: str
+
+    @staticmethod
+    def fresh() -> TcpListen:
+        import secrets
+        import socket
+
+        with socket.socket() as s:
+            s.bind((LOOPBACK, 0))
+            port = s.getsockname()[1]
+        return TcpListen(port, secrets.token_urlsafe(24))
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -197,11 +236,13 @@ def _model_ref(model: str | Path) -> str:
 
 def start_engine(config: ServeConfig, run_dir: Path, state_dir: Path, *, deadline_s: float = 900.0,
                  env_extra: dict[str, str] | None = None,
-                 on_progress: Callable[[str, float], None] | None = None, niceness: int = 0) -> EngineServer:
+                 on_progress: Callable[[str, float], None] | None = None, niceness: int = 0,
+                 tcp: TcpListen | None = None) -> EngineServer:
     """A ready server for `config`, or EngineStartError (after verified teardown of what was started)."""
-    env = engine_environment(state_dir, config.world_size, env_extra)
-    server = EngineServer(lambda sock: vllm_serve_command(config.model_ref, sock, config.args()), env, run_dir,
-                          on_progress=on_progress, niceness=niceness)
+    env = engine_environment(state_dir, config.world_size, {**(env_extra or {}),
+                                                            **({"VLLM_API_KEY": tcp.api_key} if tcp else {})})
+    server = EngineServer(lambda sock: vllm_serve_command(config.model_ref, sock, config.args(), tcp), env, run_dir,
+                          on_progress=on_progress, niceness=niceness, tcp=tcp)
     server.start()
     try:
         server.wait_ready(deadline_s)
@@ -246,8 +287,9 @@ class EngineServer:
 
     def __init__(self, command_args: Callable[[Path], list[str]], env: dict[str, str], log_dir: Path,
                  on_progress: Callable[[str, float], None] | None = None, tail_lines: int = 40,
-                 niceness: int = 0):
+                 niceness: int = 0, tcp: TcpListen | None = None):
         self._command_args = command_args
+        self.tcp = tcp
         self.env = env
         self.log_dir = Path(log_dir).resolve()
         self.on_progress = on_progress
@@ -317,6 +359,9 @@ class EngineServer:
         return time.monotonic() - self.started_at
 
     def client(self, timeout: float = 60.0) -> httpx.Client:
+        if self.tcp is not None:
+            return httpx.Client(base_url=self.tcp.base_url, timeout=timeout,
+                                headers={"Authorization": f"Bearer {self.tcp.api_key}"})
         return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
                             base_url="http://b70lab-engine", timeout=timeout)
 
@@ -336,7 +381,7 @@ class EngineServer:
                     raise EngineStartError(self.failure_report(
                         f"the server was not ready within the {deadline_s:.0f} s start-up deadline "
                         f"(stalled in phase: {self.phase})"))
-                if self.socket_path.exists():
+                if self.tcp is not None or self.socket_path.exists():
                     try:
                         if client.get("/health").status_code == 200:
                             self.ready_after = self.elapsed()

@@ -153,6 +153,35 @@ def _fix_runner_router_bias() -> None:
     moe_runner.MoERunner.load_weights = load_weights
 
 
+# --- 4. CpuCommunicator: the SHM all-reduce spins, so ranks without a core each crawl ---------------------
+
+# vLLM's CPU SHM all-reduce waits for its peers with a bare `_mm_pause` loop (csrc/cpu/shm.cpp,
+# `wait_for_one`): it never yields. A rank whose peer shares its core (or whose core also runs the engine
+# core and the API server) spins out its whole time slice before the peer can run, once per all-reduce.
+# With this variable at 0, tensor-parallel groups use torch.distributed (gloo) instead, which blocks.
+# `launch.engine_environment` sets it when the ranks cannot each have a core to themselves.
+SHM_ALLREDUCE_ENV = "VLLM_CPU_SHM_ALLREDUCE"
+
+
+def _shm_allreduce_cannot_be_turned_off() -> bool:
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    return (os.environ.get(SHM_ALLREDUCE_ENV) == "0"
+            and SHM_ALLREDUCE_ENV not in inspect.getsource(cpu_communicator))
+
+
+def _fix_shm_allreduce_switch() -> None:
+    """Every rank of a group reads the same environment, so every rank skips the SHM path alike (the group
+    name check it replaces is itself a collective: all ranks must skip it together)."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    def shm_allowed(self) -> bool:
+        return False
+
+    setattr(shm_allowed, PATCHED_MARK, True)
+    cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name = shm_allowed
+
+
 FIXES: tuple[Fix, ...] = (
     Fix("cpu_router_sigmoid", "CPURouter routes sigmoid + correction-bias top-k",
         _router_rejects_sigmoid, _fix_router_sigmoid),
@@ -160,6 +189,8 @@ FIXES: tuple[Fix, ...] = (
         _experts_ignore_expert_map, _fix_experts_expert_map),
     Fix("moe_router_bias_load", "MoERunner loads e_score_correction_bias",
         _runner_drops_router_bias, _fix_runner_router_bias),
+    Fix("cpu_shm_allreduce_switch", f"{SHM_ALLREDUCE_ENV}=0 turns the spinning SHM all-reduce off (gloo instead)",
+        _shm_allreduce_cannot_be_turned_off, _fix_shm_allreduce_switch),
 )
 FIX_NAMES = tuple(f.name for f in FIXES)
 

@@ -47,13 +47,14 @@ LAYOUTS = {
 }
 
 
-def run_layout(name: str, model_dir: Path, out_dir: Path, tokens: int, niceness: int = 0) -> dict:
+def run_layout(name: str, model_dir: Path, out_dir: Path, tokens: int, niceness: int = 0,
+               env_extra: dict[str, str] | None = None) -> dict:
     spec = dict(LAYOUTS[name])
     speculative = spec.pop("speculative", False)
     config = launch.ServeConfig(model=model_dir / "target", draft=model_dir / "draft" if speculative else None,
                                 **spec)
     t0 = time.monotonic()
-    server = launch.start_engine(config, out_dir / name, out_dir / "state", niceness=niceness,
+    server = launch.start_engine(config, out_dir / name, out_dir / "state", niceness=niceness, env_extra=env_extra,
                                  on_progress=lambda ph, t: print(f"  {name}: [{t:6.1f} s] {ph}", flush=True))
     try:
         start_s = time.monotonic() - t0
@@ -68,7 +69,8 @@ def run_layout(name: str, model_dir: Path, out_dir: Path, tokens: int, niceness:
             spec = acceptance(before, engine_client.metrics_text(client))
     finally:
         report = server.stop()
-    return {"layout": name, "niceness": niceness, "config": {k: str(v) for k, v in vars(config).items()},
+    return {"layout": name, "niceness": niceness, "env_extra": env_extra or {},
+            "config": {k: str(v) for k, v in vars(config).items()},
             "start_s": round(start_s, 1),
             "tokens": tokens, "rates": [round(r, 2) for r in rates],
             "median_tok_s": round(throughput.endpoint_median(rates), 2), "speculation": spec,
@@ -81,14 +83,21 @@ def main() -> int:
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--out", type=Path, default=Path("data/bench"))
     ap.add_argument("--niceness", type=int, default=0, help="run the engine at this nice level (client stays at 0)")
+    ap.add_argument("--bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND instead of launch.thread_binding's "
+                                                 "(e.g. 0|0), to compare bindings")
+    ap.add_argument("--allreduce", choices=("auto", "shm", "gloo"), default="auto",
+                    help="vLLM's SHM all-reduce or gloo (auto: launch.ranks_need_blocking_allreduce decides)")
     args = ap.parse_args()
+    env_extra = {**({"VLLM_CPU_OMP_THREADS_BIND": args.bind} if args.bind else {}),
+                 **({"VLLM_CPU_SHM_ALLREDUCE": "1" if args.allreduce == "shm" else "0"}
+                    if args.allreduce != "auto" else {})}
     model_dir = mini.build()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = args.out / f"engine-{stamp}"
     results = []
     for name in args.layouts.split(","):
         print(f"{name}: starting", flush=True)
-        results.append(run_layout(name, model_dir, out_dir, args.tokens, args.niceness))
+        results.append(run_layout(name, model_dir, out_dir, args.tokens, args.niceness, env_extra))
         print(f"{name}: {results[-1]['median_tok_s']} tok/s median, start {results[-1]['start_s']} s", flush=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     medians = {r["layout"]: r["median_tok_s"] for r in results}

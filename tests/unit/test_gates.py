@@ -125,6 +125,31 @@ def backend_fallback_logged(run: Run) -> None:
         "(Worker_TP0_EP0 pid=1) INFO [cpu.py:178] Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."]
 
 
+# vLLM's own line when the launch turns its SHM all-reduce off (from a real TP2+EP2 start on two cores).
+SHM_ALLREDUCE_FALLBACK = ("(Worker pid=28836) INFO 11-30 17:35:04 [cpu_communicator.py:47] CPU SHM communicator "
+                          "disabled for group tp:0: ranks do not share the same SHM group name, falling back to "
+                          "torch.distributed.")
+
+
+def undeclared_allreduce_fallback(run: Run) -> None:
+    run.starts[0].engine.environment.pop("VLLM_CPU_SHM_ALLREDUCE", None)
+    run.starts[0].log_findings["backend_fallback"] = [SHM_ALLREDUCE_FALLBACK]
+
+
+def test_a_declared_allreduce_fallback_is_not_a_backend_fallback(recorded: Run) -> None:
+    """The launch chose gloo (VLLM_CPU_SHM_ALLREDUCE=0 in the recorded environment): vLLM's fallback line
+    for it is expected. Any other fallback in the same log still fails the gate."""
+    run = recorded.clone()
+    for s in run.starts:
+        s.engine.environment["VLLM_CPU_SHM_ALLREDUCE"] = "0"
+        s.log_findings["backend_fallback"] = [SHM_ALLREDUCE_FALLBACK]
+    assert all(gates.engine_resolution(s, r, run.contract).passed for s in run.starts for r in run.ranks)
+    backend_fallback_logged(run)
+    run.starts[0].log_findings["backend_fallback"].insert(0, SHM_ALLREDUCE_FALLBACK)
+    verdict = gates.engine_resolution(run.starts[0], 0, run.contract)
+    assert not verdict.passed and "Cannot use AttentionBackendEnum.FLASH_ATTN" in verdict.explain()
+
+
 def kv_tensor_not_fp8(run: Run) -> None:
     _layer(run, 0, 0, "target", 1)["kv_tensor"]["dtype"] = "float32"
 
@@ -271,6 +296,7 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
     (draft_declares_calibration, "draft-cache-audit", "declares a KV calibration"),
     (layer_on_other_backend, "engine-resolution", "backend 'TORCH_SDPA', expected 'CPU_ATTN'"),
     (backend_fallback_logged, "engine-resolution", "backend fallback in the log"),
+    (undeclared_allreduce_fallback, "engine-resolution", "CPU SHM communicator disabled for group tp:0"),
     (kv_tensor_not_fp8, "engine-resolution", "not 8-bit FP8 storage"),
     (metrics_say_auto, "metrics-agree", "cache_dtype='auto'"),
     (cached_prompt, "cold-prompt", "3 cached prompt tokens"),

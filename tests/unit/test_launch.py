@@ -12,15 +12,41 @@ from pytest_b70lab import launch
 
 @pytest.mark.parametrize(("cores", "world", "expected"), [
     ({0, 1}, 1, "0"),            # TP1 on two cores: the other core serves the engine core and the client
-    ({0, 1}, 2, "0|0"),          # never every core: a rank sharing with the engine core halves some requests
-    ({0, 1}, 4, "0|0|0|0"),
+    ({0, 1}, 2, "0|1"),          # no core to spare: every core, and the all-reduce blocks (gloo) instead of spinning
+    ({0, 1}, 4, "0|1|0|1"),
     ({0}, 2, "0|0"),
     ({4, 5, 6, 7, 8, 9, 10, 11}, 4, "4|5|6|7"),
-    ({2, 3, 9}, 3, "2|3|2"),
+    ({2, 3, 9}, 3, "2|3|9"),
 ])
-def test_thread_binding_keeps_a_core_for_the_engine_core(monkeypatch, cores, world, expected) -> None:
+def test_thread_binding_gives_ranks_their_own_cores_where_it_can(monkeypatch, cores, world, expected) -> None:
     monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _pid: cores)
     assert launch.thread_binding(world) == expected
+
+
+@pytest.mark.parametrize(("cores", "world", "blocking"), [
+    ({0, 1}, 1, False),          # one rank: no all-reduce at all
+    ({0, 1}, 2, True),           # two ranks + the engine core on two cores: a spinning rank starves its peer
+    ({0, 1}, 4, True),
+    ({0, 1, 2}, 2, False),       # a core per rank and one for the engine core: vLLM's SHM path is fastest
+    (set(range(16)), 4, False),
+])
+def test_the_spinning_shm_allreduce_is_turned_off_when_ranks_lack_cores(monkeypatch, tmp_path, cores, world,
+                                                                        blocking) -> None:
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _pid: cores)
+    assert launch.ranks_need_blocking_allreduce(world) is blocking
+    env = launch.engine_environment(tmp_path, world, device="cpu", materialize=False)
+    assert (env.get("VLLM_CPU_SHM_ALLREDUCE") == "0") is blocking
+    assert "VLLM_CPU_SHM_ALLREDUCE" not in launch.engine_environment(tmp_path, world, device="xpu",
+                                                                     materialize=False)
+
+
+def test_the_benchmark_mode_listens_on_loopback_and_keeps_its_key_off_the_command_line(tmp_path: Path) -> None:
+    tcp = launch.TcpListen.fresh()
+    assert tcp.port > 0 and len(tcp.api_key) >= 24 and tcp != launch.TcpListen.fresh()
+    cmd = launch.vllm_serve_command("m", tmp_path / "s.sock", ["--seed", "0"], tcp)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == str(tcp.port)
+    assert "--uds" not in cmd and tcp.api_key not in " ".join(cmd) and "--api-key" not in cmd
+    assert "--uds" in launch.vllm_serve_command("m", tmp_path / "s.sock", [])
 
 
 def test_serve_arguments_fix_the_measurement_conditions(tmp_path: Path) -> None:

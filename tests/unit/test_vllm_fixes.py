@@ -19,6 +19,7 @@ from vllm.model_executor.layers.fused_moe.experts import cpu_moe  # noqa: E402
 from vllm.model_executor.layers.fused_moe.router import cpu_router  # noqa: E402
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts  # noqa: E402
 from vllm.model_executor.layers.fused_moe.runner import moe_runner  # noqa: E402
+from vllm.distributed.device_communicators import cpu_communicator  # noqa: E402
 
 from pytest_b70lab import vllm_fixes  # noqa: E402
 
@@ -29,11 +30,14 @@ def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(cpu_router.CPURouter, "_compute_routing", cpu_router.CPURouter._compute_routing)
     monkeypatch.setattr(cpu_moe.CPUUnquantizedExperts, "apply", cpu_moe.CPUUnquantizedExperts.apply)
     monkeypatch.setattr(moe_runner.MoERunner, "load_weights", moe_runner.MoERunner.load_weights)
+    monkeypatch.setattr(cpu_communicator.CpuCommunicator, "_all_group_ranks_share_shm_group_name",
+                        cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name)
     monkeypatch.setattr(vllm_fixes, "_registered", None)
 
 
-def test_installed_vllm_has_all_three_defects() -> None:
+def test_installed_vllm_has_all_the_defects(monkeypatch) -> None:
     """If this fails, vLLM changed: re-check which fixes are still needed (patches/README.md)."""
+    monkeypatch.setenv(vllm_fixes.SHM_ALLREDUCE_ENV, "0")
     assert [f.name for f in vllm_fixes.FIXES if f.defect_present()] == list(vllm_fixes.FIX_NAMES)
 
 
@@ -182,7 +186,7 @@ def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog)
     with caplog.at_level("INFO", logger=vllm_fixes.log.name):
         status = vllm_fixes.register()
     assert status == {"cpu_router_sigmoid": "applied", "cpu_experts_expert_map": "disabled",
-                      "moe_router_bias_load": "disabled"}
+                      "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "disabled"}
     assert getattr(cpu_router.CPURouter._compute_routing, vllm_fixes.PATCHED_MARK, False)
     assert not getattr(cpu_moe.CPUUnquantizedExperts.apply, vllm_fixes.PATCHED_MARK, False)
     lines = [r.getMessage() for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]
@@ -196,3 +200,22 @@ def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog)
     status = vllm_fixes.register()
     assert status["cpu_router_sigmoid"] == "not needed", "a fixed router must be left alone"
     assert status["cpu_experts_expert_map"] == "applied"
+
+
+# --- 4. the SHM all-reduce switch -------------------------------------------------------------------------
+
+def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -> None:
+    """Unset (a machine with a core per rank): vLLM keeps its SHM all-reduce. At 0 (launch sets it when the
+    ranks and the engine core outnumber the cores): every rank skips the SHM path, before the group-name
+    collective that would otherwise decide it."""
+    monkeypatch.delenv(vllm_fixes.SHM_ALLREDUCE_ENV, raising=False)
+    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_shm_allreduce_switch")
+    assert vllm_fixes.register() == {"cpu_router_sigmoid": "disabled", "cpu_experts_expert_map": "disabled",
+                                     "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "not needed"}
+    assert not getattr(cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name,
+                       vllm_fixes.PATCHED_MARK, False)
+
+    monkeypatch.setattr(vllm_fixes, "_registered", None)
+    monkeypatch.setenv(vllm_fixes.SHM_ALLREDUCE_ENV, "0")
+    assert vllm_fixes.register()["cpu_shm_allreduce_switch"] == "applied"
+    assert cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name(object()) is False
