@@ -99,6 +99,22 @@ def _contract_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from . import bench, mini
+
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if unknown := [p for p in parts if p not in bench.PARTS]:
+        print(f"b70lab: unknown bench part(s) {', '.join(unknown)} (parts: {', '.join(bench.PARTS)})",
+              file=sys.stderr)
+        return 2
+    out = args.out or Path("data") / "bench" / f"harness-{time.strftime('%Y%m%d-%H%M%S')}"
+    figures = bench.run(parts, args.contract, (args.cache_dir or mini.default_cache_root()).resolve(),
+                        out.resolve(), args.replay.resolve(), say=lambda m: print(m, file=sys.stderr, flush=True))
+    print(bench.table(figures))
+    print(f"\nwritten: {out / 'bench.json'}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="b70lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,12 +158,27 @@ def build_parser() -> argparse.ArgumentParser:
                                "or ~/.cache/b70lab)")
     derive_p.add_argument("--json", action="store_true", help="print the whole tensor table as JSON")
     derive_p.set_defaults(func=_contract_derive)
+
+    from .bench import BUNDLE, PARTS  # stdlib-only module: cheap
+
+    bench_p = sub.add_parser("bench", help="what the harness costs and whether its decode figure agrees with the "
+                                           "server and `vllm bench serve` (a table of ratios; never a test)")
+    bench_p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)} (default: all)")
+    bench_p.add_argument("--contract", default="mini-laguna-cpu", help="contract for the engine parts")
+    bench_p.add_argument("--replay", type=Path, default=BUNDLE, help="run folder the replay part times "
+                                                                    "(default: the recorded evidence bundle)")
+    bench_p.add_argument("--out", type=Path, default=None, help="output folder (default: data/bench/harness-<time>); "
+                                                                "keep it short: vLLM's IPC socket paths live below it")
+    bench_p.add_argument("--cache-dir", type=Path, default=None)
+    bench_p.set_defaults(func=_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .bench import BenchError
     from .checkpoint import CheckpointError
     from .contract import ContractError
+    from .launch import EngineStartError
     from .mini import MiniModelError
 
     parser = build_parser()
@@ -156,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args, rest) if getattr(args, "passthrough", False) else args.func(args)
-    except (MiniModelError, ContractError, CheckpointError) as e:
+    except (MiniModelError, ContractError, CheckpointError, BenchError, EngineStartError) as e:
         print(f"b70lab: {e}", file=sys.stderr)
         return 2
 

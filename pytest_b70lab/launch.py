@@ -99,12 +99,6 @@ def ranks_need_blocking_allreduce(world_size: int) -> bool:
     return world_size > 1 and len(os.sched_getaffinity(0)) < world_size + 1
 
 
-def intel_openmp_library() -> str | None:
-    """vLLM's CPU speculative path wants Intel's OpenMP preloaded; the wheel ships it in the venv."""
-    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
-    return str(lib) if lib.exists() else None
-
-
 def engine_environment(state_dir: Path, world_size: int, extra: dict[str, str] | None = None, *,
                        device: str = "cpu", offline: bool = True, materialize: bool = True) -> dict[str, str]:
     """The engine's environment: every cache inside `state_dir`, dev endpoints on; on CPU, the KV budget

@@ -7,11 +7,13 @@ from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from . import contract as contract_mod
-from . import evidence as evidence_mod
+if TYPE_CHECKING:  # the plugin loads wherever it is installed: a run that never asks for a gate pays no import
+    from . import contract as contract_mod
+    from . import evidence as evidence_mod
 
 MARKERS = {
     "gates": "promotion gates against a real engine start (launches vLLM once per session)",
@@ -41,7 +43,7 @@ class LabState:
 
     config: pytest.Config
     run_dir: Path
-    cache_root: Path
+    cache_dir_option: Path | None
     contract_name: str
     replay_dir: Path | None
     _contract: contract_mod.Contract | None = None
@@ -51,7 +53,15 @@ class LabState:
     _scores: dict[str, dict] | None = None   # quality scores by evidence digest (coding runs code once)
 
     @property
+    def cache_root(self) -> Path:
+        from .mini.build import default_cache_root
+
+        return (self.cache_dir_option or default_cache_root()).resolve()
+
+    @property
     def contract(self) -> contract_mod.Contract:
+        from . import contract as contract_mod
+
         if self._contract is None:
             if self.replay_dir is not None:
                 first = self.replay_evidence()[0]
@@ -80,6 +90,14 @@ class LabState:
 STATE = pytest.StashKey[LabState]()
 
 
+def _lab_errors() -> tuple[type[Exception], ...]:
+    """A bad contract or evidence file: what the fixtures turn into one clear message (imported on demand)."""
+    from .contract import ContractError
+    from .evidence import EvidenceError
+
+    return ContractError, EvidenceError
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("b70lab", "B70 lab promotion gates")
     group.addoption("--b70-contract", default=DEFAULT_CONTRACT,
@@ -95,8 +113,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from . import mini
-
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     replay = config.getoption("--b70-evidence")
@@ -110,7 +126,7 @@ def pytest_configure(config: pytest.Config) -> None:
         run_dir = (chosen or Path(config.rootpath) / "data" / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     config.stash[STATE] = LabState(
         config=config, run_dir=run_dir,
-        cache_root=(config.getoption("--b70-cache-dir") or mini.default_cache_root()).resolve(),
+        cache_dir_option=config.getoption("--b70-cache-dir"),
         contract_name=config.getoption("--b70-contract"), replay_dir=replay.resolve() if replay else None)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(config.stash[STATE]), "b70lab-xdist")
@@ -164,7 +180,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     state = config.stash[STATE]
     try:
         text = session_mod.describe(state.contract, state.cache_root)
-    except contract_mod.ContractError as e:
+    except _lab_errors()[0] as e:
         raise pytest.UsageError(str(e)) from e
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     for line in text.splitlines():
@@ -204,7 +220,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _contract_or_usage_error(config: pytest.Config) -> contract_mod.Contract:
     try:
         return config.stash[STATE].contract
-    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+    except _lab_errors() as e:
         raise pytest.UsageError(str(e)) from e
 
 
@@ -212,7 +228,7 @@ def _contract_or_exit(config: pytest.Config) -> contract_mod.Contract:
     """During collection a UsageError would become a collection traceback: end the run with the message."""
     try:
         return config.stash[STATE].contract
-    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+    except _lab_errors() as e:
         pytest.exit(f"b70lab: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
@@ -247,6 +263,7 @@ def _prompts(config: pytest.Config, contract: contract_mod.Contract) -> list[con
     """The contract's prompt set (never the evidence's requests: a prompt missing there must still be
     judged). A replayed run folder carries a copy, checked against the same pinned sha256."""
     state = config.stash[STATE]
+    from . import contract as contract_mod
     from . import session
 
     copy = state.replay_dir / session.PROMPTS_COPY if state.replay_dir is not None else None
@@ -258,6 +275,7 @@ class _NoQuality(Exception):
 
 
 def _quality_set(contract: contract_mod.Contract) -> list:
+    from . import contract as contract_mod
     from .quality import samples
 
     if contract.quality is None:
@@ -313,7 +331,7 @@ def b70_state(pytestconfig: pytest.Config) -> LabState:
 def b70_contract(b70_state: LabState) -> contract_mod.Contract:
     try:
         return b70_state.contract
-    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+    except _lab_errors() as e:
         pytest.fail(str(e), pytrace=False)
 
 
@@ -352,7 +370,7 @@ def b70_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> li
         b70_state.say(f"run folder {b70_state.run_dir}")
         return session.collect_once(b70_contract, b70_state.run_dir, b70_state.cache_root, b70_state.say,
                                     quality=_quality_for(b70_state, b70_contract))
-    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+    except _lab_errors() as e:
         pytest.fail(str(e), pytrace=False)
 
 
@@ -378,7 +396,7 @@ def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidenc
 
     try:
         return session.checkpoint_tables(b70_state.run_dir, b70_contract, b70_state.cache_root)
-    except evidence_mod.EvidenceError as e:
+    except _lab_errors()[1] as e:
         pytest.fail(str(e), pytrace=False)
 
 
@@ -393,7 +411,7 @@ def b70_teacher_evidence(b70_state: LabState, b70_contract: contract_mod.Contrac
             return session.load_run(b70_state.replay_dir, kind="teacher")[0]
         return session.collect_once(teacher, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
                                     quality=_quality_for(b70_state, teacher))[0]
-    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+    except _lab_errors() as e:
         pytest.fail(str(e), pytrace=False)
 
 
@@ -409,7 +427,7 @@ def b70_reference_evidence(b70_state: LabState, b70_contract: contract_mod.Contr
             return session.load_run(b70_state.replay_dir, kind="reference")[0]
         return session.collect_once(reference, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
                                     quality=_quality_samples(b70_contract))[0]
-    except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+    except _lab_errors() as e:
         pytest.fail(str(e), pytrace=False)
 
 
@@ -553,24 +571,24 @@ class VerdictReporter:
         self._quality = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from .verdict import GateOutcome, QualityOutcome
-
         props = dict(report.user_properties)
         if report.when == "call" and FINDING_PROPERTY in props:
             self.findings.append(str(props[FINDING_PROPERTY]))
         if report.when != "call" and report.passed:
             return  # setup and teardown that passed say nothing about a gate or a figure
         outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
+        if QUALITY_PROPERTY not in props and GATE_TEST_PROPERTY not in props and GATE_PROPERTY not in props:
+            return
+        from .verdict import GateOutcome, QualityOutcome
+
         observed = {k: v for k, v in props.items() if not k.startswith("b70_")}
         if QUALITY_PROPERTY in props:
             store, new = self.quality_outcomes, lambda: QualityOutcome(
                 report.nodeid, str(props[QUALITY_PROPERTY]), outcome, _reasons(report), observed)
-        elif GATE_TEST_PROPERTY in props or GATE_PROPERTY in props:
+        else:
             store, new = self.outcomes, lambda: GateOutcome(
                 report.nodeid, props.get(GATE_PROPERTY), props.get(SUBJECT_PROPERTY), outcome, _reasons(report),
                 observed)
-        else:
-            return
         if report.nodeid in store:
             store[report.nodeid].merge(outcome, _reasons(report), observed)
         else:
@@ -588,7 +606,7 @@ class VerdictReporter:
                 contract = self.state.contract
                 name, digest = contract.name, contract.digest
                 required = gates.required_subjects(contract, [p.id for p in _prompts(self.state.config, contract)])
-            except (contract_mod.ContractError, evidence_mod.EvidenceError) as e:
+            except _lab_errors() as e:
                 problems.append(f"the required gate subjects cannot be known: {e}")
             self._decision = verdict.Decision(name, digest, required, list(self.outcomes.values()), problems)
         return self._decision
@@ -603,7 +621,7 @@ class VerdictReporter:
             required: list[str] = []
             try:
                 required = list(judge.keys_by_figure(_quality_set(self.state.contract)))
-            except (contract_mod.ContractError, evidence_mod.EvidenceError, _NoQuality) as e:
+            except (*_lab_errors(), _NoQuality) as e:
                 problems.append(f"the required quality figures cannot be known: {e}")
             self._quality = verdict.QualityDecision(required, list(self.quality_outcomes.values()), problems)
         return self._quality
@@ -627,9 +645,11 @@ class VerdictReporter:
             terminalreporter.section("b70lab findings")
             for line in sorted(set(self.findings)):
                 terminalreporter.write_line(line)
+        decision, quality = self.decision(), self.quality_decision()
+        if decision is None and quality is None:
+            return
         from . import verdict
 
-        decision, quality = self.decision(), self.quality_decision()
         if quality is not None:
             terminalreporter.section("b70lab quality verdict (gate 8)")
             for line, markup in verdict.quality_summary(quality):

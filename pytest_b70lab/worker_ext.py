@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from typing import Any
 
 EXTENSION_CLASS = "pytest_b70lab.worker_ext.AuditExtension"
@@ -22,11 +23,24 @@ def _call(fn, default=None):
         return default if default is not None else f"unavailable: {type(e).__name__}: {e}"
 
 
+# At most this much of a tensor is on the host at once while it is hashed: a production rank holds
+# gigabytes of weights, and a whole-tensor host copy (plus its bytes() copy) would double the largest.
+HASH_CHUNK_BYTES = 64 << 20
+_hashed = {"bytes": 0, "seconds": 0.0}
+
+
 def _tensor_sha256(t) -> str:
+    """SHA-256 of the tensor's bytes, streamed in chunks (the same digest as hashing them at once)."""
     import torch
 
-    flat = t.detach().contiguous().view(-1)
-    return hashlib.sha256(flat.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+    t0 = time.perf_counter()
+    flat = t.detach().contiguous().view(-1).view(torch.uint8)
+    digest = hashlib.sha256()
+    for start in range(0, flat.numel(), HASH_CHUNK_BYTES):
+        digest.update(flat[start:start + HASH_CHUNK_BYTES].cpu().numpy().data)
+    _hashed["bytes"] += flat.numel()
+    _hashed["seconds"] += time.perf_counter() - t0
+    return digest.hexdigest()
 
 
 def _parameters(model) -> dict[str, dict[str, Any]]:
@@ -126,10 +140,15 @@ class AuditExtension:
             for name, layer in sorted(context.items()) if isinstance(layer, Attention)}
         out["router_bias"] = {name: [float(x) for x in p.detach().float().flatten().tolist()]
                               for name, p in model.named_parameters() if name.endswith("e_score_correction_bias")}
+        _hashed.update(bytes=0, seconds=0.0)
+        t0 = time.perf_counter()
         out["parameters"] = _parameters(model)
         drafter = getattr(runner, "drafter", None)
         draft_model = getattr(drafter, "model", None)
         out["draft_parameters"] = _parameters(draft_model) if draft_model is not None else None
+        # What the weight audit cost on this rank: its bytes hashed, the hashing time, the whole walk.
+        out["audit_cost"] = {"bytes_hashed": _hashed["bytes"], "hash_seconds": round(_hashed["seconds"], 4),
+                             "parameters_seconds": round(time.perf_counter() - t0, 4)}
         cfg = self.vllm_config
         out["cache_config"] = {"cache_dtype": cfg.cache_config.cache_dtype,
                                "block_size": cfg.cache_config.block_size,

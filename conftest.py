@@ -1,0 +1,26 @@
+"""What every test folder of the repository shares (the plugin itself lives in pytest_b70lab/plugin.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# Each marked lane lives in one folder. A run that selects one lane alone (`pytest -m gates`, the lab's most
+# frequent command, and every replay of saved evidence) then skips importing the other folders, whose
+# modules pull in torch and vLLM: 12 s of a 14 s gates replay here. tests/unit/test_lanes.py checks that no
+# test of a lane lives outside its folder, so nothing is ever skipped that the marker would have selected.
+LANE_FOLDERS = {"gates": "tests/gates", "teacher": "tests/gates", "quality": "tests/quality",
+                "kernels": "tests/kernels"}
+REPO = Path(__file__).resolve().parent
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    folder = LANE_FOLDERS.get((config.getoption("-m") or "").strip())
+    if folder is None:
+        return None
+    tests, lane = REPO / "tests", REPO / folder
+    path = Path(collection_path).resolve()
+    if not path.is_relative_to(tests) or path.is_relative_to(lane) or lane.is_relative_to(path):
+        return None
+    return True

@@ -1,0 +1,340 @@
+"""`b70lab bench`: what the harness costs, and whether its decode figure agrees with the tools a lab would
+otherwise reach for. One run, one table of ratios and medians against each goal: a benchmark on a shared,
+noisy machine, so it reports and never asserts.
+
+Rows (each a part that can be run alone with --parts):
+  overhead  `pytest -m gates` wall time vs a bare script making the same starts and streamed requests with
+            no audits, evidence or gates (goal <= 1.05)
+  decode    one start: the client's (N-1)/(t_N-t_1) median vs the server's own per-token figure vs
+            `vllm bench serve` on the same prompts (goal: within 1 %). `vllm bench serve` speaks TCP only,
+            so this start listens on loopback behind a fresh API key (launch.TcpListen); the gates keep
+            their private socket
+  replay    `pytest -m gates --b70-evidence RUN` on a saved run (goal < 2 s)
+  audit     the worker audit's weight hashing rate on one core (bytes per second per rank), and what it
+            would spend on a production rank (the audit streams each tensor in 64 MiB chunks)
+  import    what the auto-loaded plugin adds to `pytest --co` of a one-test file that does not use it
+            (goal <= 50 ms)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PARTS = ("import", "replay", "audit", "decode", "overhead")
+REPO = Path(__file__).resolve().parent.parent
+BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
+
+
+@dataclass
+class Figure:
+    """One row of the table: what was measured, the goal, whether it was met (None: not measurable)."""
+
+    part: str
+    measure: str
+    value: float | None
+    unit: str
+    goal: str
+    met: bool | None
+    detail: str = ""
+    raw: dict = field(default_factory=dict)
+
+    def cells(self) -> list[str]:
+        value = "-" if self.value is None else f"{self.value:.3f}" if self.unit == "x" else f"{self.value:.1f}"
+        verdict = {True: "met", False: "MISSED", None: "n/a"}[self.met]
+        return [self.part, self.measure, f"{value} {self.unit}".strip(), self.goal, verdict, self.detail]
+
+
+def table(figures: Sequence[Figure]) -> str:
+    rows = [["part", "measure", "figure", "goal", "", "detail"], ["---"] * 6] + [f.cells() for f in figures]
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def _wall(cmd: Sequence[str], cwd: Path,
+          env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.perf_counter()
+    done = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True)
+    return time.perf_counter() - t0, done
+
+
+def _checked(done: subprocess.CompletedProcess, what: str, ok: Sequence[int] = (0,)) -> None:
+    if done.returncode not in ok:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        raise BenchError(f"{what} exited with {done.returncode}:\n{tail}")
+
+
+class BenchError(RuntimeError):
+    """A part could not be measured (the command it times failed); the message says which and why."""
+
+
+# --- import: the plugin's cost on runs that do not use it -------------------------------------------------
+
+def plugin_cost(repeats: int = 21) -> Figure:
+    """Alternating runs with and without `-p no:b70lab` in a folder of its own (no project conftest or
+    ini), so the difference of the medians is the plugin alone: its import and its hooks."""
+    with tempfile.TemporaryDirectory(prefix="b70bench-") as tmp:
+        folder = Path(tmp)
+        (folder / "pytest.ini").write_text("[pytest]\n")
+        (folder / "test_one.py").write_text("def test_one():\n    pass\n")
+        base = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "test_one.py"]
+        with_plugin, without = [], []
+        for _ in range(repeats):
+            for times, extra in ((with_plugin, []), (without, ["-p", "no:b70lab"])):
+                seconds, done = _wall(base + extra, folder)
+                _checked(done, "pytest --co on a one-test file")
+                times.append(seconds)
+    cost_ms = (statistics.median(with_plugin) - statistics.median(without)) * 1000
+    import_ms = statistics.median(_module_import_ms("pytest_b70lab.plugin") for _ in range(5))
+    return Figure("import", "plugin cost on an unrelated `pytest --co`", cost_ms, "ms", "<= 50 ms", cost_ms <= 50,
+                  f"median of {repeats}: {statistics.median(with_plugin) * 1000:.0f} ms with the plugin, "
+                  f"{statistics.median(without) * 1000:.0f} ms with -p no:b70lab (run-to-run noise is tens of ms); "
+                  f"the plugin module's own import (-X importtime, pytest already loaded): {import_ms:.1f} ms",
+                  {"with_s": with_plugin, "without_s": without, "plugin_import_ms": import_ms})
+
+
+def _module_import_ms(module: str) -> float:
+    """Cumulative import time of `module` alone, pytest imported first (it is loaded before any plugin)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import pytest; import {module}"],
+                          capture_output=True, text=True)
+    _checked(done, f"python -X importtime -c 'import {module}'")
+    for line in done.stderr.splitlines():
+        fields = [f.strip() for f in line.removeprefix("import time:").split("|")]
+        if len(fields) == 3 and fields[2] == module:
+            return int(fields[1]) / 1000
+    raise BenchError(f"python -X importtime did not report {module}")
+
+
+# --- replay: the gates on saved evidence ---------------------------------------------------------------------
+
+def replay_time(run_dir: Path = BUNDLE, repeats: int = 5) -> Figure:
+    """As a user types it, from the repository root (all test folders in reach). A replay writes its verdict
+    into the run folder, so it replays a copy: the recorded bundle stays as it was committed."""
+    import shutil
+
+    walls = []
+    with tempfile.TemporaryDirectory(prefix="b70bench-") as tmp:
+        copy = Path(tmp) / run_dir.name
+        shutil.copytree(run_dir, copy)
+        # `=`: pytest fixes its root folder before plugins load, and would take a separate DIR outside the
+        # repository for a test path (and its root folder: the project's ini unread, the cwd collected).
+        cmd = [sys.executable, "-m", "pytest", "-m", "gates", f"--b70-evidence={copy}", "-q",
+               "-p", "no:cacheprovider"]
+        for _ in range(repeats):
+            seconds, done = _wall(cmd, REPO)
+            _checked(done, f"the replay of {run_dir}")
+            walls.append(seconds)
+    median = statistics.median(walls)
+    return Figure("replay", f"`pytest -m gates --b70-evidence` on {run_dir.name}", median, "s", "< 2 s", median < 2,
+                  f"median of {repeats} (min {min(walls):.2f} s)", {"walls_s": walls})
+
+
+# --- audit: the weight hashing every rank does at every start ----------------------------------------------
+
+def audit_rate(megabytes: int = 1024, repeats: int = 3) -> Figure:
+    """The audit's own hash function over a tensor of `megabytes`: on CPU this is SHA-256 over host memory;
+    on an XPU rank each 64 MiB chunk is first copied to the host, so this is an upper bound there."""
+    import torch
+
+    from .worker_ext import _tensor_sha256
+
+    t = torch.ones(megabytes << 20, dtype=torch.uint8)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _tensor_sha256(t)
+        rates.append(t.numel() / (time.perf_counter() - t0))
+    rate = statistics.median(rates)
+    per_10gb = 10e9 / rate
+    return Figure("audit", "weight hashing per rank (one core)", rate / 1e6, "MB/s", "report", None,
+                  f"median of {repeats} over {megabytes} MiB; {per_10gb:.0f} s per 10 GB of weights on a rank "
+                  f"(ranks hash in parallel)", {"bytes_per_s": rates})
+
+
+# --- decode: client vs server vs vllm bench serve ---------------------------------------------------------
+
+def per_token_rate(tpots_s: Sequence[float]) -> float:
+    """Tokens per second from per-request times per output token: 1 / their mean, which is what the
+    server's `request_time_per_output_token` histogram gives (sum / count), so the three sources are
+    compared on one statistic. (The gates' endpoint figure is the median of per-request rates instead.)"""
+    return 1.0 / statistics.fmean(tpots_s)
+
+
+def _bench_serve_tpots(result: dict) -> list[float]:
+    """Per request (latency - ttft) / (N - 1), from `vllm bench serve`'s detailed result: the same
+    accounting as the client's (t_N - t_1) / (N - 1)."""
+    return [(latency - ttft) / (n - 1) for n, latency, ttft in
+            zip(result["output_lens"], result["latencies"], result["ttfts"]) if n > 1 and latency > ttft]
+
+
+def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds: int = 3,
+                     say: Callable[[str], None] = print) -> list[Figure]:
+    """One start; `rounds` times: the client streams every prompt (the server's histograms cover exactly
+    those requests), then `vllm bench serve` sends the same prompts. Client and server are compared on the
+    same requests; client and `vllm bench serve` on medians over rounds, as they cannot share a request."""
+    from . import contract as contract_mod
+    from . import engine_client, launch, session, throughput
+
+    c = contract_mod.load(contract_name)
+    prompts = contract_mod.load_prompts(c)
+    models = session.resolve_models(c, cache_root)
+    config = session.serve_config(c, models)
+    tcp = launch.TcpListen.fresh()
+    tokens = c.decode.tokens_per_request
+    phases: dict[str, float] = {}
+
+    def progress(phase: str, seconds: float) -> None:
+        phases[phase] = seconds
+        say(f"decode start: {phase} ({seconds:.0f} s)")
+
+    work = out_dir / "decode"
+    # ShareGPT's layout, not vLLM's "custom" JSONL: the custom loader needs pandas, which the engine does not;
+    # the completion turn is a placeholder (--sharegpt-output-len fixes the output length).
+    work.mkdir(parents=True, exist_ok=True)
+    dataset = work / "prompts-sharegpt.json"
+    dataset.write_text(json.dumps([{"conversations": [{"from": "human", "value": p.prompt},
+                                                      {"from": "gpt", "value": "-"}]} for p in prompts]))
+    env = {**os.environ, "OPENAI_API_KEY": tcp.api_key, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    server = launch.start_engine(config, work, cache_root / "engine-state", tcp=tcp,
+                                 deadline_s=c.deadlines.start_s, on_progress=progress)
+    client_rates, server_rates, bench_rates, endpoint_medians = [], [], [], []
+    try:
+        with server.client(timeout=c.deadlines.request_s) as client:
+            model = engine_client.served_model(client)
+            engine_client.stream_completion(client, model, "warm up", 8, prompt_id="warm-up")
+            for r in range(1, rounds + 1):
+                before = engine_client.metrics_text(client)
+                rates = []
+                for p in prompts:
+                    req = engine_client.stream_completion(client, model, p.prompt, tokens, prompt_id=p.id,
+                                                          timeout_s=c.deadlines.request_s)
+                    rates.append(throughput.decode_rate(req.chunk_times, req.chunk_tokens))
+                _step_s, per_token_s, _rate = session.server_decode_figures(before, engine_client.metrics_text(client))
+                client_rates.append(per_token_rate([1 / x for x in rates]))
+                server_rates.append(1 / per_token_s if per_token_s else float("nan"))
+                endpoint_medians.append(throughput.endpoint_median(rates))
+                say(f"decode round {r}: client {client_rates[-1]:.1f} tok/s, server {server_rates[-1]:.1f}; "
+                    "vllm bench serve on the same prompts")
+                result = f"vllm-bench-serve-{r}.json"
+                cmd = [sys.executable, "-m", "pytest_b70lab.vllm_entry", "bench", "serve", "--backend", "vllm",
+                       "--base-url", tcp.base_url, "--endpoint", "/v1/completions", "--model", model,
+                       "--tokenizer", str(config.model_ref), "--dataset-name", "sharegpt",
+                       "--dataset-path", str(dataset), "--sharegpt-output-len", str(tokens),
+                       "--num-prompts", str(len(prompts)), "--max-concurrency", "1", "--request-rate", "inf",
+                       "--ignore-eos", "--temperature", "0", "--seed", "0", "--save-result", "--save-detailed",
+                       "--result-dir", str(work), "--result-filename", result]
+                _seconds, done = _wall(cmd, work, env)
+                (work / f"vllm-bench-serve-{r}.log").write_text(done.stdout + done.stderr)
+                _checked(done, "vllm bench serve")
+                tpots = _bench_serve_tpots(json.loads((work / result).read_text()))
+                if len(tpots) != len(prompts):
+                    raise BenchError(f"vllm bench serve measured {len(tpots)} of {len(prompts)} requests "
+                                     f"({work / result})")
+                bench_rates.append(per_token_rate(tpots))
+                say(f"decode round {r}: vllm bench serve {bench_rates[-1]:.1f} tok/s")
+    finally:
+        server.stop()
+    raw = {"client": client_rates, "server": server_rates, "vllm_bench_serve": bench_rates,
+           "client_endpoint_medians": endpoint_medians}
+    same = [a / b for a, b in zip(client_rates, server_rates)]
+    server_ratio = statistics.median(same)
+    bench_ratio = statistics.median(client_rates) / statistics.median(bench_rates)
+    return [start_phases(phases),
+            Figure("decode", "client / server, same requests (1 / mean time per output token)", server_ratio, "x",
+                   "within 1 %", abs(server_ratio - 1) <= 0.01,
+                   f"median over {rounds} rounds; client {statistics.median(client_rates):.1f}, server "
+                   f"{statistics.median(server_rates):.1f} tok/s", raw),
+            Figure("decode", "client / `vllm bench serve`, same prompts", bench_ratio, "x", "within 1 %",
+                   abs(bench_ratio - 1) <= 0.01,
+                   f"medians over {rounds} rounds: {statistics.median(client_rates):.1f} vs "
+                   f"{statistics.median(bench_rates):.1f} tok/s; gate endpoint medians "
+                   + ", ".join(f"{m:.1f}" for m in endpoint_medians), raw)]
+
+
+def start_phases(phases: dict[str, float]) -> Figure:
+    """Where a start's seconds go, from the log lines launch.PHASES recognises: process start to the first
+    weight load is Python imports and engine set-up, then weights, then Dynamo + Inductor (on CPU both
+    happen while 'compiling'), KV allocation, API server."""
+    order = ["loading weights", "compiling", "allocating KV cache", "starting API server", "ready"]
+    names = ["imports + set-up", "weights", "compile", "KV cache", "API server"]
+    seen = [(name, phases[key]) for name, key in zip(names, order) if key in phases]
+    spans, last = [], 0.0
+    for name, at in seen:
+        spans.append(f"{name} {at - last:.0f} s")
+        last = at
+    total = phases.get("ready")
+    return Figure("start", "engine start (decode part's start)", total, "s", "second start <= 40 % of the first",
+                  None, ", ".join(spans), {"phases_s": phases})
+
+
+# --- overhead: pytest -m gates vs a bare script -----------------------------------------------------------
+
+def bare_starts(contract_name: str, cache_root: Path, out_dir: Path, say: Callable[[str], None] = print) -> float:
+    """The gates' engine work and nothing else: the contract's fresh starts, each streaming every prompt
+    once, no audit, no metrics, no evidence. Returns the wall time in seconds."""
+    from . import contract as contract_mod
+    from . import engine_client, launch, session
+
+    t0 = time.perf_counter()
+    c = contract_mod.load(contract_name)
+    prompts = contract_mod.load_prompts(c)
+    config = session.serve_config(c, session.resolve_models(c, cache_root))
+    for index in range(1, c.reproduction.fresh_starts + 1):
+        server = launch.start_engine(config, out_dir / "bare" / f"start-{index}", cache_root / "engine-state",
+                                     deadline_s=c.deadlines.start_s,
+                                     on_progress=lambda ph, t, i=index: say(f"bare start-{i}: {ph} ({t:.0f} s)"))
+        try:
+            with server.client(timeout=c.deadlines.request_s) as client:
+                model = engine_client.served_model(client)
+                for p in prompts:
+                    engine_client.stream_completion(client, model, p.prompt, c.decode.tokens_per_request,
+                                                    prompt_id=p.id, timeout_s=c.deadlines.request_s)
+        finally:
+            server.stop()
+    return time.perf_counter() - t0
+
+
+def gates_overhead(contract_name: str, cache_root: Path, out_dir: Path,
+                   say: Callable[[str], None] = print) -> Figure:
+    say("overhead: pytest -m gates")
+    cmd = [sys.executable, "-m", "pytest", "tests/gates", "-m", "gates", "--b70-contract", contract_name,
+           "--b70-run-dir", str(out_dir / "gates"), "--b70-cache-dir", str(cache_root), "-q",
+           "-p", "no:cacheprovider", "-p", "no:xdist"]
+    gates_s, done = _wall(cmd, REPO)
+    (out_dir / "gates.log").write_text(done.stdout + done.stderr)
+    _checked(done, "pytest -m gates", ok=(0, 1))  # a NOT PROMOTABLE verdict still costs what it costs
+    say(f"overhead: pytest -m gates took {gates_s:.1f} s; now the bare script")
+    bare_s = bare_starts(contract_name, cache_root, out_dir, say)
+    ratio = gates_s / bare_s
+    return Figure("overhead", "`pytest -m gates` wall / bare starts + requests", ratio, "x", "<= 1.05",
+                  ratio <= 1.05, f"{gates_s:.1f} s vs {bare_s:.1f} s", {"gates_s": gates_s, "bare_s": bare_s})
+
+
+def run(parts: Sequence[str], contract_name: str, cache_root: Path, out_dir: Path, replay_dir: Path = BUNDLE,
+        say: Callable[[str], None] = print) -> list[Figure]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures: list[Figure] = []
+    for part in parts:
+        say(f"bench: {part}")
+        if part == "import":
+            figures.append(plugin_cost())
+        elif part == "replay":
+            figures.append(replay_time(replay_dir))
+        elif part == "audit":
+            figures.append(audit_rate())
+        elif part == "decode":
+            figures += decode_agreement(contract_name, cache_root, out_dir, say=say)
+        elif part == "overhead":
+            figures.append(gates_overhead(contract_name, cache_root, out_dir, say))
+        else:
+            raise BenchError(f"unknown part {part!r} (parts: {', '.join(PARTS)})")
+        (out_dir / "bench.json").write_text(json.dumps([asdict(f) for f in figures], indent=1) + "\n")
+    (out_dir / "bench.md").write_text(table(figures) + "\n")
+    return figures
