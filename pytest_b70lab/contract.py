@@ -13,13 +13,26 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONTRACTS_DIR = REPO_ROOT / "fixtures" / "contracts"
 SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 GIT_SHA = Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
+
+
+def _stays_in_the_repository(value: str) -> str:
+    """A relative path is the repository's own file: `..` may not climb out of it (a contract from elsewhere
+    must not reach a file beside the checkout by accident). Absolute paths stay allowed, for models on other
+    disks; the dry run and the evidence show them as they are."""
+    if not Path(value).is_absolute() and ".." in Path(value).parts:
+        raise ValueError(f"{value!r} climbs out of the repository with '..'; write the path from the repository "
+                         f"root, or an absolute path")
+    return value
+
+
+REPO_PATH = Annotated[str, AfterValidator(_stays_in_the_repository)]
 
 
 class ContractError(ValueError):
@@ -34,7 +47,7 @@ class ModelSource(Strict):
     """Where a checkpoint comes from: the generated mini model, a local folder, or a pinned hub revision."""
 
     source: Literal["mini", "path", "hub"]
-    path: str | None = None   # relative paths are relative to the repository root
+    path: REPO_PATH | None = None   # relative paths are relative to the repository root
     hub_id: str | None = None
     revision: GIT_SHA | None = None
     # A path model the session may make when its folder is missing: "mini-export" writes plain copies of the
@@ -105,7 +118,7 @@ class Expect(Strict):
 
 
 class Prompts(Strict):
-    file: str
+    file: REPO_PATH
     version: int = Field(ge=1)
     sha256: SHA256
     count: int = Field(gt=0)
@@ -130,7 +143,7 @@ class Chat(Strict):
     of the gate prompts (so they are part of the contract's digest, not of its output digest)."""
 
     tool_call_parser: str | None = None   # e.g. "poolside_v1": launched with --enable-auto-tool-choice
-    chat_template: str | None = None      # a file (relative to the repository root); None: the tokenizer's own
+    chat_template: REPO_PATH | None = None      # a file (relative to the repository root); None: the tokenizer's own
 
 
 class Quality(Strict):
@@ -138,7 +151,7 @@ class Quality(Strict):
     candidate is judged. A figure regresses when an exact paired binomial test says the candidate lost
     more samples than chance explains, at `alpha` (quality/judge.py)."""
 
-    file: str
+    file: REPO_PATH
     version: int = Field(ge=1)
     sha256: SHA256
     count: int = Field(gt=0)

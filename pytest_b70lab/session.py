@@ -33,6 +33,16 @@ LOG_FINDINGS = {
     "native_crash": re.compile(r"Segfault encountered|Fatal Python error"),
 }
 ENV_KEYS_RECORDED = ("VLLM_", "B70LAB_", "OMP_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LD_PRELOAD")
+# Evidence and the dry run are shared and kept: a variable named like a secret shows that it was set, never
+# its value (VLLM_API_KEY of the benchmark mode, a B70LAB_*_TOKEN a lab passes through).
+SECRET_NAME = re.compile(r"_TOKEN$|KEY|SECRET|PASSWORD", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def recorded_environment(env: dict[str, str]) -> dict[str, str]:
+    """The variables of the engine's environment that shape a start, secrets' values redacted."""
+    return {k: REDACTED if SECRET_NAME.search(k) else v for k, v in sorted(env.items())
+            if k.startswith(ENV_KEYS_RECORDED)}
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
     env = launch.engine_environment(Path("<cache>/engine-state"), config.world_size, **_env_kind(contract),
                                     materialize=False)
     cmd = launch.vllm_serve_command(config.model_ref, Path("<private 0700 dir>/engine.sock"), config.args())
-    shown_env = {k: v for k, v in sorted(env.items()) if k.startswith(ENV_KEYS_RECORDED)}
+    shown_env = recorded_environment(env)
     lines = [
         f"contract {contract.name} ({contract.kind})",
         f"digest   {contract.digest}",
@@ -220,8 +230,7 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
         target=models.target, draft=models.draft,
         engine=evidence.EngineInfo(vllm_version=_library_version("vllm"), torch_version=_library_version("torch"),
                                    command=server.command,
-                                   environment={k: v for k, v in sorted(env.items())
-                                                if k.startswith(ENV_KEYS_RECORDED)}),
+                                   environment=recorded_environment(env)),
         status="failed")
     if launches_log is not None:
         with open(launches_log, "a", encoding="utf-8") as f:

@@ -82,6 +82,11 @@ def _mutated(tmp_path: Path, old: str, new: str) -> Path:
     ('unquantized_kv_target = { source = "mini" }', 'unquantized_kv_target = { source = "path" }',
      "quality.unquantized_kv_target"),
     ('tool_call_parser = "poolside_v1"', 'tool_call_parser = 1', "chat.tool_call_parser"),
+    ('file = "fixtures/prompts/mini-v3.jsonl"', 'file = "fixtures/../../elsewhere/prompts.jsonl"',
+     "prompts.file: Value error, 'fixtures/../../elsewhere/prompts.jsonl' climbs out of the repository"),
+    ('file = "fixtures/quality/mini-quality-v1.jsonl"', 'file = "../quality.jsonl"', "quality.file: Value error"),
+    ("[target]\nsource = \"mini\"\n", "[target]\nsource = \"path\"\npath = \"../models/target\"\n",
+     "target.path: Value error, '../models/target' climbs out of the repository with '..'"),
 ])
 def test_an_invalid_field_is_named(tmp_path: Path, old: str, new: str, message: str) -> None:
     path = _mutated(tmp_path, old, new)
@@ -89,6 +94,13 @@ def test_an_invalid_field_is_named(tmp_path: Path, old: str, new: str, message: 
         contract.load(path)
     assert message in str(err.value)
     assert str(path) in str(err.value)
+
+
+def test_an_absolute_model_path_stays_allowed(tmp_path: Path) -> None:
+    """Models on other disks: absolute, shown as they are (only relative paths may not climb with '..')."""
+    path = _mutated(tmp_path, "[target]\nsource = \"mini\"\n",
+                    "[target]\nsource = \"path\"\npath = \"/models/../models/laguna/target\"\n")
+    assert contract.load(path).target.path == "/models/../models/laguna/target"
 
 
 def test_not_toml_is_a_clear_error(tmp_path: Path) -> None:

@@ -31,6 +31,16 @@ def test_dry_run_prints_the_production_command_and_launches_nothing(pytester: py
     assert not (pytester.path / "data").exists(), "a dry run must not create a run folder"
 
 
+def test_the_dry_run_shows_that_a_secret_is_set_never_its_value(pytester: pytest.Pytester, monkeypatch) -> None:
+    monkeypatch.setenv("B70LAB_HF_TOKEN", "hf_not-a-real-token-1234")
+    monkeypatch.setenv("B70LAB_SIGNING_KEY", "k-5678")
+    result = pytester.runpytest("--b70-dry-run", "--b70-contract", "laguna-s-2.1-int4-fp8kv-b70")
+    assert result.ret == 0
+    out = result.stdout.str()
+    assert "B70LAB_HF_TOKEN=<redacted>" in out and "B70LAB_SIGNING_KEY=<redacted>" in out
+    assert "hf_not-a-real-token-1234" not in out and "k-5678" not in out
+
+
 def test_snapshot_update_is_refused_outside_a_teacher_run(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-m", "gates", "--snapshot-update")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
