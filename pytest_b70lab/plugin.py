@@ -176,11 +176,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if not config.getoption("--b70-dry-run") or hasattr(config, "workerinput"):
         return
     from . import session as session_mod
+    from .contract import ContractError
 
     state = config.stash[STATE]
     try:
         text = session_mod.describe(state.contract, state.cache_root)
-    except _lab_errors()[0] as e:
+    except ContractError as e:
         raise pytest.UsageError(str(e)) from e
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     for line in text.splitlines():
@@ -393,10 +394,11 @@ def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidenc
     run folder's copy (so after `b70_evidence` has collected), else read from the checkpoints themselves. A
     part that cannot be read is None, with the reason under "problems" (its gates then fail closed)."""
     from . import session
+    from .evidence import EvidenceError
 
     try:
         return session.checkpoint_tables(b70_state.run_dir, b70_contract, b70_state.cache_root)
-    except _lab_errors()[1] as e:
+    except EvidenceError as e:
         pytest.fail(str(e), pytrace=False)
 
 
