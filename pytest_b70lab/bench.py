@@ -9,6 +9,8 @@ Rows (each a part that can be run alone with --parts):
             `vllm bench serve` on the same prompts (goal: within 1 %). `vllm bench serve` speaks TCP only,
             so this start listens on loopback behind a fresh API key (launch.TcpListen); the gates keep
             their private socket
+  start     two starts on an empty compile cache: the first compiles, the second loads vLLM's AOT artifacts
+            (goal: second start <= 40 % of the first), each split by phase
   replay    `pytest -m gates --b70-evidence RUN` on a saved run (goal < 2 s)
   audit     the worker audit's weight hashing rate on one core (bytes per second per rank), and what it
             would spend on a production rank (the audit streams each tensor in 64 MiB chunks)
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PARTS = ("import", "replay", "audit", "decode", "overhead")
+PARTS = ("import", "replay", "audit", "start", "decode", "overhead")
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
 
@@ -258,20 +261,62 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
                    + ", ".join(f"{m:.1f}" for m in endpoint_medians), raw)]
 
 
-def start_phases(phases: dict[str, float]) -> Figure:
+def phase_spans(phases: dict[str, float]) -> str:
     """Where a start's seconds go, from the log lines launch.PHASES recognises: process start to the first
     weight load is Python imports and engine set-up, then weights, then Dynamo + Inductor (on CPU both
-    happen while 'compiling'), KV allocation, API server."""
+    happen while 'compiling', or the AOT artifacts load then), KV allocation, API server."""
     order = ["loading weights", "compiling", "allocating KV cache", "starting API server", "ready"]
     names = ["imports + set-up", "weights", "compile", "KV cache", "API server"]
-    seen = [(name, phases[key]) for name, key in zip(names, order) if key in phases]
     spans, last = [], 0.0
-    for name, at in seen:
-        spans.append(f"{name} {at - last:.0f} s")
-        last = at
-    total = phases.get("ready")
-    return Figure("start", "engine start (decode part's start)", total, "s", "second start <= 40 % of the first",
-                  None, ", ".join(spans), {"phases_s": phases})
+    for name, key in zip(names, order):
+        if key in phases:
+            spans.append(f"{name} {phases[key] - last:.0f} s")
+            last = phases[key]
+    return ", ".join(spans)
+
+
+def start_phases(phases: dict[str, float]) -> Figure:
+    return Figure("start", "engine start (decode part's start)", phases.get("ready"), "s", "report", None,
+                  phase_spans(phases), {"phases_s": phases})
+
+
+AOT_LOADED = "Directly load AOT compilation"
+
+
+def compile_reuse(contract_name: str, cache_root: Path, out_dir: Path,
+                  say: Callable[[str], None] = print) -> Figure:
+    """Two starts sharing an engine-state folder that starts empty: the first compiles and saves vLLM's AOT
+    artifacts, the second should load them. Whether it did is read from the ranks' logs, not assumed."""
+    from . import contract as contract_mod
+    from . import launch, session
+
+    c = contract_mod.load(contract_name)
+    config = session.serve_config(c, session.resolve_models(c, cache_root))
+    state = out_dir / "start-state"
+    shutil.rmtree(state, ignore_errors=True)
+    phases: list[dict[str, float]] = []
+    loaded: list[int] = []
+    for index in (1, 2):
+        seen: dict[str, float] = {}
+
+        def progress(phase: str, seconds: float, seen=seen, index=index) -> None:
+            seen[phase] = seconds
+            say(f"start {index}: {phase} ({seconds:.0f} s)")
+
+        work = out_dir / "starts" / f"start-{index}"
+        launch.start_engine(config, work, state, deadline_s=c.deadlines.start_s, on_progress=progress).stop()
+        phases.append(seen)
+        # The ranks' own logs only: server.log repeats their lines.
+        loaded.append(sum(p.read_text(errors="replace").count(AOT_LOADED) for p in work.glob("ranks/*.log")))
+    first, second = phases[0].get("ready"), phases[1].get("ready")
+    if not first or not second:
+        raise BenchError(f"a start never reported ready ({out_dir / 'starts'})")
+    ratio = second / first
+    detail = (f"{first:.0f} s compiling ({phase_spans(phases[0])}) then {second:.0f} s with "
+              f"{loaded[1]} AOT artifacts loaded over the ranks ({phase_spans(phases[1])})")
+    return Figure("start", "second start / first (compile cache empty, then warm)", ratio, "x",
+                  "<= 0.40", ratio <= 0.40 and loaded[1] > 0 and loaded[0] == 0, detail,
+                  {"phases_s": phases, "aot_artifacts_loaded": loaded})
 
 
 # --- overhead: pytest -m gates vs a bare script -----------------------------------------------------------
@@ -329,6 +374,8 @@ def run(parts: Sequence[str], contract_name: str, cache_root: Path, out_dir: Pat
             figures.append(replay_time(replay_dir))
         elif part == "audit":
             figures.append(audit_rate())
+        elif part == "start":
+            figures.append(compile_reuse(contract_name, cache_root, out_dir, say))
         elif part == "decode":
             figures += decode_agreement(contract_name, cache_root, out_dir, say=say)
         elif part == "overhead":

@@ -351,6 +351,14 @@ def compile_topology(start: Evidence, rank: int, contract: Contract) -> Verdict:
         return c.done()
     graphs, breaks = topology(counters)
     c.observe(compile_graphs=graphs, compile_breaks=breaks, compilation_mode=audit.get("compilation", {}).get("mode"))
+    modules = audit.get("compiled_modules")
+    if isinstance(modules, list):  # bundles recorded before the audit listed its compiled modules lack it
+        c.observe(compiled_modules={f"{m.get('owner')}/{m.get('tag') or m.get('class')}": m.get("source")
+                                    for m in modules if isinstance(m, dict)})
+        loaded = sum(1 for m in modules if isinstance(m, dict) and m.get("source") == "loaded")
+        counted = int(counters["vllm"].get("num_aot_artifacts_loaded", 0))
+        c.expect(loaded == counted, f"the audit lists {loaded} modules loaded from the AOT compile cache, "
+                                    f"vLLM's counter says {counted}: which graphs this start compiled is unknown")
     c.expect(graphs == contract.expect.compile_graphs,
              f"{graphs} compiled graphs, the contract expects {contract.expect.compile_graphs}")
     c.expect(breaks == contract.expect.compile_breaks,
@@ -361,15 +369,19 @@ def compile_topology(start: Evidence, rank: int, contract: Contract) -> Verdict:
 
 def topology(counters: dict[str, Any]) -> tuple[int, int]:
     """(graphs, breaks) from one rank's counters. Piecewise compilation (GPU/XPU) counts the pieces and the
-    split points between them; where nothing is split (vLLM's CPU build traces each model once, the target
-    and the draft), the graphs are Dynamo's unique graphs. Dynamo graph breaks always count as breaks."""
+    split points between them (a graph loaded from the AOT compile cache goes through vLLM's backend again,
+    so it is counted the same way); where nothing is split (vLLM's CPU build traces each model once with
+    torch's own backend, the target and the draft), the graphs are Dynamo's unique graphs plus the whole
+    graphs loaded from the AOT cache, which Dynamo never sees. An AOT artifact is captured with fullgraph,
+    so a loaded one has no graph break; Dynamo graph breaks always count as breaks."""
     v = counters["vllm"]
     whole = int(v.get("num_graphs_seen", 0))
     pieces = int(v.get("num_piecewise_graphs_seen", 0))
     if pieces:
         graphs, splits = pieces, max(pieces - max(whole, 1), 0)
     else:
-        graphs, splits = whole or int(counters.get("dynamo_unique_graphs", 0)), 0
+        traced = int(counters.get("dynamo_unique_graphs", 0)) + int(v.get("num_aot_artifacts_loaded", 0))
+        graphs, splits = whole or traced, 0
     return graphs, splits + int(counters.get("dynamo_graph_breaks", 0))
 
 

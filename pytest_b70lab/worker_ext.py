@@ -112,6 +112,24 @@ def _compile_counters() -> dict[str, Any]:
             "dynamo_graph_break_reasons": sorted(map(str, counters["graph_break"]))[:20]}
 
 
+def _compiled_modules(models: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each torch.compile'd module of the target and the draft, and whether this start compiled it or loaded
+    it from vLLM's AOT compile cache: a loaded module is traced by no one, so Dynamo counts no graph for it."""
+    found = []
+    for owner, model in models.items():
+        for module in (model.modules() if model is not None else ()):
+            if not hasattr(module, "was_aot_compile_fn_loaded_from_disk"):
+                continue
+            artifacts = getattr(getattr(module, "aot_compiled_fn", None), "_artifacts", None)
+            source = ("loaded" if module.was_aot_compile_fn_loaded_from_disk
+                      else "compiled" if getattr(module, "compiled", False)
+                      else "not compiled")
+            found.append({"owner": owner, "class": type(module).__name__,
+                          "tag": getattr(module, "_compile_tag", "") or None, "source": source,
+                          "aot_backend": getattr(artifacts, "backend_name", None)})
+    return found
+
+
 def _backend_name(backend) -> str | None:
     """The attention backend the configuration forces (an enum member's name), or None for automatic."""
     return None if backend is None else getattr(backend, "name", str(backend))
@@ -172,6 +190,7 @@ class AuditExtension:
         out["compilation"] = {"mode": str(cc.mode), "backend": cc.backend,
                               "cudagraph_mode": str(cc.cudagraph_mode), "splitting_ops": list(cc.splitting_ops or [])}
         out["compile_counters"] = _call(_compile_counters)
+        out["compiled_modules"] = _call(lambda: _compiled_modules({"target": model, "draft": draft_model}))
         out["model_dtype"] = str(cfg.model_config.dtype).removeprefix("torch.")
         # What the launch-flags gate compares with the contract, field by field, as the engine resolved it.
         mc = cfg.model_config

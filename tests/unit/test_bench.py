@@ -34,4 +34,4 @@ def test_start_phases_split_a_start_by_its_log_phases() -> None:
 
 def test_an_unknown_part_is_a_usage_error(capsys) -> None:
     assert cli.main(["bench", "--parts", "import,warp"]) == 2
-    assert "unknown bench part(s) warp (parts: import, replay, audit, decode, overhead)" in capsys.readouterr().err
+    assert "unknown bench part(s) warp (parts: import, replay, audit, start, decode, overhead)" in capsys.readouterr().err

@@ -219,6 +219,31 @@ def changed_topology(run: Run) -> None:
     _audit(run, 0, 1)["compile_counters"]["dynamo_graph_breaks"] = 1
 
 
+def loaded_graphs_uncounted(run: Run) -> None:
+    """Start-2 loaded both models from the AOT compile cache, but vLLM's counter says it loaded none."""
+    _audit(run, 1, 0)["compile_counters"]["vllm"]["num_aot_artifacts_loaded"] = 0
+
+
+def loaded_start_also_traced(run: Run) -> None:
+    """A start that loaded both models from the AOT cache traced one more graph besides."""
+    _audit(run, 1, 1)["compile_counters"]["dynamo_unique_graphs"] += 1
+
+
+def test_the_recorded_run_compiled_once_and_loaded_once(recorded: Run) -> None:
+    """The bundle covers both ways a start gets its graphs: start-1 compiled them (Dynamo counted them),
+    start-2 loaded them from vLLM's AOT compile cache (Dynamo counted none): the topology gate passes both,
+    reading the counts from what each start did."""
+    c = recorded.contract
+    for index, source in ((0, "compiled"), (1, "loaded")):
+        for r in recorded.ranks:
+            audit = _audit(recorded, index, r)
+            assert {m["source"] for m in audit["compiled_modules"]} == {source}
+            assert len(audit["compiled_modules"]) == c.expect.compile_graphs
+            verdict = gates.compile_topology(recorded.starts[index], r, c)
+            assert verdict.passed, verdict.explain()
+    assert _audit(recorded, 1, 0)["compile_counters"]["dynamo_unique_graphs"] == 0
+
+
 def slower_second_start(run: Run) -> None:
     """The second start decodes at a third of the speed of the first."""
     s = run.starts[1]
@@ -309,6 +334,8 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
     (speculative_teacher, "teacher-exactness", "not recorded by a target-only teacher"),
     (missing_teacher, "teacher-exactness", "no teacher snapshot"),
     (changed_topology, "compile-topology", "1 graph breaks, the contract expects 0"),
+    (loaded_graphs_uncounted, "compile-topology", "lists 2 modules loaded from the AOT compile cache, vLLM's counter says 0"),
+    (loaded_start_also_traced, "compile-topology", "3 compiled graphs, the contract expects 2"),
     (slower_second_start, "fresh-start-reproduction", "tolerance"),
     (zero_router_bias, "load-audit", "e_score_correction_bias on rank 0: sum 0"),
     (expert_weights_from_the_wrong_rank, "load-audit", "w13_weight over ranks"),

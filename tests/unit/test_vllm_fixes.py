@@ -20,6 +20,7 @@ from vllm.model_executor.layers.fused_moe.router import cpu_router  # noqa: E402
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts  # noqa: E402
 from vllm.model_executor.layers.fused_moe.runner import moe_runner  # noqa: E402
 from vllm.distributed.device_communicators import cpu_communicator  # noqa: E402
+from vllm.compilation import decorators  # noqa: E402
 
 from pytest_b70lab import vllm_fixes  # noqa: E402
 
@@ -32,6 +33,7 @@ def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(moe_runner.MoERunner, "load_weights", moe_runner.MoERunner.load_weights)
     monkeypatch.setattr(cpu_communicator.CpuCommunicator, "_all_group_ranks_share_shm_group_name",
                         cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name)
+    monkeypatch.setattr(decorators, "_try_load_aot_compiled_fn", decorators._try_load_aot_compiled_fn)
     monkeypatch.setattr(vllm_fixes, "_registered", None)
 
 
@@ -186,7 +188,8 @@ def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog)
     with caplog.at_level("INFO", logger=vllm_fixes.log.name):
         status = vllm_fixes.register()
     assert status == {"cpu_router_sigmoid": "applied", "cpu_experts_expert_map": "disabled",
-                      "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "disabled"}
+                      "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "disabled",
+                      "aot_load_plain_function": "disabled"}
     assert getattr(cpu_router.CPURouter._compute_routing, vllm_fixes.PATCHED_MARK, False)
     assert not getattr(cpu_moe.CPUUnquantizedExperts.apply, vllm_fixes.PATCHED_MARK, False)
     lines = [r.getMessage() for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]
@@ -211,7 +214,8 @@ def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -
     monkeypatch.delenv(vllm_fixes.SHM_ALLREDUCE_ENV, raising=False)
     monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_shm_allreduce_switch")
     assert vllm_fixes.register() == {"cpu_router_sigmoid": "disabled", "cpu_experts_expert_map": "disabled",
-                                     "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "not needed"}
+                                     "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "not needed",
+                                     "aot_load_plain_function": "disabled"}
     assert not getattr(cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name,
                        vllm_fixes.PATCHED_MARK, False)
 
@@ -219,3 +223,35 @@ def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -
     monkeypatch.setenv(vllm_fixes.SHM_ALLREDUCE_ENV, "0")
     assert vllm_fixes.register()["cpu_shm_allreduce_switch"] == "applied"
     assert cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name(object()) is False
+
+
+# --- 5. the AOT compile cache ------------------------------------------------------------------------------
+
+class _TinyForward(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2 + 1
+
+
+def test_aot_cache_of_a_torch_backend_loads_only_with_the_fix(tmp_path, monkeypatch) -> None:
+    """The CPU build compiles with torch's Inductor, as here: its saved artifact is real, torch loads it, and
+    vLLM's loader still throws it away ("no attribute 'finalize_loading'") and recompiles. With the fix the
+    same file loads, and the loaded function computes what the module does."""
+    from vllm.config import VllmConfig
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    module, x = _TinyForward(), torch.randn(4, 8)
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        compiled = torch.compile(module.forward, fullgraph=True, dynamic=False, backend="inductor")
+        compiled.aot_compile(((x,), {})).save_compiled_function(str(tmp_path / "model"))
+
+    config = VllmConfig()
+    owner = type("Owner", (), {"vllm_config": config, "compilation_config": config.compilation_config,
+                               "_is_encoder": False, "forward": module.forward})()
+    assert vllm_fixes._aot_load_requires_vllm_function()
+    assert decorators._try_load_aot_compiled_fn(owner, str(tmp_path / "model")) is None
+
+    vllm_fixes._fix_aot_load_plain_function()
+    assert not vllm_fixes._aot_load_requires_vllm_function(), "a fixed loader must be left alone"
+    loaded = decorators._try_load_aot_compiled_fn(owner, str(tmp_path / "model"))
+    assert loaded is not None
+    torch.testing.assert_close(loaded(module, x), module(x))
