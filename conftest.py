@@ -11,7 +11,7 @@ import pytest
 # modules pull in torch and vLLM: 12 s of a 14 s gates replay here. tests/unit/test_lanes.py checks that no
 # test of a lane lives outside its folder, so nothing is ever skipped that the marker would have selected.
 LANE_FOLDERS = {"gates": "tests/gates", "teacher": "tests/gates", "quality": "tests/quality",
-                "kernels": "tests/kernels"}
+                "kernels": "tests/kernels", "faults": "tests/faults"}
 REPO = Path(__file__).resolve().parent
 
 

@@ -115,6 +115,22 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _probe_collectives(args: argparse.Namespace) -> int:
+    from . import contract, launch, mini, session
+    from .probe import probe_collectives
+
+    c = contract.load(args.contract)
+    world = c.engine.tensor_parallel
+    cache = (args.cache_dir or mini.default_cache_root()).resolve()
+    out = (args.out or Path("data") / "probe" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    env = launch.engine_environment(cache / "engine-state", world, **session._env_kind(c))
+    print(f"b70lab: probing {world} ranks of {c.name} ({out})", file=sys.stderr, flush=True)
+    result = probe_collectives(world, out, env, deadline_s=args.deadline, collective_s=args.collective_deadline,
+                               stall_rank=args.stall_rank)
+    print("\n".join(result.lines()))
+    return 0 if result.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="b70lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +187,23 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "keep it short: vLLM's IPC socket paths live below it")
     bench_p.add_argument("--cache-dir", type=Path, default=None)
     bench_p.set_defaults(func=_bench)
+
+    probe_p = sub.add_parser("probe", help="preflight checks of the fabric, without an engine")
+    probe_sub = probe_p.add_subparsers(dest="probe_command", required=True)
+    coll_p = probe_sub.add_parser("collectives", help="the contract's rank count as plain processes: one all_reduce "
+                                                      "with a known answer through the engine's TP communicator; "
+                                                      "per rank: entered, completed, right sum, torn down clean")
+    coll_p.add_argument("--contract", default="mini-laguna-cpu", help="contract name or TOML path (its rank count "
+                                                                       "and device)")
+    coll_p.add_argument("--deadline", type=float, default=180.0, help="seconds for the whole probe (default: 180)")
+    coll_p.add_argument("--collective-deadline", type=float, default=20.0,
+                        help="seconds for the all_reduce from the first rank entering it (default: 20)")
+    coll_p.add_argument("--stall-rank", type=int, default=None, help="inject the seed's stall: this rank never "
+                                                                     "enters the all_reduce")
+    coll_p.add_argument("--out", type=Path, default=None, help="folder for each rank's log and probe.json "
+                                                               "(default: data/probe/<time>)")
+    coll_p.add_argument("--cache-dir", type=Path, default=None)
+    coll_p.set_defaults(func=_probe_collectives)
     return parser
 
 

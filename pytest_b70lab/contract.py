@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +41,24 @@ class ContractError(ValueError):
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"a number is required, not {str(value).lower()}")
+    return value
+
+
+def _bool_only(value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise ValueError(f"true or false is required, not {value!r}")
+    return value
+
+
+# pydantic's Literal[1] also takes `true`, and Literal[False] takes 0 (True == 1, False == 0), even in strict
+# mode: found by tests/unit/test_fuzz.py.
+ExactlyOne = Annotated[Literal[1], BeforeValidator(_no_bool)]
+Off = Annotated[Literal[False], BeforeValidator(_bool_only)]
 
 
 class ModelSource(Strict):
@@ -80,10 +98,10 @@ class Engine(Strict):
     tensor_parallel: int = Field(ge=1)
     expert_parallel: bool
     # The lab's measurement conditions are fixed; the fields exist so that the contract says so.
-    enable_prefix_caching: Literal[False]
-    async_scheduling: Literal[False]
-    max_num_seqs: Literal[1]
-    calculate_kv_scales: Literal[False]
+    enable_prefix_caching: Off
+    async_scheduling: Off
+    max_num_seqs: ExactlyOne
+    calculate_kv_scales: Off
     max_model_len: int = Field(gt=0)
     compile_mode: Literal["compiled", "eager"]
     attention_backend: str | None = None
@@ -167,7 +185,7 @@ class Quality(Strict):
 
 
 class Contract(Strict):
-    schema_version: Literal[1]
+    schema_version: ExactlyOne
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
     description: str
     kind: Literal["candidate", "teacher", "reference"] = "candidate"

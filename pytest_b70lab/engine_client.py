@@ -69,6 +69,9 @@ def stream_completion(client: httpx.Client, model: str, prompt: str, max_tokens:
     except httpx.TimeoutException as e:
         raise EngineRequestError(f"prompt {prompt_id!r}: no complete answer within {timeout_s:.0f} s "
                                  f"({len(token_ids)} of {max_tokens} tokens received)") from e
+    except httpx.TransportError as e:  # the server went away mid-answer: the stream was cut
+        raise EngineRequestError(f"prompt {prompt_id!r}: the stream was cut after {len(token_ids)} of {max_tokens} "
+                                 f"tokens ({type(e).__name__}: {e})") from e
     try:
         rate = throughput.decode_rate(times, per_chunk)
     except ValueError:

@@ -124,6 +124,12 @@ class Evidence(Loose):
     # or throughput evidence); empty unless the session judged quality.
     quality: list[QualityRecord] = Field(default_factory=list)
     teardown: dict[str, Any] | None = None
+    # Who could reach the engine while it ran (launch.EngineServer.exposure): its listening sockets, the
+    # private socket folder's mode, and anything found exposed.
+    exposure: dict[str, Any] | None = None
+    # The preflight collective probe that ran before the run folder's first start (probe.ProbeResult), or
+    # {"skipped": why}.
+    probe: dict[str, Any] | None = None
     logs: dict[str, str] = Field(default_factory=dict)   # relative to the evidence file's folder
     log_findings: dict[str, list[str]] = Field(default_factory=dict)  # lines that gates care about
     digest: str | None = None
@@ -131,8 +137,11 @@ class Evidence(Loose):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     def body_digest(self) -> str:
-        # Without quality answers the body is what it was before they existed: older evidence still verifies.
-        body = self.model_dump(mode="json", by_alias=True, exclude={"digest"} | (set() if self.quality else {"quality"}))
+        # Fields added after version 1 was first written stay out of the body while empty: evidence written
+        # before they existed still verifies.
+        later = {"quality": self.quality, "exposure": self.exposure, "probe": self.probe}
+        body = self.model_dump(mode="json", by_alias=True,
+                               exclude={"digest"} | {name for name, value in later.items() if not value})
         return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def request(self, prompt_id: str) -> Request | None:

@@ -690,20 +690,23 @@ def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snaps
     c.observe(teacher_output_digest=have["output_digest"], snapshot=snapshot_file)
     c.expect(have["kind"] == "teacher" and isinstance(have["engine_speculative_config"], list)
              and not any(have["engine_speculative_config"]),
-             f"the snapshot was not recorded by a target-only teacher ({have['engine_speculative_config']})")
+             f"the snapshot {snapshot_file} was not recorded by a target-only teacher "
+             f"({have['engine_speculative_config']})")
     fp8 = have["kv_cache_dtype"] in FP8_KV_DTYPES and bool(have["engine_kv_cache_dtypes"]) and all(
         d in FP8_KV_DTYPES for d in have["engine_kv_cache_dtypes"])
-    c.expect(fp8, f"the teacher did not run an FP8 KV cache (contract {have['kv_cache_dtype']!r}, "
-                  f"engine {have['engine_kv_cache_dtypes']!r})")
+    c.expect(fp8, f"the teacher of {snapshot_file} did not run an FP8 KV cache (contract "
+                  f"{have['kv_cache_dtype']!r}, engine {have['engine_kv_cache_dtypes']!r})")
     c.expect(have["output_digest"] == want["output_digest"],
-             f"stale teacher: snapshot of a teacher with output digest {str(have['output_digest'])[:16]}..., "
+             f"stale teacher: {snapshot_file} is of a teacher with output digest {str(have['output_digest'])[:16]}..., "
              f"this contract's teacher is {want['output_digest'][:16]}... (target, engine arguments, prompts or "
              f"token count changed); re-record with `{record}`")
     c.expect(have["model_digest"] == want["model_digest"],
-             f"foreign teacher: recorded on target checkpoint {have['model_digest']}, this run serves target "
+             f"foreign teacher: {snapshot_file} was recorded on target checkpoint {have['model_digest']}, this run "
+             f"serves target "
              f"{want['model_digest']}; re-record with `{record}`")
     c.expect(have["engine_version"] == want["engine_version"],
-             f"teacher recorded on engine {have['engine_version']}, this run is {want['engine_version']}")
+             f"teacher {snapshot_file} recorded on engine {have['engine_version']}, this run is "
+             f"{want['engine_version']}")
     c.expect(snapshot.get("prompt_id") == prompt_id, f"snapshot is of prompt {snapshot.get('prompt_id')!r}")
     if (r := _request(c, start, prompt_id)) is None:
         return c.done()

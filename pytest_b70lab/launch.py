@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -398,10 +399,50 @@ class EngineServer:
     def failure_report(self, headline: str) -> str:
         parts = [headline, f"logs: {self.log_dir / 'server.log'} (per rank: {self.log_dir / 'ranks'})"]
         if self.fatal_lines:
-            parts.append("first error lines:\n  " + "\n  ".join(self.fatal_lines[:8]))
+            # The first few, and any line that says which process died (it can come after a long traceback).
+            shown = self.fatal_lines[:8] + [line for line in self.fatal_lines[8:] if "died unexpectedly" in line][:2]
+            parts.append("first error lines:\n  " + "\n  ".join(shown))
         for tag, lines in self.tails().items():
             parts.append(f"--- last lines of {tag} ---\n  " + "\n  ".join(lines[-12:]))
         return "\n".join(parts)
+
+    # --- who can reach the engine ---------------------------------------------------------------------
+
+    def exposure(self) -> dict:
+        """Every socket the engine's processes listen on, seen from outside with psutil, and the mode of the
+        private socket's folder: the evidence that only its owner could reach it (the API and its
+        development endpoints on the 0700 Unix socket; the ranks' rendezvous and Gloo on loopback only)."""
+        import ipaddress
+        import stat
+
+        listening, problems = [], []
+        for proc in self._group_members():
+            try:
+                name = proc.name()
+                sockets = proc.net_connections(kind="inet")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            for sock in sockets:
+                # TCP listens; a bound UDP socket (no status, no peer) receives from anyone who can route to it.
+                if sock.status != psutil.CONN_LISTEN and not (sock.status == psutil.CONN_NONE and not sock.raddr):
+                    continue
+                ip, port = sock.laddr.ip, sock.laddr.port
+                loopback = ipaddress.ip_address(ip.split("%")[0]).is_loopback
+                kind = "tcp" if sock.type == socket.SOCK_STREAM else "udp"
+                listening.append({"pid": proc.pid, "process": name, "proto": kind, "address": ip, "port": port,
+                                  "loopback": loopback})
+                if not loopback:
+                    problems.append(f"{name} (pid {proc.pid}) listens on {kind} {ip}:{port}, not loopback")
+                elif self.tcp is None and proc.pid == self.proc.pid and kind == "tcp":
+                    problems.append(f"the API server (pid {proc.pid}) listens on {ip}:{port}: the API belongs on "
+                                    f"the private socket only")
+        mode = stat.S_IMODE(self.socket_dir.stat().st_mode) if self.socket_dir.is_dir() else None
+        if self.tcp is None and mode != 0o700:
+            problems.append(f"the socket folder {self.socket_dir} has mode {oct(mode) if mode is not None else 'gone'}"
+                            f", not 0o700")
+        return {"api": f"tcp {self.tcp.base_url}" if self.tcp else f"unix {self.socket_path}",
+                "socket_dir_mode": oct(mode) if mode is not None else None,
+                "listening": sorted(listening, key=lambda x: (x["process"], x["port"])), "problems": problems}
 
     # --- teardown -------------------------------------------------------------------------------------
 

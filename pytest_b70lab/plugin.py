@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
@@ -22,6 +22,7 @@ MARKERS = {
     "kernels": "page-32 FP8 paged-attention and cache-update component tests",
     "quality": "coding / structured output / tool use / repetition / long-context checks",
     "bench": "benchmarks: report medians and ratios, never assert on time",
+    "faults": "the fault matrix: real faults injected into real engine starts (vllm_faults), one session each",
     "b70_gate": "b70_gate(name): the catalogue gate this test judges; its subject is its b70_start / b70_rank / "
                 "b70_prompt parameters, and the verdict requires every (gate, subject) pair of the contract",
 }
@@ -35,6 +36,9 @@ WORKER_RUN_DIR = "b70lab_run_dir"
 # A quality test names the figure it judges (e.g. "long_context/near-max"): the quality verdict needs all.
 QUALITY_PROPERTY = "b70_quality_figure"
 NO_QUALITY = "not-judgeable"
+# Set on the report of the test that found the session cannot go on (a start that could not begin or
+# failed): the verdict, also on the xdist controller, then reads as that one cause.
+BLOCKED_PROPERTY = "b70_blocked"
 
 
 @dataclass
@@ -51,6 +55,8 @@ class LabState:
     # Set at collection: a selected test judges quality, so the starts ask the quality samples too.
     wants_quality: bool = False
     _scores: dict[str, dict] | None = None   # quality scores by evidence digest (coding runs code once)
+    blocked: str | None = None   # why this process's session cannot go on (see _block_session)
+    blocked_reported: bool = False
 
     @property
     def cache_root(self) -> Path:
@@ -110,6 +116,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="print the resolved contract, its digest, the launch command and environment; launch nothing")
     group.addoption("--b70-cache-dir", type=Path, default=None,
                     help="where generated models and engine caches live (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+    group.addoption("--b70-no-probe", action="store_true",
+                    help="skip the preflight collective probe (an all_reduce over the contract's ranks before the "
+                         "first engine start)")
+    group.addoption("--b70-probe-deadline", type=float, default=180.0, metavar="SECONDS",
+                    help="deadline of the whole preflight probe, imports and rendezvous included (default: 180)")
+    group.addoption("--b70-probe-stall", type=int, default=None, metavar="RANK",
+                    help="fault injection for the harness's own tests: RANK never enters the probe's all_reduce")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -169,6 +182,30 @@ class _XdistHooks:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
         node.workerinput[WORKER_RUN_DIR] = str(self.state.run_dir)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_setupnodes(self, config, specs) -> None:
+        """SIGTERM to the controller alone (a cancelled CI job) would end it and leave its workers, and their
+        engines, to finish on their own: pass it on to the workers, which unwind like Ctrl-C while a start
+        runs (`_sigterm_as_interrupt`), then stop the controller as Ctrl-C does."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def forward(signum, frame):
+            import psutil
+
+            for child in psutil.Process().children():
+                try:
+                    child.send_signal(signum)
+                except psutil.NoSuchProcess:
+                    continue
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+        signal.signal(signal.SIGTERM, forward)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -358,21 +395,120 @@ def b70_mini_model(b70_cache_root: Path) -> Path:
         pytest.fail(str(e), pytrace=False)
 
 
+def _block_session(request: pytest.FixtureRequest, state: LabState, message: str) -> NoReturn:
+    """Nothing after this can be judged: fail this one test with `message` and stop the session after it
+    (pytest's own -x mechanism, which xdist workers pass on to the controller). The report of this test
+    carries the message to the verdict (`pytest_runtest_makereport`), instead of one error per gate test."""
+    state.blocked = message
+    request.session.shouldfail = "b70lab: the session stopped at its first failure (the b70lab verdict says why)"
+    pytest.fail(message, pytrace=False)
+
+
+def _collect_or_block(request: pytest.FixtureRequest, state: LabState, label: str,
+                      collect: Callable[[], list[evidence_mod.Evidence]]) -> list[evidence_mod.Evidence]:
+    """The starts' evidence, or one failure that names the start, the cause and where to look: a start
+    that could not begin (a model that fails its manifest, a missing checkpoint), or one that failed."""
+    from .session import kind_dir
+
+    cause = None
+    try:
+        with _sigterm_as_interrupt():
+            records = collect()
+    except _lab_errors() + _model_errors() as e:
+        cause = str(e)
+    except Exception as e:  # a defect of ours: the cause in one line, the traceback in a file
+        import traceback
+
+        state.run_dir.mkdir(parents=True, exist_ok=True)
+        where = state.run_dir / "session-error.txt"
+        where.write_text("".join(traceback.format_exception(e)))
+        cause = f"{type(e).__name__}: {e} (traceback: {where})"
+    if cause is not None:  # outside the except clause: the message alone, no chained traceback
+        _block_session(request, state, f"{label}start-1 could not begin: {cause}")
+    for record in records:
+        if record.status != "ok":
+            failure = record.failure
+            phase = f" while {failure.phase}" if failure and failure.phase else ""
+            cause = _headline(failure.message) if failure else "no cause recorded"
+            folder = kind_dir(state.replay_dir or state.run_dir, record.role) / f"start-{record.start_index}"
+            _block_session(request, state, f"{label}start-{record.start_index} failed{phase}: {cause} "
+                                           f"(evidence and each rank's last lines: {folder / 'evidence.json'})")
+    return records
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While a session runs engine starts, SIGTERM (a CI job cancelled, `kill`) unwinds like Ctrl-C: the
+    start's teardown stops every engine process and its evidence is written, instead of Python dying at once
+    and leaving the ranks to their parent-death signal."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _headline(message: str) -> str:
+    """A failure's first line, and the first error line the launcher saw in the logs (which often names
+    the rank: "Worker proc VllmWorker-1 died unexpectedly")."""
+    lines = [line.strip() for line in message.strip().splitlines()]
+    if not lines:
+        return "no cause recorded"
+    errors: list[str] = []
+    if "first error lines:" in lines:
+        for line in lines[lines.index("first error lines:") + 1:]:
+            if line.startswith("---"):
+                break
+            errors.append(line)
+    # A rank that died is named by vLLM's "Worker proc ... died unexpectedly": that line first, if any.
+    chosen = next((e for e in errors if "died unexpectedly" in e), errors[0] if errors else None)
+    return lines[0] + (f"; first error: {chosen}" if chosen else "")
+
+
+def _model_errors() -> tuple[type[Exception], ...]:
+    """What stops a start before it begins besides a bad contract: the model, the preflight probe."""
+    from .mini import MiniModelError
+    from .probe import ProbeError
+
+    return MiniModelError, ProbeError
+
+
+def _probe_options(config: pytest.Config):
+    from .session import ProbeOptions
+
+    return ProbeOptions(enabled=not config.getoption("--b70-no-probe"),
+                        deadline_s=config.getoption("--b70-probe-deadline"),
+                        stall_rank=config.getoption("--b70-probe-stall"))
+
+
 @pytest.fixture(scope="session")
-def b70_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> list[evidence_mod.Evidence]:
+def b70_evidence(request: pytest.FixtureRequest, b70_state: LabState,
+                 b70_contract: contract_mod.Contract) -> list[evidence_mod.Evidence]:
     """Evidence of every fresh start of the contract: launched once per session (once across xdist
     workers), or read from --b70-evidence."""
     from . import session
 
-    try:
+    def collect() -> list[evidence_mod.Evidence]:
         if b70_state.replay_dir is not None:
             return b70_state.replay_evidence()
         b70_state.run_dir.mkdir(parents=True, exist_ok=True)
         b70_state.say(f"run folder {b70_state.run_dir}")
         return session.collect_once(b70_contract, b70_state.run_dir, b70_state.cache_root, b70_state.say,
-                                    quality=_quality_for(b70_state, b70_contract))
-    except _lab_errors() as e:
-        pytest.fail(str(e), pytrace=False)
+                                    quality=_quality_for(b70_state, b70_contract),
+                                    probe=_probe_options(b70_state.config))
+
+    return _collect_or_block(request, b70_state, "", collect)
 
 
 @pytest.fixture
@@ -403,22 +539,25 @@ def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidenc
 
 
 @pytest.fixture(scope="session")
-def b70_teacher_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
+def b70_teacher_evidence(request: pytest.FixtureRequest, b70_state: LabState,
+                         b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
     """One start of the contract's teacher (target only), launched once per session."""
     from . import session
 
     teacher = b70_contract.teacher()
-    try:
-        if b70_state.replay_dir is not None:
+    if b70_state.replay_dir is not None:
+        try:
             return session.load_run(b70_state.replay_dir, kind="teacher")[0]
-        return session.collect_once(teacher, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
-                                    quality=_quality_for(b70_state, teacher))[0]
-    except _lab_errors() as e:
-        pytest.fail(str(e), pytrace=False)
+        except _lab_errors() as e:
+            pytest.fail(str(e), pytrace=False)
+    return _collect_or_block(request, b70_state, "teacher ", lambda: session.collect_once(
+        teacher, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
+        quality=_quality_for(b70_state, teacher), probe=_probe_options(b70_state.config)))[0]
 
 
 @pytest.fixture(scope="session")
-def b70_reference_evidence(b70_state: LabState, b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
+def b70_reference_evidence(request: pytest.FixtureRequest, b70_state: LabState,
+                           b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
     """One start of the contract's unquantized-KV reference (target without its KV scheme, KV dtype auto),
     with the quality samples."""
     from . import session
@@ -427,10 +566,11 @@ def b70_reference_evidence(b70_state: LabState, b70_contract: contract_mod.Contr
         reference = b70_contract.unquantized_kv_reference()
         if b70_state.replay_dir is not None:
             return session.load_run(b70_state.replay_dir, kind="reference")[0]
-        return session.collect_once(reference, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
-                                    quality=_quality_samples(b70_contract))[0]
     except _lab_errors() as e:
         pytest.fail(str(e), pytrace=False)
+    return _collect_or_block(request, b70_state, "reference ", lambda: session.collect_once(
+        reference, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
+        quality=_quality_samples(b70_contract), probe=_probe_options(b70_state.config)))[0]
 
 
 @pytest.fixture(scope="session")
@@ -543,6 +683,18 @@ def b70_engine(b70_state: LabState, b70_run_dir: Path) -> Iterator[Callable[...,
         pytest.fail("engine processes outlived teardown:\n  " + "\n  ".join(survivors), pytrace=False)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """The first failed report after a session was blocked carries the cause to the verdict (on the xdist
+    controller too: user properties travel with the report)."""
+    outcome = yield
+    report = outcome.get_result()
+    state = item.config.stash.get(STATE, None)
+    if state is not None and state.blocked and report.failed and not state.blocked_reported:
+        report.user_properties.append((BLOCKED_PROPERTY, state.blocked))
+        state.blocked_reported = True
+
+
 # --- verdict: summary, promotion.json, exit status -----------------------------------------------------
 
 def _reasons(report: pytest.TestReport) -> str:
@@ -567,6 +719,7 @@ class VerdictReporter:
     def __init__(self, state: LabState):
         self.state = state
         self.findings: list[str] = []
+        self.blocked: list[str] = []
         self.outcomes: dict[str, object] = {}
         self.quality_outcomes: dict[str, object] = {}
         self._decision = None
@@ -576,6 +729,8 @@ class VerdictReporter:
         props = dict(report.user_properties)
         if report.when == "call" and FINDING_PROPERTY in props:
             self.findings.append(str(props[FINDING_PROPERTY]))
+        if report.failed and BLOCKED_PROPERTY in props and str(props[BLOCKED_PROPERTY]) not in self.blocked:
+            self.blocked.append(str(props[BLOCKED_PROPERTY]))
         if report.when != "call" and report.passed:
             return  # setup and teardown that passed say nothing about a gate or a figure
         outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
@@ -610,7 +765,8 @@ class VerdictReporter:
                 required = gates.required_subjects(contract, [p.id for p in _prompts(self.state.config, contract)])
             except _lab_errors() as e:
                 problems.append(f"the required gate subjects cannot be known: {e}")
-            self._decision = verdict.Decision(name, digest, required, list(self.outcomes.values()), problems)
+            self._decision = verdict.Decision(name, digest, required, list(self.outcomes.values()), problems,
+                                              self.blocked)
         return self._decision
 
     def quality_decision(self):

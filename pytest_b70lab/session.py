@@ -210,7 +210,7 @@ def server_decode_figures(before: str | None, after: str | None) -> tuple[float 
 
 def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state_dir: Path, index: int,
               progress: Progress | None = None, launches_log: Path | None = None,
-              quality: list[QualitySample] | None = None) -> evidence.Evidence:
+              quality: list[QualitySample] | None = None, probe: dict | None = None) -> evidence.Evidence:
     """One fresh engine start: audit every rank, scrape metrics, stream every prompt, then (when asked) the
     quality samples, tear down, and write the evidence (also when any of it fails).
 
@@ -231,7 +231,7 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
         engine=evidence.EngineInfo(vllm_version=_library_version("vllm"), torch_version=_library_version("torch"),
                                    command=server.command,
                                    environment=recorded_environment(env)),
-        status="failed")
+        status="failed", probe=probe)
     if launches_log is not None:
         with open(launches_log, "a", encoding="utf-8") as f:
             f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {contract.name} start-{index}\n")
@@ -239,9 +239,12 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
         server.start()
         record.ready_s = server.wait_ready(contract.deadlines.start_s)
         with server.client(timeout=contract.deadlines.request_s) as client:
+            server.phase = "auditing the ranks"
             record.audits = engine_client.audit(client)
+            record.exposure = server.exposure()  # every rank is up: all their sockets are open now
             record.metrics_before = engine_client.metrics_text(client)
             model = engine_client.served_model(client)
+            server.phase = "serving the gate prompts"
             for p in prompts:
                 r = engine_client.stream_completion(client, model, p.prompt, contract.decode.tokens_per_request,
                                                     prompt_id=p.id, timeout_s=contract.deadlines.request_s)
@@ -250,6 +253,7 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
                     + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else ""))
             record.metrics_after = engine_client.metrics_text(client)
             if quality:
+                server.phase = "serving the quality samples"
                 _ask_quality(client, model, quality, record, contract, index, say)
         rates = {r.prompt_id: r.decode_rate for r in record.requests if r.decode_rate is not None}
         step_s, _per_token_s, server_rate = server_decode_figures(record.metrics_before, record.metrics_after)
@@ -258,7 +262,9 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
             per_prompt=rates, server_mean_inter_token_s=step_s, server_tokens_per_s=server_rate)
         record.status = "ok"
     except (launch.EngineStartError, engine_client.EngineRequestError, OSError, ValueError) as e:
-        record.failure = evidence.Failure(message=str(e), phase=server.phase, tails=server.tails())
+        # A start-up failure already carries the logs' error lines; anything later gets them added.
+        message = str(e) if isinstance(e, launch.EngineStartError) else server.failure_report(str(e))
+        record.failure = evidence.Failure(message=message, phase=server.phase, tails=server.tails())
     except BaseException as e:  # Ctrl-C or a bug: still tear down and keep what was seen
         record.failure = evidence.Failure(message=f"interrupted: {type(e).__name__}: {e}", phase=server.phase,
                                           tails=server.tails())
@@ -314,28 +320,76 @@ TABLES_COPY = "checkpoint-tables.json"
 PROMPTS_COPY = "prompts.jsonl"
 
 
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    enabled: bool = True
+    deadline_s: float = 180.0
+    stall_rank: int | None = None   # tests: make this rank stall before the all_reduce
+
+
+PROBE_DIR = "probe"
+
+
+def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
+                    stall_rank: int | None = None, deadline_s: float = 180.0) -> dict:
+    """The collective probe before a run folder's first engine start (once per run folder: a later kind in
+    the same session reuses a passed probe). Raises ProbeError, with every rank's state, when it fails."""
+    from .probe import PROBE_FILE, ProbeError, probe_collectives
+
+    folder = run_dir / PROBE_DIR
+    done = folder / PROBE_FILE
+    if done.is_file() and stall_rank is None:
+        recorded = evidence.read_json(done, "collective probe result", evidence.EvidenceError)
+        if isinstance(recorded, dict) and recorded.get("passed") and recorded.get("world_size") == \
+                contract.engine.tensor_parallel:
+            return recorded
+    say = progress or (lambda _msg: None)
+    world = contract.engine.tensor_parallel
+    env = launch.engine_environment(cache_root / "engine-state", world, **_env_kind(contract))
+    say(f"{contract.name}: collective probe over {world} ranks")
+    result = probe_collectives(world, folder, env, deadline_s=deadline_s, stall_rank=stall_rank)
+    for line in result.lines():
+        say(line)
+    if not result.passed:
+        raise ProbeError("collective probe failed: " + "; ".join(line.strip() for line in result.lines()[1:])
+                         + f" ({done})")
+    return result.as_dict()
+
+
 def collect(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
-            starts: int | None = None, quality: list[QualitySample] | None = None) -> list[evidence.Evidence]:
+            starts: int | None = None, quality: list[QualitySample] | None = None,
+            probe: ProbeOptions | None = None) -> list[evidence.Evidence]:
     """Every fresh start of `contract`; quality samples (if any) are asked on start-1 only: the later starts
-    exist to reproduce the gate evidence."""
+    exist to reproduce the gate evidence. The models are checked first (seconds), then the preflight probe
+    runs (its result goes into each start's evidence), then the starts."""
     models = resolve_models(contract, cache_root)
+    if probe is None or not probe.enabled:
+        probe_result = {"skipped": "the preflight collective probe was turned off (--b70-no-probe)"}
+    else:
+        probe_result = preflight_probe(contract, run_dir, cache_root, progress, probe.stall_rank, probe.deadline_s)
     # The run folder is self-contained: replay needs neither the model nor the repository's prompt file.
     base = kind_dir(run_dir, contract.kind)
     base.mkdir(parents=True, exist_ok=True)
     tables = {"contract_digest": contract.digest, **models.tables}
     (base / TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
     (base / PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
-    dirs = start_dirs(run_dir, contract)[: starts or None]
-    return [run_start(contract, models, d, cache_root / "engine-state", i, progress, run_dir / "launches.log",
-                      quality if i == 1 else None)
-            for i, d in enumerate(dirs, 1)]
+    records: list[evidence.Evidence] = []
+    for i, d in enumerate(start_dirs(run_dir, contract)[: starts or None], 1):
+        records.append(run_start(contract, models, d, cache_root / "engine-state", i, progress,
+                                 run_dir / "launches.log", quality if i == 1 else None, probe_result))
+        if records[-1].status != "ok":
+            break  # nothing can be promoted past a failed start: do not spend another start on it
+    return records
 
 
 DONE_MARK = ".collected-{kind}.json"
 
 
+
 def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
-                 starts: int | None = None, quality: list[QualitySample] | None = None) -> list[evidence.Evidence]:
+                 starts: int | None = None, quality: list[QualitySample] | None = None,
+                 probe: ProbeOptions | None = None) -> list[evidence.Evidence]:
     """Collect under a file lock: the first pytest-xdist worker to get it runs the engine, every other one
     (and any later call) reads the evidence it wrote."""
     from filelock import FileLock
@@ -354,7 +408,7 @@ def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: 
                     f"{run_dir} holds {contract.kind} evidence collected without quality samples: "
                     f"use a new --b70-run-dir to judge quality")
             return [evidence.read(run_dir / rel) for rel in done["starts"]]
-        records = collect(contract, run_dir, cache_root, progress, starts, quality)
+        records = collect(contract, run_dir, cache_root, progress, starts, quality, probe)
         mark.write_text(json.dumps({"contract": contract.name, "contract_digest": contract.digest,
                                     "quality": bool(quality),
                                     "starts": [str(d.relative_to(run_dir))

@@ -11,12 +11,13 @@ never rewrites them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from .contract import Contract
-from .evidence import Evidence, read_json
+from .evidence import Evidence, read_json, sha256_ids
 
 SNAPSHOT_TEST_FILE = "test_teacher.py"
 RECORD_TEST = "test_record_teacher"
@@ -82,4 +83,17 @@ def read(path: Path) -> dict[str, Any]:
     required = {"teacher", "prompt_id", "token_count", "token_ids_sha256", "text_sha256"}
     if not isinstance(data, dict) or not required <= set(data) or not isinstance(data["teacher"], dict):
         raise TeacherSnapshotError(f"teacher snapshot {path} lacks fields {sorted(required - set(data or {}))}")
+    # The recorded hashes pin the recorded tokens: an edited token (or text) is a damaged snapshot, not a
+    # candidate that disagrees with its teacher.
+    ids, text = data.get("token_ids"), data.get("text")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise TeacherSnapshotError(f"teacher snapshot {path}: token_ids is not a list of integers")
+        if sha256_ids(ids) != data["token_ids_sha256"] or len(ids) != data["token_count"]:
+            raise TeacherSnapshotError(f"teacher snapshot {path}: its token_ids do not match its token_ids_sha256 "
+                                       f"and token_count: the snapshot was edited after it was recorded")
+    if text is not None and (not isinstance(text, str)
+                             or hashlib.sha256(text.encode()).hexdigest() != data["text_sha256"]):
+        raise TeacherSnapshotError(f"teacher snapshot {path}: its text does not match its text_sha256: the snapshot "
+                                   f"was edited after it was recorded")
     return data

@@ -18,6 +18,7 @@ Pair = tuple[str, str]
 Outcome = Literal["passed", "failed", "skipped"]
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 SHOWN = 12  # pairs or failures listed in the terminal before "and N more"
+EVIDENCE_CHECKS = "evidence-complete"  # the gate-marked tests that only check the evidence is all there
 
 
 @dataclass
@@ -49,6 +50,9 @@ class Decision:
     required: list[Pair]
     outcomes: list[GateOutcome]
     problems: list[str] = field(default_factory=list)   # why the required set itself could not be known
+    # Why the session stopped before it could judge (a start that could not begin, or failed): the verdict
+    # is that cause, not the gate tests it left unrun.
+    blocked: list[str] = field(default_factory=list)
 
     @property
     def by_pair(self) -> dict[Pair, list[GateOutcome]]:
@@ -72,7 +76,7 @@ class Decision:
 
     @property
     def complete(self) -> bool:
-        return not self.problems and bool(self.required) and not self.missing
+        return not self.problems and not self.blocked and bool(self.required) and not self.missing
 
     @property
     def promotable(self) -> bool:
@@ -80,7 +84,8 @@ class Decision:
 
     @property
     def failed_gates(self) -> list[str]:
-        return sorted({o.gate or o.test.split("::")[-1].split("[")[0] for o in self.failed})
+        """Catalogue gate names; the evidence checks that judge no catalogue pair are `evidence-complete`."""
+        return sorted({o.gate or EVIDENCE_CHECKS for o in self.failed})
 
     @property
     def endpoint_medians(self) -> list[float] | None:
@@ -102,6 +107,11 @@ def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool
     passed = sum(1 for p in d.required if p in ran and all(o.outcome == "passed" for o in ran[p]))
     tally = f"{passed}/{len(d.required)} required gate subjects passed"
     lines: list[tuple[str, dict[str, bool]]] = []
+    if d.blocked:
+        lines.append((f"NOT PROMOTABLE: {d.blocked[0]}", {"red": True, "bold": True}))
+        lines.append((f"  contract {d.contract}: the session stopped there, no gate was judged past it", {}))
+        lines.append((f"evidence and promotion.json: {run_dir}", {}))
+        return lines
     if d.promotable:
         medians = d.endpoint_medians
         shown = " / ".join(f"{m:.2f}" for m in medians) if medians else "n/a"
@@ -131,6 +141,7 @@ def record(decision: Decision, run_dir: Path) -> dict[str, Any]:
     d = decision
     return {
         "promotable": d.promotable, "complete": d.complete, "problems": d.problems,
+        "blocked": d.blocked[0] if d.blocked else None,
         "contract": d.contract, "contract_digest": d.contract_digest, "run_dir": str(run_dir),
         "endpoint_medians_tok_s": d.endpoint_medians, "failed_gates": d.failed_gates,
         "required": [list(p) for p in d.required],

@@ -54,3 +54,26 @@ def test_teardown_left_no_process(start) -> None:
     assert start.teardown and start.teardown["processes"], "teardown saw no processes"
     survivors = [p for p in start.teardown["processes"] if not p["gone"]]
     assert not survivors, f"start-{start.start_index}: still running after teardown: {survivors}"
+
+
+def test_only_its_owner_could_reach_the_engine(start) -> None:
+    """The API (and vLLM's development endpoints) on the 0700 private socket only; the ranks' rendezvous and
+    Gloo sockets on loopback only. Evidence without this record proves nothing and fails."""
+    exposure = start.exposure
+    assert exposure, f"start-{start.start_index}: the evidence does not record who could reach the engine"
+    assert not exposure["problems"], f"start-{start.start_index}: " + "; ".join(exposure["problems"])
+    exposed = [s for s in exposure["listening"] if not s["loopback"]]
+    assert not exposed, f"start-{start.start_index}: listening beyond loopback: {exposed}"
+    assert exposure["api"].startswith("unix ") and exposure["socket_dir_mode"] == "0o700", exposure
+
+
+def test_the_collective_probe_passed_before_the_first_start(start, b70_contract) -> None:
+    """The seed's rule: a run's engine starts only after a probe over all its ranks passed (or the evidence
+    says that the session turned the probe off)."""
+    probe = start.probe
+    assert probe, f"start-{start.start_index}: the evidence does not record the preflight collective probe"
+    if "skipped" in probe:
+        return
+    assert probe.get("passed") is True, f"start-{start.start_index}: the probe did not pass: {probe.get('problems')}"
+    ranks = [r["rank"] for r in probe["ranks"] if r.get("correct") and "torn_down" in r.get("reached", [])]
+    assert ranks == list(range(b70_contract.engine.tensor_parallel)), probe["ranks"]

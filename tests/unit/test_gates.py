@@ -569,7 +569,7 @@ def test_a_candidate_with_another_target_meets_a_foreign_teacher(recorded: Run) 
     run = recorded.clone()
     run.starts[0].target.digest = "a" * 64
     v = gates.teacher_exactness(run.starts[0], run.prompts[0], run.contract, run.snapshots[run.prompts[0]], "<s>")
-    assert not v.passed and any("foreign teacher: recorded on target checkpoint" in r for r in v.reasons), v.reasons
+    assert not v.passed and any("foreign teacher: <s> was recorded on target checkpoint" in r for r in v.reasons), v.reasons
 
 
 def test_a_teacher_mismatch_names_the_first_differing_token_and_the_text(recorded: Run) -> None:

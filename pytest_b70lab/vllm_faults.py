@@ -1,0 +1,177 @@
+"""Real faults, injected into a real engine for the harness's own fault tests: a vLLM general plugin that does
+nothing unless `B70LAB_FAULT` names a fault.
+
+    B70LAB_FAULT=NAME[:RANK[:AT]]
+
+  collective-stall:R     rank R never completes its first collective (the seed's stall)
+  die-loading:R          rank R dies (exit 17) while loading weights
+  die-decode:R[:N]       rank R is SIGKILLed at its N-th model step after the engine is serving (default 20)
+  engine-core-exit[:N]   the engine core process exits (code 3) at its N-th busy step (default 20)
+  stream-cut[:N]         the API server exits after sending N chunks of a streamed completion (default 10)
+
+(A server that never becomes ready needs no hook: the fault tests give the start a deadline it cannot meet.)
+
+Each fault writes one line `b70lab fault injected: ...` to its process's log when it fires, so a rank's last
+lines in the evidence show where it happened. Everything is patched in the process that the fault concerns:
+vLLM loads general plugins in the API server, the engine core and every worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+ENV = "B70LAB_FAULT"
+FAULTS = ("collective-stall", "die-loading", "die-decode", "engine-core-exit", "stream-cut")
+log = logging.getLogger("vllm.b70lab_faults")
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    rank: int | None = None
+    at: int | None = None
+
+
+def parse(spec: str | None) -> Fault | None:
+    if not spec:
+        return None
+    parts = spec.split(":")
+    if parts[0] not in FAULTS:
+        raise ValueError(f"{ENV}={spec!r}: unknown fault {parts[0]!r}; known: {', '.join(FAULTS)}")
+    if parts[0] in ("engine-core-exit", "stream-cut"):
+        return Fault(parts[0], None, int(parts[1]) if len(parts) > 1 else None)
+    if len(parts) < 2:
+        raise ValueError(f"{ENV}={spec!r}: {parts[0]} needs a rank ({parts[0]}:RANK)")
+    return Fault(parts[0], int(parts[1]), int(parts[2]) if len(parts) > 2 else None)
+
+
+def _fired(what: str) -> None:
+    log.warning("b70lab fault injected: %s (pid %d)", what, os.getpid())
+    for handler in logging.getLogger("vllm").handlers:
+        handler.flush()
+
+
+def _tp_rank() -> int | None:
+    try:
+        from vllm.distributed import parallel_state as ps
+
+        return ps.get_tp_group().rank_in_group
+    except Exception:  # before the groups exist
+        return None
+
+
+def _collective_stall(fault: Fault) -> None:
+    """Rank R blocks forever in its first collective of any group, at the communicator: under expert
+    parallelism a Laguna layer's reduction goes through the EP group's dispatch/combine, not a TP all_reduce."""
+    import torch.distributed as dist
+    from vllm.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
+    from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+
+    names = ("all_reduce", "all_gather", "gather", "reduce_scatter", "dispatch", "combine", "dispatch_router_logits")
+    for cls in (CpuCommunicator, DeviceCommunicatorBase):
+        for name in names:
+            original = cls.__dict__.get(name)
+            if original is None:
+                continue
+
+            def stalled(self, *args, _original=original, _name=name, **kwargs):
+                if self.world_size > 1 and dist.is_initialized() and dist.get_rank() == fault.rank:
+                    _fired(f"rank {fault.rank} never completes its first collective ({_name})")
+                    while True:
+                        time.sleep(3600)
+                return _original(self, *args, **kwargs)
+
+            setattr(cls, name, stalled)
+
+
+def _die_loading(fault: Fault) -> None:
+    from vllm.v1.worker.gpu_worker import Worker
+
+    original = Worker.load_model
+
+    def load_model(self, *args, **kwargs):
+        if getattr(self, "rank", None) == fault.rank:
+            _fired(f"rank {fault.rank} dies while loading weights")
+            os._exit(17)
+        return original(self, *args, **kwargs)
+
+    Worker.load_model = load_model
+
+
+def _die_decode(fault: Fault) -> None:
+    from vllm.v1.worker.gpu_worker import Worker
+
+    original = Worker.execute_model
+    at = fault.at or 20
+    seen = {"steps": 0}
+
+    def execute_model(self, *args, **kwargs):
+        if getattr(self, "rank", None) == fault.rank:
+            seen["steps"] += 1
+            if seen["steps"] == at:
+                _fired(f"rank {fault.rank} is killed at its model step {at}")
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, *args, **kwargs)
+
+    Worker.execute_model = execute_model
+
+
+def _engine_core_exit(fault: Fault) -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    at = fault.at or 20
+    seen = {"steps": 0}
+    for name in ("step", "step_with_batch_queue"):
+        original = getattr(EngineCore, name)
+
+        def step(self, *args, _original=original, **kwargs):
+            result = _original(self, *args, **kwargs)
+            if result and result[1]:  # a step that ran the model
+                seen["steps"] += 1
+                if seen["steps"] == at:
+                    _fired(f"the engine core exits at its busy step {at}")
+                    os._exit(3)
+            return result
+
+        setattr(EngineCore, name, step)
+
+
+def _stream_cut(fault: Fault) -> None:
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+
+    original = OpenAIServingCompletion.completion_stream_generator
+    at = fault.at or 10
+
+    async def completion_stream_generator(self, *args, **kwargs):
+        sent = 0
+        async for chunk in original(self, *args, **kwargs):
+            yield chunk
+            sent += 1
+            if sent == at:
+                _fired(f"the API server exits after {at} streamed chunks")
+                os._exit(5)
+
+    OpenAIServingCompletion.completion_stream_generator = completion_stream_generator
+
+
+INSTALL = {"collective-stall": _collective_stall, "die-loading": _die_loading, "die-decode": _die_decode,
+           "engine-core-exit": _engine_core_exit, "stream-cut": _stream_cut}
+_installed: Fault | None = None
+
+
+def register() -> None:
+    global _installed
+    fault = parse(os.environ.get(ENV))
+    if fault is None or _installed is not None:
+        return
+    try:
+        INSTALL[fault.name](fault)
+    except ImportError as e:  # a process without that part of vLLM (a probe rank has no API server)
+        log.info("b70lab fault %s not armed in pid %d: %s", fault.name, os.getpid(), e)
+        return
+    _installed = fault
+    log.info("b70lab fault armed in pid %d: %s", os.getpid(), fault)

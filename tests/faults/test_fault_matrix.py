@@ -1,0 +1,172 @@
+"""The fault matrix: real faults injected into real engine starts (pytest_b70lab/vllm_faults.py, armed by
+B70LAB_FAULT), and pytest itself interrupted, each in its own gates session run as a user runs it.
+
+Every row asserts the same four things: the session ends within its start deadline plus 30 s; the verdict is
+`NOT PROMOTABLE: start-1 ...` naming the phase (and, where vLLM says it, the rank); the start's
+evidence.json has status failed with every rank's last lines; and no process of the engine is left, checked
+by working directory, pid and process group. Rows marked `ci` run in `make test`; `pytest -m faults` runs
+them all (notes/2026-11-30-fault-matrix.md has the table)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.faults
+REPO = Path(__file__).resolve().parents[2]
+CONTRACT = REPO / "fixtures" / "contracts" / "mini-laguna-cpu.toml"
+SMOKE = REPO / "tests" / "gates" / "test_evidence_complete.py"
+
+
+@dataclass
+class Row:
+    id: str
+    fault: str | None                 # B70LAB_FAULT, or None for an interrupt row
+    start_s: float                    # the contract's start deadline for this row
+    verdict: str                      # regex the verdict line must match
+    ci: bool = False
+    args: list[str] = field(default_factory=list)
+    signal: int | None = None         # sent to pytest once `when` is seen in the start's server.log
+    when: str | None = None
+    engine_starts: bool = True        # False: the row must stop before any engine process exists
+    rank_tails: bool = True           # False: the row ends before the ranks exist (only the server's lines)
+
+
+ROWS = [
+    Row("probe-catches-collective-stall", "collective-stall:1", 120,
+        r"NOT PROMOTABLE: start-1 could not begin: collective probe failed: rank 0: stopped after entered, never "
+        r"completed; rank 1: stopped after entered, never completed; the all_reduce did not complete within 20 s",
+        ci=True, engine_starts=False),
+    Row("collective-stall-without-probe", "collective-stall:1", 75,
+        r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server was not ready within the 75 s start-up deadline", args=["--b70-no-probe"]),
+    Row("rank-dies-loading-weights", "die-loading:1", 240,
+        r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server exited with code \d+ during start-up", ci=True),
+    Row("rank-killed-mid-decode", "die-decode:1:20", 240,
+        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*", ci=True),
+    Row("engine-core-exits", "engine-core-exit:20", 240,
+        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*"),
+    Row("stream-cut-mid-response", "stream-cut:10", 240,
+        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*", ci=True),
+    Row("never-ready", None, 12,
+        r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server was not ready within the 12 s start-up deadline",
+        ci=True, rank_tails=False),
+    Row("sigint-during-start-up-n0", None, 240, r"", signal=signal.SIGINT, when="loading weights"),
+    Row("sigterm-during-start-up-n0", None, 240, r"", signal=signal.SIGTERM, when="loading weights", ci=True),
+    Row("sigint-during-decode-n2", None, 240, r"", signal=signal.SIGINT, when="serving", args=["-n", "2"]),
+    Row("sigterm-during-decode-n2", None, 240, r"", signal=signal.SIGTERM, when="serving", args=["-n", "2"],
+        ci=True),
+    Row("rank-killed-mid-decode-n2", "die-decode:1:20", 240,
+        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*", args=["-n", "2"]),
+]
+WHEN = {"loading weights": re.compile(r"Starting to load model|Loading weights"),
+        "serving": re.compile(r"\"POST /v1/completions HTTP")}
+
+
+def _fault_contract(tmp_path: Path, start_s: float) -> Path:
+    text = CONTRACT.read_text()
+    text = re.sub(r"(?m)^start_s = .*$", f"start_s = {start_s:g}", text)
+    path = tmp_path / "mini-laguna-cpu-fault.toml"
+    path.write_text(text)
+    return path
+
+
+def _engine_processes(run_dir: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.cwd().startswith(str(run_dir)) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _run(row: Row, tmp_path: Path, cache_root: Path) -> tuple[int, str, float, Path, list[int]]:
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "B70LAB_CACHE_DIR": str(cache_root)}
+    env.pop("B70LAB_FAULT", None)
+    if row.fault:
+        env["B70LAB_FAULT"] = row.fault
+    cmd = [sys.executable, "-m", "pytest", "-m", "gates", str(SMOKE), "-p", "no:cacheprovider", "-q",
+           f"--b70-contract={_fault_contract(tmp_path, row.start_s)}", f"--b70-run-dir={run_dir}", *row.args]
+    t0 = time.monotonic()
+    # Its own process group: SIGINT goes to the whole group, as a terminal's Ctrl-C does; SIGTERM to the
+    # pytest process alone, as a cancelled CI job or `kill` does.
+    session = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen_pids: set[int] = set()
+    limit = row.start_s + 30 + 120  # the session's own deadline + 30 s, plus the probe and imports before it
+    try:
+        if row.signal is not None:
+            log_glob, pattern = run_dir.glob, WHEN[row.when]
+            while time.monotonic() - t0 < limit and session.poll() is None:
+                logs = list(log_glob("start-1/server.log"))
+                text = logs[0].read_text(errors="replace") if logs else ""
+                seen_pids |= {p.pid for p in _engine_processes(run_dir)}
+                if pattern.search(text) and len(_engine_processes(run_dir)) >= 2:
+                    break
+                time.sleep(0.3)
+            assert session.poll() is None, "the session ended before it could be interrupted"
+            if row.signal == signal.SIGINT:
+                os.killpg(session.pid, signal.SIGINT)
+            else:
+                session.send_signal(row.signal)
+        while session.poll() is None and time.monotonic() - t0 < limit:
+            seen_pids |= {p.pid for p in _engine_processes(run_dir)}
+            time.sleep(0.5)
+        out = session.communicate(timeout=max(1.0, limit - (time.monotonic() - t0)))[0]
+    except subprocess.TimeoutExpired:
+        session.kill()
+        pytest.fail(f"{row.id}: the session outlived its limit of {limit:.0f} s")
+    return session.returncode, out, time.monotonic() - t0, run_dir, sorted(seen_pids)
+
+
+def _verdict_line(out: str) -> str:
+    lines = out.split("b70lab promotion verdict", 1)[-1].splitlines()
+    return next((line for line in lines if line.startswith("NOT PROMOTABLE") or line.startswith("PROMOTABLE")), "")
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_fault(row: Row, request: pytest.FixtureRequest, tmp_path: Path, b70_cache_root: Path) -> None:
+    markexpr = (request.config.getoption("-m") or "").strip()
+    if not row.ci and markexpr != "faults":
+        pytest.skip("not in make test's budget: run `pytest -m faults` for the whole matrix")
+    code, out, wall, run_dir, pids = _run(row, tmp_path, b70_cache_root)
+    time.sleep(2)
+    left = [(p.pid, p.name()) for p in _engine_processes(run_dir)]
+    assert not left, f"{row.id}: engine processes outlived the session: {left}\n{out[-3000:]}"
+    still = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not still, f"{row.id}: pids seen during the run are still alive: {still}"
+    assert code != 0, out[-3000:]
+    limit = row.start_s + 30 + 120
+    assert wall < limit, f"{row.id}: {wall:.0f} s"
+    evidence_file = run_dir / "start-1" / "evidence.json"
+    if not row.engine_starts:
+        assert not evidence_file.exists(), f"{row.id}: an engine started"
+        probe = json.loads((run_dir / "probe" / "probe.json").read_text())
+        assert probe["passed"] is False and all(r["gone"] for r in probe["ranks"]), probe
+    else:
+        record = json.loads(evidence_file.read_text())
+        assert record["status"] == "failed" and record["failure"], record.get("failure")
+        tails = record["failure"]["tails"]
+        ranks = [tag for tag in tails if tag.startswith("Worker")]
+        assert len(ranks) >= 2 or (not row.rank_tails and tails), f"{row.id}: last lines of {sorted(tails)}"
+        assert record["teardown"]["clean"] is True, record["teardown"]
+    if row.signal is None:
+        line = _verdict_line(out)
+        assert re.match(row.verdict, line), f"{row.id}: verdict {line!r}\n{out[-3000:]}"
+    else:
+        record = json.loads(evidence_file.read_text())
+        assert record["failure"]["message"].startswith("interrupted"), record["failure"]["message"][:300]
+    print(f"{row.id}: exit {code}, {wall:.0f} s, verdict: {_verdict_line(out)[:200]}")
