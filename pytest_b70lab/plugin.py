@@ -183,6 +183,24 @@ class _XdistHooks:
     def pytest_configure_node(self, node) -> None:
         node.workerinput[WORKER_RUN_DIR] = str(self.state.run_dir)
 
+    interrupted_by_signal = False
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        # Ctrl-C, or SIGTERM passed on below: a plain KeyboardInterrupt. pytest's and xdist's `Interrupted`
+        # (a stopped session) are subclasses, and their workers are idle, waiting to be shut down.
+        if type(excinfo.value) is KeyboardInterrupt:
+            self.interrupted_by_signal = True
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Interrupted by a signal, the workers are each tearing an engine down and writing its evidence:
+        wait for them (bounded) before xdist's own teardown, which kills a worker that takes over 10 s."""
+        if not self.interrupted_by_signal or hasattr(session.config, "workerinput"):
+            return
+        import psutil
+
+        psutil.wait_procs(psutil.Process().children(), timeout=90)
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_setupnodes(self, config, specs) -> None:
         """SIGTERM to the controller alone (a cancelled CI job) would end it and leave its workers, and their

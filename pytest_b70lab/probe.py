@@ -137,6 +137,26 @@ def _group_gone(pgid: int) -> bool:
     return True
 
 
+def _watch(procs: list[subprocess.Popen], out_dir: Path, world_size: int, t0: float, deadline_s: float,
+           collective_s: float, problems: list[str]) -> None:
+    """Until every rank has exited, or a deadline: the whole probe's, or the all_reduce's from the moment
+    the first rank entered it."""
+    entered_at: float | None = None
+    while not all(p.poll() is not None for p in procs):
+        states = [_state(r, _read_events(out_dir / f"rank-{r}.jsonl")) for r in range(world_size)]
+        now = time.monotonic()
+        if entered_at is None and any("entered" in s.reached for s in states):
+            entered_at = now
+        if entered_at is not None and now - entered_at > collective_s:
+            problems.append(f"the all_reduce did not complete within {collective_s:g} s of the first rank "
+                            f"entering it")
+            return
+        if now - t0 > deadline_s:
+            problems.append(f"the probe did not finish within its {deadline_s:g} s deadline")
+            return
+        time.sleep(0.2)
+
+
 def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, deadline_s: float = 180.0,
                       collective_s: float = 20.0, stall_rank: int | None = None) -> ProbeResult:
     """Run the probe; never raises for a failed probe (see ProbeResult.passed). `deadline_s` bounds the whole
@@ -160,32 +180,19 @@ def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, de
             procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))
     problems: list[str] = []
-    entered_at: float | None = None
-    while True:
-        states = [_state(r, _read_events(out_dir / f"rank-{r}.jsonl")) for r in range(world_size)]
-        if all(p.poll() is not None for p in procs):
-            break
-        now = time.monotonic()
-        if entered_at is None and any("entered" in s.reached for s in states):
-            entered_at = now
-        if entered_at is not None and now - entered_at > collective_s:
-            problems.append(f"the all_reduce did not complete within {collective_s:g} s of the first rank "
-                            f"entering it")
-            break
-        if now - t0 > deadline_s:
-            problems.append(f"the probe did not finish within its {deadline_s:g} s deadline")
-            break
-        time.sleep(0.2)
-    for p in procs:
-        if p.poll() is None:
-            _kill_group(p)
+    try:
+        _watch(procs, out_dir, world_size, t0, deadline_s, collective_s, problems)
+    finally:  # also on Ctrl-C or SIGTERM: no rank outlives the probe
+        for p in procs:
+            if p.poll() is None:
+                _kill_group(p)
+        shutil.rmtree(ipc, ignore_errors=True)
     states = [_state(r, _read_events(out_dir / f"rank-{r}.jsonl")) for r in range(world_size)]
     for state, p in zip(states, procs):
         state.exit_code = p.returncode
         state.gone = _group_gone(p.pid)
         if not state.gone:
             problems.append(f"rank {state.rank}: process group {p.pid} still has processes after teardown")
-    shutil.rmtree(ipc, ignore_errors=True)
     ok = all("torn_down" in s.reached and s.correct and s.exit_code == 0 and not s.error for s in states)
     injected = f"rank {stall_rank} stalls before the all_reduce" if stall_rank is not None else None
     result = ProbeResult(world_size, ok and not problems, round(time.monotonic() - t0, 2), states, problems,

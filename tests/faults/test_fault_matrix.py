@@ -62,14 +62,25 @@ ROWS = [
         ci=True, rank_tails=False),
     Row("sigint-during-start-up-n0", None, 240, r"", signal=signal.SIGINT, when="loading weights"),
     Row("sigterm-during-start-up-n0", None, 240, r"", signal=signal.SIGTERM, when="loading weights", ci=True),
+    Row("sigint-during-the-probe-n0", None, 240, r"", signal=signal.SIGINT, when="probing", engine_starts=False),
+    Row("sigterm-during-the-probe-n2", None, 240, r"", signal=signal.SIGTERM, when="probing", engine_starts=False,
+        args=["-n", "2"]),
+    Row("sigint-during-start-up-n2", None, 240, r"", signal=signal.SIGINT, when="loading weights",
+        args=["-n", "2"]),
+    Row("sigterm-during-start-up-n2", None, 240, r"", signal=signal.SIGTERM, when="loading weights",
+        args=["-n", "2"]),
+    Row("sigint-during-decode-n0", None, 240, r"", signal=signal.SIGINT, when="serving"),
+    Row("sigterm-during-decode-n0", None, 240, r"", signal=signal.SIGTERM, when="serving"),
     Row("sigint-during-decode-n2", None, 240, r"", signal=signal.SIGINT, when="serving", args=["-n", "2"]),
     Row("sigterm-during-decode-n2", None, 240, r"", signal=signal.SIGTERM, when="serving", args=["-n", "2"],
         ci=True),
     Row("rank-killed-mid-decode-n2", "die-decode:1:20", 240,
         r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*", args=["-n", "2"]),
 ]
-WHEN = {"loading weights": re.compile(r"Starting to load model|Loading weights"),
-        "serving": re.compile(r"\"POST /v1/completions HTTP")}
+# When to interrupt: a file of the run folder and what it must show by then.
+WHEN = {"probing": ("probe/rank-1.jsonl", re.compile(r'"stage": "initialized"')),
+        "loading weights": ("start-1/server.log", re.compile(r"Starting to load model|Loading weights")),
+        "serving": ("start-1/server.log", re.compile(r"\"POST /v1/completions HTTP"))}
 
 
 def _fault_contract(tmp_path: Path, start_s: float) -> Path:
@@ -91,6 +102,16 @@ def _engine_processes(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
+def _probe_ranks(run_dir: Path) -> list[psutil.Process]:
+    """The preflight probe's rank processes of this run (they run in the repository, named by their folder)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if "pytest_b70lab.probe" in cmd and any(str(run_dir) in a for a in cmd):
+            found.append(p)
+    return found
+
+
 def _run(row: Row, tmp_path: Path, cache_root: Path) -> tuple[int, str, float, Path, list[int]]:
     run_dir = tmp_path / "run"
     env = {**os.environ, "B70LAB_CACHE_DIR": str(cache_root)}
@@ -109,12 +130,13 @@ def _run(row: Row, tmp_path: Path, cache_root: Path) -> tuple[int, str, float, P
     limit = row.start_s + 30 + 120  # the session's own deadline + 30 s, plus the probe and imports before it
     try:
         if row.signal is not None:
-            log_glob, pattern = run_dir.glob, WHEN[row.when]
+            relative, pattern = WHEN[row.when]
             while time.monotonic() - t0 < limit and session.poll() is None:
-                logs = list(log_glob("start-1/server.log"))
-                text = logs[0].read_text(errors="replace") if logs else ""
-                seen_pids |= {p.pid for p in _engine_processes(run_dir)}
-                if pattern.search(text) and len(_engine_processes(run_dir)) >= 2:
+                log = run_dir / relative
+                text = log.read_text(errors="replace") if log.is_file() else ""
+                seen_pids |= {p.pid for p in _engine_processes(run_dir)} | {p.pid for p in _probe_ranks(run_dir)}
+                engine_up = row.when == "probing" or len(_engine_processes(run_dir)) >= 2
+                if pattern.search(text) and engine_up:
                     break
                 time.sleep(0.3)
             assert session.poll() is None, "the session ended before it could be interrupted"
@@ -123,7 +145,7 @@ def _run(row: Row, tmp_path: Path, cache_root: Path) -> tuple[int, str, float, P
             else:
                 session.send_signal(row.signal)
         while session.poll() is None and time.monotonic() - t0 < limit:
-            seen_pids |= {p.pid for p in _engine_processes(run_dir)}
+            seen_pids |= {p.pid for p in _engine_processes(run_dir)} | {p.pid for p in _probe_ranks(run_dir)}
             time.sleep(0.5)
         out = session.communicate(timeout=max(1.0, limit - (time.monotonic() - t0)))[0]
     except subprocess.TimeoutExpired:
@@ -152,6 +174,10 @@ def test_fault(row: Row, request: pytest.FixtureRequest, tmp_path: Path, b70_cac
     limit = row.start_s + 30 + 120
     assert wall < limit, f"{row.id}: {wall:.0f} s"
     evidence_file = run_dir / "start-1" / "evidence.json"
+    assert not _probe_ranks(run_dir), f"{row.id}: probe ranks outlived the session"
+    if row.when == "probing":  # interrupted before any start: no evidence, nothing left
+        assert not evidence_file.exists() and "KeyboardInterrupt" in out, out[-3000:]
+        return
     if not row.engine_starts:
         assert not evidence_file.exists(), f"{row.id}: an engine started"
         probe = json.loads((run_dir / "probe" / "probe.json").read_text())
