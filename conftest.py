@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis profiles for every test folder (tests/unit/test_fuzz.py today): CI runs a fixed, reproducible
+# set; a developer's run explores new examples; `--hypothesis-profile=thorough` looks ten times harder.
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, print_blob=True)
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.register_profile("thorough", max_examples=600, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")   # hypothesis's --hypothesis-profile overrides
 
 # Each marked lane lives in one folder. A run that selects one lane alone (`pytest -m gates`, the lab's most
 # frequent command, and every replay of saved evidence) then skips importing the other folders, whose

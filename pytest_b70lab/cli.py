@@ -91,9 +91,15 @@ def _contract_show(args: argparse.Namespace) -> int:
 
 
 def _contract_list(args: argparse.Namespace) -> int:
-    from . import contract
+    from . import contract, project
 
-    for name in contract.available():
+    names = contract.available()
+    if not names:
+        where = " or ".join(str(base / contract.CONTRACTS) for base in project.bases())
+        print(f"b70lab: no contracts in {where}: run b70lab from the lab's repository (where fixtures/contracts/ "
+              f"is), or name a contract file by its path", file=sys.stderr)
+        return 1
+    for name in names:
         c = contract.load(name)
         print(f"{name}  {c.digest[:16]}  {c.description}")
     return 0
@@ -131,6 +137,29 @@ def _probe_collectives(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
+def _evidence_show(args: argparse.Namespace) -> int:
+    from . import compare
+
+    print(compare.show(compare.load_run(args.run_dir)))
+    return 0
+
+
+def _evidence_diff(args: argparse.Namespace) -> int:
+    """Exit 0 when only the speed changed (or nothing), 1 when anything else did: usable from a script."""
+    from . import compare
+
+    c = compare.compare_runs(compare.load_run(args.run_a), compare.load_run(args.run_b))
+    print(json.dumps(c.to_dict(), indent=1, sort_keys=True) if args.json else compare.format_comparison(c))
+    return 0 if c.only_speed_changed else 1
+
+
+def _report(args: argparse.Namespace) -> int:
+    from . import report
+
+    print(report.write(args.run_dir, args.out))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="b70lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -165,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     show_p.add_argument("--teacher", action="store_true", help="show the derived teacher contract instead")
     show_p.add_argument("--cache-dir", type=Path, default=None)
     show_p.set_defaults(func=_contract_show)
-    contract_sub.add_parser("list", help="the shipped contracts").set_defaults(func=_contract_list)
+    contract_sub.add_parser("list", help="the contracts of the lab's repository (the working folder's "
+                                         "fixtures/contracts/)").set_defaults(func=_contract_list)
     derive_p = contract_sub.add_parser("derive", help="what a contract pins from a checkpoint: KV-scale count and "
                                                       "digest, as TOML for [expect], with its tensor table")
     derive_p.add_argument("checkpoint", help="a checkpoint folder, or HUB_ID@REVISION in the local Hugging Face cache")
@@ -204,15 +234,38 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "(default: data/probe/<time>)")
     coll_p.add_argument("--cache-dir", type=Path, default=None)
     coll_p.set_defaults(func=_probe_collectives)
+
+    report_p = sub.add_parser("report", help="a run folder as one self-contained HTML page: verdict, gate matrix, "
+                                             "decode rates, token arrival, draft acceptance, quality")
+    report_p.add_argument("run_dir", type=Path, help="a run folder (start-N/evidence.json, promotion.json)")
+    report_p.add_argument("--out", type=Path, default=None, help="the page to write (default: RUN_DIR/report.html)")
+    report_p.set_defaults(func=_report)
+
+    evidence_p = sub.add_parser("evidence", help="saved run folders, read with no engine")
+    evidence_sub = evidence_p.add_subparsers(dest="evidence_command", required=True)
+    ev_show_p = evidence_sub.add_parser("show", help="what a run folder holds: contract, models, engine, flags, "
+                                                     "each start, the recorded verdict")
+    ev_show_p.add_argument("run_dir", type=Path, help="a run folder (start-N/evidence.json, promotion.json)")
+    ev_show_p.set_defaults(func=_evidence_show)
+    diff_p = evidence_sub.add_parser("diff", help="did B change speed and nothing else? Contract, flags, "
+                                                  "environment, models, versions, tokens per prompt, and the "
+                                                  "speed ratio B/A with a bootstrap interval. Exit 0 when only "
+                                                  "the speed changed, 1 when anything else did")
+    diff_p.add_argument("run_a", type=Path, help="the baseline run folder")
+    diff_p.add_argument("run_b", type=Path, help="the run folder compared with it")
+    diff_p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    diff_p.set_defaults(func=_evidence_diff)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from .bench import BenchError
     from .checkpoint import CheckpointError
+    from .compare import CompareError
     from .contract import ContractError
     from .launch import EngineStartError
     from .mini import MiniModelError
+    from .report import ReportError
 
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -220,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args, rest) if getattr(args, "passthrough", False) else args.func(args)
-    except (MiniModelError, ContractError, CheckpointError, BenchError, EngineStartError) as e:
+    except (MiniModelError, ContractError, CheckpointError, BenchError, EngineStartError, CompareError,
+            ReportError) as e:
         print(f"b70lab: {e}", file=sys.stderr)
         return 2
 

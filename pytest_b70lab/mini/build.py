@@ -33,7 +33,7 @@ BUILDER_VERSION = 4
 FP8_E4M3_MAX = 448.0
 MANIFEST = "manifest.json"
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>", "<|mask|>")
-WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "mini"
+WEIGHTS = "fixtures/mini"   # in the lab's repository (pytest_b70lab.project), beside the contracts
 WEIGHT_FILES = ("tokenizer.json", "target.safetensors", "draft.safetensors", "recipe.json")
 
 
@@ -98,7 +98,9 @@ def calibration_texts() -> list[str]:
 
 def weights_dir() -> Path:
     """Where the trained weights are read from: fixtures/mini, or B70LAB_MINI_WEIGHTS (a retrain's output)."""
-    return Path(os.environ.get("B70LAB_MINI_WEIGHTS") or WEIGHTS_DIR)
+    from .. import project
+
+    return Path(os.environ.get("B70LAB_MINI_WEIGHTS") or project.find(WEIGHTS))
 
 
 def weight_digests(folder: Path | None = None) -> dict[str, str]:

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONTRACT = REPO / "fixtures" / "contracts" / "mini-laguna-cpu.toml"
 BUNDLE_START = REPO / "fixtures" / "evidence" / "mini-laguna-cpu" / "start-1" / "evidence.json"
 SNAPSHOTS = sorted((REPO / "tests" / "gates" / "__snapshots__").rglob("*.json"))
-EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# How many examples: the profile of the repository conftest.py (ci / dev / thorough).
+EXAMPLES = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 RAW_CONTRACT = tomllib.loads(CONTRACT.read_text())
 EVIDENCE_BYTES = BUNDLE_START.read_bytes()

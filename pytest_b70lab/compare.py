@@ -1,0 +1,442 @@
+"""Two run folders side by side: did the change move decode speed and nothing else?
+
+Pure functions of saved evidence (no engine, no pytest): what a run folder holds (`show`), and what differs
+between two of them (`compare_runs`): the contract, the launch flags, the environment, the models, the
+versions, the tokens of every prompt, and the decode speed as a ratio with a bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import evidence
+from .evidence import Evidence
+
+PROMOTION = evidence.PROMOTION
+# Launch flags that name where this one start lived, not what it ran.
+PER_RUN_FLAGS = frozenset({"--uds", "--port"})
+# The private socket folder of one start (launch makes it under the temp folder; recorded bundles say
+# "<socket dir>").
+_SOCKET_DIR = re.compile(r"<socket dir>|/b70lab-[A-Za-z0-9_]+(?:/|$)")
+# A file-system path inside a value: absolute, or rooted at a recorded bundle's placeholder (<repo>, <home>).
+_PATH = re.compile(r"(?:<[a-z ]+>|(?<![\w.:/])/)[^\s\"',;=]*")
+_ABSENT = "(absent)"
+CONTEXT_CHARS = 30
+
+
+class CompareError(ValueError):
+    """A run folder cannot be compared: missing, without starts, or with a corrupted file (named)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+    starts: tuple[Evidence, ...]             # start-1, start-2, ... in order
+    promotion: dict[str, Any] | None         # promotion.json, when the run recorded a verdict
+
+    @property
+    def first(self) -> Evidence:
+        """The start whose tokens stand for the run: the first that completed, else the first."""
+        return next((s for s in self.starts if s.status == "ok"), self.starts[0])
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    a: Any
+    b: Any
+
+    def line(self) -> str:
+        return f"{self.key}: {_value(self.a)} -> {_value(self.b)}"
+
+
+@dataclass(frozen=True)
+class PromptComparison:
+    prompt_id: str
+    identical: bool
+    position: int | None          # first differing token index (the shorter length when one is a prefix)
+    token_a: int | None           # token id there; None past the end of that run's output
+    token_b: int | None
+    length_a: int
+    length_b: int
+    context_a: str                # the text around the first differing character
+    context_b: str
+    starts_agree_a: bool          # every start of A that answered this prompt gave the same tokens
+    starts_agree_b: bool
+    rate_a: float | None          # median decode rate over the run's starts, tok/s
+    rate_b: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.rate_b / self.rate_a if self.rate_a and self.rate_b else None
+
+
+@dataclass(frozen=True)
+class Speed:
+    """B/A as the ratio of the medians over prompts (the endpoint figure's own statistic, so the ratio reads
+    like the two headline numbers divided), with a percentile bootstrap interval that resamples prompts,
+    paired, with replacement."""
+    ratio: float | None
+    low: float | None
+    high: float | None
+    median_a: float | None
+    median_b: float | None
+    prompts: int
+    confidence: float
+    resamples: int
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: Path
+    b: Path
+    contract_digest: Change | None
+    contract: tuple[Change, ...]
+    flags: tuple[Change, ...]
+    environment: tuple[Change, ...]
+    models: tuple[Change, ...]
+    versions: tuple[Change, ...]
+    prompts: tuple[PromptComparison, ...]
+    only_in_a: tuple[str, ...]
+    only_in_b: tuple[str, ...]
+    speed: Speed
+
+    @property
+    def identical_outputs(self) -> int:
+        return sum(p.identical for p in self.prompts)
+
+    @property
+    def only_speed_changed(self) -> bool:
+        """The lab's question: every output identical and every input the same; only the speed may differ."""
+        return (self.identical_outputs == len(self.prompts) and not self.only_in_a and not self.only_in_b
+                and self.contract_digest is None and not self.contract and not self.flags
+                and not self.environment and not self.models and not self.versions)
+
+    def headline(self) -> str:
+        s = self.speed
+        if s.ratio is None:
+            speed = "speed B/A: no prompt has a decode rate in both runs"
+        else:
+            speed = (f"speed B/A {s.ratio:.3f} [{s.low:.3f}, {s.high:.3f}] "
+                     f"({s.confidence * 100:g} %, {_count(s.prompts, 'prompt')})")
+        outputs = f"outputs identical on {self.identical_outputs}/{len(self.prompts)} prompts"
+        unmatched = len(self.only_in_a) + len(self.only_in_b)
+        if unmatched:
+            outputs += f" ({_count(unmatched, 'prompt')} in one run only)"
+        parts = [speed, outputs,
+                 f"contract: {_differ(len(self.contract), 'field')}" if self.contract else "contract: identical"]
+        for name, changes in (("flags", self.flags), ("environment", self.environment),
+                              ("models", self.models), ("versions", self.versions)):
+            if changes:
+                parts.append(f"{name}: {_differ(len(changes), 'entry', 'entries')}")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(a=str(self.a), b=str(self.b), headline=self.headline(),
+                    only_speed_changed=self.only_speed_changed, identical_outputs=self.identical_outputs)
+        return data
+
+
+# --- loading ------------------------------------------------------------------------------------------
+
+def load_run(run_dir: Path) -> Run:
+    """Every start-N/evidence.json of a run folder, in start order, and its promotion.json if present."""
+    run_dir = Path(run_dir)
+    try:
+        starts, promotion = evidence.read_run(run_dir)
+    except evidence.EvidenceError as e:
+        raise CompareError(str(e)) from e
+    if not starts:
+        raise CompareError(f"no starts in {run_dir} (expected start-N/{evidence.FILENAME})")
+    return Run(run_dir, tuple(starts), promotion)
+
+
+def last_promoted_run(runs_root: Path, exclude: Path | None = None) -> Path | None:
+    """The run folder under runs_root whose promotion.json, written last, says promotable and complete.
+    An unreadable promotion.json promotes nothing, so it is passed over rather than fatal."""
+    skip = Path(exclude).resolve() if exclude is not None else None
+    best: tuple[float, str, Path] | None = None
+    for path in Path(runs_root).glob(f"*/{PROMOTION}"):
+        if skip is not None and path.parent.resolve() == skip:
+            continue
+        try:
+            verdict = json.loads(path.read_text(encoding="utf-8"))
+            mtime = path.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        if isinstance(verdict, dict) and verdict.get("promotable") is True and verdict.get("complete") is True:
+            if best is None or (mtime, path.parent.name) > best[:2]:
+                best = (mtime, path.parent.name, path.parent)
+    return best[2] if best else None
+
+
+# --- one run ------------------------------------------------------------------------------------------
+
+def show(run: Run) -> str:
+    """A human summary of one run folder: what ran, under which identity, how each start went, the verdict."""
+    e = run.first
+    lines = [f"run       {run.path}",
+             f"contract  {e.contract.name} ({e.contract.kind})  digest {e.contract.digest}"]
+    for role, model in (("target", e.target), ("draft", e.draft)):
+        lines.append(f"{role:<9} " + (_model_line(model) if model else "none"))
+    lines.append(f"engine    vllm {e.engine.vllm_version or '?'}, torch {e.engine.torch_version or '?'}")
+    flags = parse_flags(e.engine.command)
+    lines.append("flags     " + " ".join(k if v is None else f"{k} {v}" for k, v in flags.items()
+                                         if k.startswith("--") and k not in PER_RUN_FLAGS))
+    lines.append("starts")
+    for s in run.starts:
+        median = s.throughput.endpoint_median
+        lines.append(f"  start-{s.start_index}  {s.status:<6}  "
+                     + (f"endpoint median {median:.2f} tok/s" if median is not None else "no endpoint median")
+                     + (f"  ready {s.ready_s:.1f} s" if s.ready_s is not None else "")
+                     + f"  {_count(len(s.requests), 'request')}"
+                     + (f"  failure: {s.failure.message}" if s.failure else ""))
+    lines.append(_verdict_line(run.promotion))
+    return "\n".join(lines)
+
+
+def _model_line(m: evidence.ModelRef) -> str:
+    return "  ".join(part for part in (
+        m.ref + (f"@{m.revision}" if m.revision else ""),
+        f"digest {m.digest}" if m.digest else "no checkpoint digest",
+        f"manifest {m.manifest_digest}" if m.manifest_digest else "") if part)
+
+
+def _verdict_line(promotion: dict[str, Any] | None) -> str:
+    if promotion is None:
+        return "verdict   no verdict recorded"
+    medians = ", ".join(f"{m:.2f}" for m in promotion.get("endpoint_medians_tok_s") or [])
+    if promotion.get("promotable") is True and promotion.get("complete") is True:
+        return "verdict   PROMOTABLE" + (f" at {medians} tok/s (endpoint median per start)" if medians else "")
+    why = []
+    if promotion.get("blocked"):
+        why.append(f"blocked: {promotion['blocked']}")
+    if promotion.get("complete") is not True:
+        why.append(f"incomplete ({len(promotion.get('missing') or [])} required gate subjects missing)")
+    if failed := promotion.get("failed_gates"):
+        why.append("failed gates: " + ", ".join(map(str, failed)))
+    why += [str(p) for p in promotion.get("problems") or []]
+    return "verdict   NOT PROMOTABLE" + (": " + "; ".join(why) if why else "")
+
+
+# --- two runs -----------------------------------------------------------------------------------------
+
+def compare_runs(a: Run, b: Run, *, confidence: float = 0.95, resamples: int = 10_000,
+                 seed: int = 0) -> Comparison:
+    """Everything that differs between run A and run B, and B's decode speed relative to A's."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, not {confidence}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, not {resamples}")
+    ea, eb = a.first, b.first
+    digest = None if ea.contract.digest == eb.contract.digest else Change(
+        "contract digest", ea.contract.digest, eb.contract.digest)
+    ids_a = [r.prompt_id for r in ea.requests]
+    ids_b = {r.prompt_id for r in eb.requests}
+    rates_a, rates_b = _rates(a), _rates(b)
+    prompts = tuple(_compare_prompt(pid, a, b, rates_a.get(pid), rates_b.get(pid)) for pid in ids_a if pid in ids_b)
+    return Comparison(
+        a=a.path, b=b.path, contract_digest=digest,
+        contract=tuple(diff_values(ea.contract.canonical, eb.contract.canonical)),
+        flags=tuple(_diff_maps(_launch_flags(ea.engine.command), _launch_flags(eb.engine.command))),
+        environment=tuple(_diff_maps(_environment(ea.engine.environment), _environment(eb.engine.environment))),
+        models=tuple(_diff_models(ea, eb)),
+        versions=tuple(_diff_maps({"vllm": ea.engine.vllm_version, "torch": ea.engine.torch_version},
+                                  {"vllm": eb.engine.vllm_version, "torch": eb.engine.torch_version})),
+        prompts=prompts,
+        only_in_a=tuple(pid for pid in ids_a if pid not in ids_b),
+        only_in_b=tuple(r.prompt_id for r in eb.requests if r.prompt_id not in ids_a),
+        speed=_speed([(p.rate_a, p.rate_b) for p in prompts], confidence, resamples, seed),
+    )
+
+
+def diff_values(a: Any, b: Any, prefix: str = "") -> list[Change]:
+    """Dotted keys down to the deepest level where both sides are still mappings (`engine.kv_cache_dtype`);
+    a key on one side only reads as absent on the other."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        changes: list[Change] = []
+        for key in sorted(a.keys() | b.keys()):
+            changes += diff_values(a.get(key, _ABSENT), b.get(key, _ABSENT), f"{prefix}.{key}" if prefix else key)
+        return changes
+    return [] if a == b else [Change(prefix, a, b)]
+
+
+def parse_flags(command: list[str]) -> dict[str, str | None]:
+    """A launch command as `--flag: value` (None for a bare switch); positional words as `argv[i]`."""
+    flags: dict[str, str | None] = {}
+    i = 0
+    while i < len(command):
+        word = command[i]
+        if word.startswith("-") and not _is_number(word):
+            name, eq, value = word.partition("=")
+            if eq:
+                flags[name] = value
+            elif i + 1 < len(command) and (not command[i + 1].startswith("-") or _is_number(command[i + 1])):
+                flags[name] = command[i + 1]
+                i += 1
+            else:
+                flags[name] = None
+        else:
+            flags[f"argv[{i}]"] = word
+        i += 1
+    return flags
+
+
+def _launch_flags(command: list[str]) -> dict[str, Any]:
+    return {k: portable(v) if v is not None else None for k, v in parse_flags(command).items()
+            if k not in PER_RUN_FLAGS}
+
+
+def _environment(env: dict[str, str]) -> dict[str, Any]:
+    return {k: portable(v) for k, v in env.items() if not _SOCKET_DIR.search(v)}
+
+
+def portable(value: str) -> str:
+    """A value with every file-system path cut to its last two parts: where a machine keeps its files is not
+    part of the experiment (the checkpoint digests are), so a recorded bundle compares with a live run."""
+    def tail(m: re.Match[str]) -> str:
+        parts = [p for p in m.group(0).split("/") if p]
+        return "…/" + "/".join(parts[-2:])
+    return _PATH.sub(tail, value)
+
+
+def _diff_maps(a: dict[str, Any], b: dict[str, Any]) -> list[Change]:
+    return [Change(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in sorted(a.keys() | b.keys())
+            if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+
+
+def _diff_models(ea: Evidence, eb: Evidence) -> list[Change]:
+    def fields(m: evidence.ModelRef | None) -> dict[str, Any]:
+        return {} if m is None else {"ref": portable(m.ref), "revision": m.revision,
+                                     "manifest_digest": m.manifest_digest, "digest": m.digest}
+    changes = []
+    for role in ("target", "draft"):
+        ma, mb = getattr(ea, role), getattr(eb, role)
+        if (ma is None) != (mb is None):
+            changes.append(Change(role, portable(ma.ref) if ma else None, portable(mb.ref) if mb else None))
+        else:
+            changes += [Change(f"{role}.{c.key}", c.a, c.b) for c in _diff_maps(fields(ma), fields(mb))]
+    return changes
+
+
+def _rates(run: Run) -> dict[str, float]:
+    """Per prompt, the median decode rate over the run's starts (Request.decode_rate, else the start's
+    throughput.per_prompt figure); prompts with no positive finite rate are left out."""
+    seen: dict[str, list[float]] = {}
+    for start in run.starts:
+        for pid in {r.prompt_id for r in start.requests} | start.throughput.per_prompt.keys():
+            request = start.request(pid)
+            rate = request.decode_rate if request is not None and request.decode_rate is not None \
+                else start.throughput.per_prompt.get(pid)
+            if rate is not None and math.isfinite(rate) and rate > 0:
+                seen.setdefault(pid, []).append(rate)
+    return {pid: statistics.median(rates) for pid, rates in seen.items()}
+
+
+def _compare_prompt(pid: str, a: Run, b: Run, rate_a: float | None, rate_b: float | None) -> PromptComparison:
+    ra, rb = a.first.request(pid), b.first.request(pid)
+    assert ra is not None and rb is not None
+    ta, tb = ra.token_ids, rb.token_ids
+    position = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+    if position is None and len(ta) != len(tb):
+        position = min(len(ta), len(tb))
+    context_a = context_b = ""
+    if position is not None or ra.text != rb.text:
+        c = next((i for i, (x, y) in enumerate(zip(ra.text, rb.text)) if x != y), min(len(ra.text), len(rb.text)))
+        context_a, context_b = (t[max(0, c - CONTEXT_CHARS):c + CONTEXT_CHARS] for t in (ra.text, rb.text))
+    return PromptComparison(
+        prompt_id=pid, identical=position is None, position=position,
+        token_a=ta[position] if position is not None and position < len(ta) else None,
+        token_b=tb[position] if position is not None and position < len(tb) else None,
+        length_a=len(ta), length_b=len(tb), context_a=context_a, context_b=context_b,
+        starts_agree_a=_starts_agree(a, pid), starts_agree_b=_starts_agree(b, pid),
+        rate_a=rate_a, rate_b=rate_b)
+
+
+def _starts_agree(run: Run, pid: str) -> bool:
+    answers = {tuple(r.token_ids) for s in run.starts if (r := s.request(pid)) is not None}
+    return len(answers) <= 1
+
+
+def _speed(pairs: list[tuple[float | None, float | None]], confidence: float, resamples: int,
+           seed: int) -> Speed:
+    import numpy as np  # here, not at the top: `b70lab` imports this module for its error type
+
+    paired = np.array([(x, y) for x, y in pairs if x and y], dtype=float).reshape(-1, 2)
+    n = len(paired)
+    if n == 0:
+        return Speed(None, None, None, None, None, 0, confidence, resamples)
+    ra, rb = paired[:, 0], paired[:, 1]
+    median_a, median_b = float(np.median(ra)), float(np.median(rb))
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    ratios = np.median(rb[idx], axis=1) / np.median(ra[idx], axis=1)
+    low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return Speed(median_b / median_a, float(low), float(high), median_a, median_b, n, confidence, resamples)
+
+
+# --- the report ---------------------------------------------------------------------------------------
+
+def format_comparison(c: Comparison) -> str:
+    """The headline, then every difference, then the prompts one per line."""
+    lines = [c.headline(), f"A  {c.a}", f"B  {c.b}"]
+    if c.contract_digest:
+        lines.append(c.contract_digest.line())
+    for title, changes in (("contract", c.contract), ("engine flags", c.flags), ("environment", c.environment),
+                           ("models", c.models), ("versions", c.versions)):
+        lines.append(f"{title}: " + ("identical" if not changes else _differ(len(changes), "entry", "entries")))
+        lines += [f"  {ch.line()}" for ch in changes]
+    s = c.speed
+    if s.median_a is not None:
+        lines.append(f"speed: median over {_count(s.prompts, 'prompt')} {s.median_a:.2f} -> {s.median_b:.2f} tok/s "
+                     f"(per prompt: median decode rate over each run's starts; interval: percentile bootstrap "
+                     f"over prompts, {s.resamples} resamples)")
+    lines.append("prompts (tokens of each run's first completed start):")
+    width = max((len(p.prompt_id) for p in c.prompts), default=0)
+    for p in c.prompts:
+        speed = f"{p.rate_a:.1f} -> {p.rate_b:.1f} tok/s x{p.ratio:.3f}" if p.ratio else "no rate in both runs"
+        if p.identical:
+            what = f"identical ({p.length_a} tokens)"
+        else:
+            what = (f"differs at token {p.position}: {_token(p.token_a)} vs {_token(p.token_b)} "
+                    f"({p.length_a} vs {p.length_b} tokens); text {p.context_a!r} vs {p.context_b!r}")
+        flaky = [run for run, agree in (("A", p.starts_agree_a), ("B", p.starts_agree_b)) if not agree]
+        lines.append(f"  {p.prompt_id:<{width}}  {speed:<32}  {what}"
+                     + (f"  (starts within {' and '.join(flaky)} disagree)" if flaky else ""))
+    for run, ids in (("A", c.only_in_a), ("B", c.only_in_b)):
+        if ids:
+            lines.append(f"only in {run}: {', '.join(ids)}")
+    lines.append("only the speed changed" if c.only_speed_changed else "more than the speed changed")
+    return "\n".join(lines)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, sort_keys=True)
+
+
+def _token(t: int | None) -> str:
+    return "end" if t is None else str(t)
+
+
+def _count(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else plural or word + 's'}"
+
+
+def _differ(n: int, word: str, plural: str | None = None) -> str:
+    return f"{_count(n, word, plural)} {'differs' if n == 1 else 'differ'}"
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
