@@ -966,6 +966,7 @@ class VerdictReporter:
         terminalreporter.section("b70lab promotion verdict")
         for line, markup in verdict.summary(decision, self.state.run_dir):
             terminalreporter.write_line(line, **markup)
+        terminalreporter.write_line(f"the run as one page: b70lab report {self.state.run_dir}")
         if self.baseline_lines:
             terminalreporter.section("b70lab comparison with the baseline")
             for line in self.baseline_lines:

@@ -219,9 +219,17 @@ def _rank_main(argv: list[str]) -> int:
         from vllm.distributed import parallel_state as ps
         from vllm.plugins import load_general_plugins
 
+        from vllm.platforms import current_platform
+
         load_general_plugins()  # the project's vLLM fixes, as in an engine start (the all-reduce switch)
+        # The engine's own choices: the platform's backend (gloo on CPU, xccl on XPU) and, on a device,
+        # rank i on the i-th visible card (vLLM's workers set their local rank's device the same way).
+        device = torch.device("cpu")
+        if current_platform.device_type != "cpu":
+            device = torch.device(current_platform.device_type, rank)
+            getattr(torch, current_platform.device_type).set_device(device)
         with set_current_vllm_config(VllmConfig()):
-            ps.init_distributed_environment(world, rank, init, rank, backend="gloo")
+            ps.init_distributed_environment(world, rank, init, rank, backend=current_platform.dist_backend)
             ps.ensure_model_parallel_initialized(world, 1)
             group = ps.get_tp_group()
             comm = group.device_communicator
@@ -232,9 +240,9 @@ def _rank_main(argv: list[str]) -> int:
                 while True:
                     time.sleep(3600)
             note("entered")
-            total = group.all_reduce(torch.full((8,), float(rank + 1)))
+            total = group.all_reduce(torch.full((8,), float(rank + 1), device=device)).cpu()
             expected = world * (world + 1) / 2
-            note("completed", value=float(total[0]), correct=bool(torch.all(total == expected)))
+            note("completed", value=float(total[0]), correct=bool(torch.all(total == expected)), device=str(device))
             ps.destroy_model_parallel()
             ps.destroy_distributed_environment()
         note("torn_down")
