@@ -34,6 +34,17 @@ def _paged_codes(cache: torch.Tensor, batch: Batch, seq: int, heads_first: bool)
     return codes[page, :, off] if heads_first else codes[page, off]
 
 
+
+def _empty_caches(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zeroed E4M3 key cache and value cache of one layer, in the kernel's own page layout `shape`."""
+    key_cache = torch.zeros(shape, dtype=E4M3, device=device)
+    return key_cache, torch.zeros_like(key_cache)
+
+
+def _batch_on(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's keys and values (every sequence's tokens, in order) and their cache slots, on `device`."""
+    return torch.cat(batch.keys).to(device), torch.cat(batch.values).to(device), batch.slot_mapping().to(device)
+
 class VllmXpuImpl:
     """vLLM's XPU ops on one B70 card. Declarations are read from the source, not yet measured on the card:
     the write computes x / scale in fp32 and casts with c10's Float8_e4m3fn conversion (round to nearest
@@ -60,13 +71,11 @@ class VllmXpuImpl:
         return torch.tensor(x, dtype=torch.float32, device=self.device)
 
     def write(self, batch: Batch, k_scale: float, v_scale: float):
-        shape = (batch.num_blocks, batch.block_size, batch.num_kv_heads, batch.head_dim)
-        key_cache = torch.zeros(shape, dtype=E4M3, device=self.device)
-        value_cache = torch.zeros_like(key_cache)
-        slots = batch.slot_mapping().to(self.device)
+        key_cache, value_cache = _empty_caches((batch.num_blocks, batch.block_size, batch.num_kv_heads,
+                                                batch.head_dim), self.device)
+        keys, values, slots = _batch_on(batch, self.device)
         if len(slots):
-            self.reshape_and_cache_flash(torch.cat(batch.keys).to(self.device), torch.cat(batch.values).to(self.device),
-                                         key_cache, value_cache, slots, "fp8", self._scalar(k_scale),
+            self.reshape_and_cache_flash(keys, values, key_cache, value_cache, slots, "fp8", self._scalar(k_scale),
                                          self._scalar(v_scale))
         return key_cache, value_cache
 
@@ -139,13 +148,11 @@ class IpexPagedImpl:
         return None
 
     def write(self, batch: Batch, k_scale: float, v_scale: float):
-        shape = (batch.num_blocks, batch.num_kv_heads, batch.block_size, batch.head_dim)
-        key_cache = torch.zeros(shape, dtype=E4M3, device=self.device)
-        value_cache = torch.zeros_like(key_cache)
-        slots = batch.slot_mapping().to(self.device)
+        key_cache, value_cache = _empty_caches((batch.num_blocks, batch.num_kv_heads, batch.block_size,
+                                                batch.head_dim), self.device)
+        keys, values, slots = _batch_on(batch, self.device)
         if len(slots):
-            self.ops.reshape_and_cache(torch.cat(batch.keys).to(self.device), torch.cat(batch.values).to(self.device),
-                                       key_cache, value_cache, slots, "fp8", k_scale, v_scale)
+            self.ops.reshape_and_cache(keys, values, key_cache, value_cache, slots, "fp8", k_scale, v_scale)
         return key_cache, value_cache
 
     def read_back(self, cache, batch: Batch, seq: int):
