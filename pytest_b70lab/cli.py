@@ -122,14 +122,14 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _probe_collectives(args: argparse.Namespace) -> int:
-    from . import contract, launch, mini, session
+    from . import contract, mini, session
     from .probe import probe_collectives
 
     c = contract.load(args.contract)
     world = c.engine.tensor_parallel
     cache = (args.cache_dir or mini.default_cache_root()).resolve()
     out = (args.out or Path("data") / "probe" / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    env = launch.engine_environment(cache / "engine-state", world, **session._env_kind(c))
+    env = session.probe_environment(c, cache)
     print(f"b70lab: probing {world} ranks of {c.name} ({out})", file=sys.stderr, flush=True)
     result = probe_collectives(world, out, env, deadline_s=args.deadline, collective_s=args.collective_deadline,
                                stall_rank=args.stall_rank)

@@ -100,6 +100,9 @@ class Failure(Loose):
     message: str
     phase: str | None = None
     tails: dict[str, list[str]] = Field(default_factory=dict)
+    # The first error lines the launcher saw in the engine's output (launch.EngineServer.first_errors): the
+    # verdict names the failure by them ("Worker proc VllmWorker-1 died unexpectedly" names the rank).
+    first_errors: list[str] = Field(default_factory=list)
 
 
 class Evidence(Loose):
@@ -140,8 +143,10 @@ class Evidence(Loose):
         # Fields added after version 1 was first written stay out of the body while empty: evidence written
         # before they existed still verifies.
         later = {"quality": self.quality, "exposure": self.exposure, "probe": self.probe}
-        body = self.model_dump(mode="json", by_alias=True,
-                               exclude={"digest"} | {name for name, value in later.items() if not value})
+        exclude: dict[str, Any] = {"digest": True} | {name: True for name, value in later.items() if not value}
+        if self.failure is not None and not self.failure.first_errors:
+            exclude["failure"] = {"first_errors": True}
+        body = self.model_dump(mode="json", by_alias=True, exclude=exclude)
         return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def request(self, prompt_id: str) -> Request | None:

@@ -465,11 +465,14 @@ class EngineServer:
     def tails(self) -> dict[str, list[str]]:
         return {tag: list(lines) for tag, lines in sorted(self._tails.items())}
 
+    def first_errors(self) -> list[str]:
+        """The first few error lines of the engine's output, and any later line that says which process died
+        (it can come after a long traceback)."""
+        return self.fatal_lines[:8] + [line for line in self.fatal_lines[8:] if "died unexpectedly" in line][:2]
+
     def failure_report(self, headline: str) -> str:
         parts = [headline, f"logs: {self.log_dir / 'server.log'} (per rank: {self.log_dir / 'ranks'})"]
-        if self.fatal_lines:
-            # The first few, and any line that says which process died (it can come after a long traceback).
-            shown = self.fatal_lines[:8] + [line for line in self.fatal_lines[8:] if "died unexpectedly" in line][:2]
+        if shown := self.first_errors():
             parts.append("first error lines:\n  " + "\n  ".join(shown))
         for tag, lines in self.tails().items():
             parts.append(f"--- last lines of {tag} ---\n  " + "\n  ".join(lines[-12:]))

@@ -258,24 +258,18 @@ class _XdistHooks:
         """SIGTERM to the controller alone (a cancelled CI job) would end it and leave its workers, and their
         engines, to finish on their own: pass it on to the workers, which unwind like Ctrl-C while a start
         runs (`_sigterm_as_interrupt`), then stop the controller as Ctrl-C does."""
-        import signal
-        import threading
+        def forward() -> None:
+            import signal
 
-        if threading.current_thread() is not threading.main_thread() or \
-                signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return
-
-        def forward(signum, frame):
             import psutil
 
             for child in psutil.Process().children():
                 try:
-                    child.send_signal(signum)
+                    child.send_signal(signal.SIGTERM)
                 except psutil.NoSuchProcess:
                     continue
-            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
-        signal.signal(signal.SIGTERM, forward)
+        _sigterm_raises_interrupt(first=forward)
 
 
 def _declared_gates(config: pytest.Config) -> dict[str, str]:
@@ -544,51 +538,52 @@ def _collect_or_block(request: pytest.FixtureRequest, state: LabState, label: st
         if record.status != "ok":
             failure = record.failure
             phase = f" while {failure.phase}" if failure and failure.phase else ""
-            cause = _headline(failure.message) if failure else "no cause recorded"
+            cause = _headline(failure) if failure else "no cause recorded"
             folder = kind_dir(state.replay_dir or state.run_dir, record.role) / f"start-{record.start_index}"
             _block_session(request, state, f"{label}start-{record.start_index} failed{phase}: {cause} "
                                            f"(evidence and each rank's last lines: {folder / 'evidence.json'})")
     return records
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """While a session runs engine starts, SIGTERM (a CI job cancelled, `kill`) unwinds like Ctrl-C: the
-    start's teardown stops every engine process and its evidence is written, instead of Python dying at once
-    and leaving the ranks to their parent-death signal."""
+def _sigterm_raises_interrupt(first: Callable[[], None] | None = None) -> Callable[[], None] | None:
+    """Make SIGTERM (a CI job cancelled, `kill`) unwind like Ctrl-C, after running `first`: engine teardown
+    then stops every engine process and writes the start's evidence, instead of Python dying at once and
+    leaving the ranks to their parent-death signal. Only where it is pytest's to change (the main thread, the
+    default handler still in place); returns what restores the default, or None when nothing was changed."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
+        return None
 
     def interrupt(signum, frame):
+        if first is not None:
+            first()
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While a session runs engine starts, SIGTERM unwinds like Ctrl-C (_sigterm_raises_interrupt)."""
+    restore = _sigterm_raises_interrupt()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if restore is not None:
+            restore()
 
 
-def _headline(message: str) -> str:
-    """A failure's first line, and the first error line the launcher saw in the logs (which often names
-    the rank: "Worker proc VllmWorker-1 died unexpectedly")."""
-    lines = [line.strip() for line in message.strip().splitlines()]
-    if not lines:
-        return "no cause recorded"
-    errors: list[str] = []
-    if "first error lines:" in lines:
-        for line in lines[lines.index("first error lines:") + 1:]:
-            if line.startswith("---"):
-                break
-            errors.append(line)
-    # A rank that died is named by vLLM's "Worker proc ... died unexpectedly": that line first, if any.
+def _headline(failure: evidence_mod.Failure) -> str:
+    """A failure's first line, and the first error line the launcher saw in the engine's output, preferring
+    the one that names the rank ("Worker proc VllmWorker-1 died unexpectedly")."""
+    first = next((line.strip() for line in failure.message.strip().splitlines()), "") or "no cause recorded"
+    errors = [line.strip() for line in failure.first_errors]
     chosen = next((e for e in errors if "died unexpectedly" in e), errors[0] if errors else None)
-    return lines[0] + (f"; first error: {chosen}" if chosen else "")
+    return first + (f"; first error: {chosen}" if chosen else "")
 
 
 def _model_errors() -> tuple[type[Exception], ...]:

@@ -269,10 +269,11 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
     except (launch.EngineStartError, engine_client.EngineRequestError, OSError, ValueError) as e:
         # A start-up failure already carries the logs' error lines; anything later gets them added.
         message = str(e) if isinstance(e, launch.EngineStartError) else server.failure_report(str(e))
-        record.failure = evidence.Failure(message=message, phase=server.phase, tails=server.tails())
+        record.failure = evidence.Failure(message=message, phase=server.phase, tails=server.tails(),
+                                          first_errors=server.first_errors())
     except BaseException as e:  # Ctrl-C or a bug: still tear down and keep what was seen
         record.failure = evidence.Failure(message=f"interrupted: {type(e).__name__}: {e}", phase=server.phase,
-                                          tails=server.tails())
+                                          tails=server.tails(), first_errors=server.first_errors())
         _finish(server, record, start_dir)
         raise
     _finish(server, record, start_dir)
@@ -336,6 +337,13 @@ class ProbeOptions:
 PROBE_DIR = "probe"
 
 
+def probe_environment(contract: Contract, cache_root: Path) -> dict[str, str]:
+    """The probe's ranks get the environment an engine start of `contract` gets (the same communicator
+    switches, device selection and oneCCL settings), so that the probe exercises what the engine will."""
+    return launch.engine_environment(cache_root / "engine-state", contract.engine.tensor_parallel,
+                                     **_env_kind(contract))
+
+
 def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
                     stall_rank: int | None = None, deadline_s: float = 180.0) -> dict:
     """The collective probe before a run folder's first engine start (once per run folder: a later kind in
@@ -351,9 +359,9 @@ def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progres
             return recorded
     say = progress or (lambda _msg: None)
     world = contract.engine.tensor_parallel
-    env = launch.engine_environment(cache_root / "engine-state", world, **_env_kind(contract))
     say(f"{contract.name}: collective probe over {world} ranks")
-    result = probe_collectives(world, folder, env, deadline_s=deadline_s, stall_rank=stall_rank)
+    result = probe_collectives(world, folder, probe_environment(contract, cache_root), deadline_s=deadline_s,
+                               stall_rank=stall_rank)
     for line in result.lines():
         say(line)
     if not result.passed:

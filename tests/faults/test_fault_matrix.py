@@ -50,7 +50,8 @@ ROWS = [
     Row("collective-stall-without-probe", "collective-stall:1", 75,
         r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server was not ready within the 75 s start-up deadline", args=["--b70-no-probe"]),
     Row("rank-dies-loading-weights", "die-loading:1", 240,
-        r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server exited with code \d+ during start-up", ci=True),
+        r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server exited with code \d+ during start-up.*; "
+        r"first error: .+", ci=True),
     Row("rank-killed-mid-decode", "die-decode:1:20", 240,
         r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*", ci=True),
     Row("engine-core-exits", "engine-core-exit:20", 240,
