@@ -163,6 +163,11 @@ def _ini_path(config: pytest.Config, name: str) -> Path | None:
     return path if path.is_absolute() else (config.inipath.parent if config.inipath else config.rootpath) / path
 
 
+def _runs_root(config: pytest.Config) -> Path:
+    """Where each session makes its <timestamp> run folder (and where `--b70-baseline last` looks)."""
+    return _ini_path(config, "b70_runs_dir") or Path(config.rootpath) / "data" / "runs"
+
+
 def _contract_setting(config: pytest.Config) -> str | None:
     """--b70-contract, else the ini's b70_contract (a TOML path there is relative to the ini file)."""
     if config.getoption("--b70-contract") is not None:
@@ -187,8 +192,7 @@ def pytest_configure(config: pytest.Config) -> None:
         run_dir = replay.resolve()
     else:
         chosen = config.getoption("--b70-run-dir")
-        runs = _ini_path(config, "b70_runs_dir") or Path(config.rootpath) / "data" / "runs"
-        run_dir = (chosen or runs / time.strftime("%Y%m%d-%H%M%S")).resolve()
+        run_dir = (chosen or _runs_root(config) / time.strftime("%Y%m%d-%H%M%S")).resolve()
     config.stash[STATE] = LabState(
         config=config, run_dir=run_dir,
         cache_dir_option=config.getoption("--b70-cache-dir") or _ini_path(config, "b70_cache_dir"),
@@ -829,7 +833,7 @@ def _baseline_comparison(config: pytest.Config, state: LabState) -> list[str]:
     from . import compare
 
     wanted = str(config.getoption("--b70-baseline"))
-    runs_root = _ini_path(config, "b70_runs_dir") or Path(config.rootpath) / "data" / "runs"
+    runs_root = _runs_root(config)
     if wanted == "last":
         found = compare.last_promoted_run(runs_root, exclude=state.run_dir)
         if found is None:
