@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+TEARDOWN_GRACE_S = 10.0   # how long a rank's process group may outlive the rank before the probe fails
 STAGES = ("started", "initialized", "entered", "completed", "torn_down")
 PROBE_FILE = "probe.json"
 
@@ -125,15 +126,32 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def _group_gone(pgid: int) -> bool:
+def _group_members(pgid: int) -> list[str]:
+    """'pid name' of every live (not zombie) process in the group."""
     import psutil
 
-    for p in psutil.process_iter(["pid"]):
+    members = []
+    for p in psutil.process_iter(["pid", "name"]):
         try:
             if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                return False
+                members.append(f"{p.pid} {p.info['name']}")
         except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
             continue
+    return members
+
+
+def _group_gone(pgid: int) -> bool:
+    return not _group_members(pgid)
+
+
+def _group_gone_within(pgid: int, grace_s: float) -> bool:
+    """A rank's helper processes (imports start some) may take a moment to follow it out; a group still
+    there after `grace_s` is an unclean teardown."""
+    deadline = time.monotonic() + grace_s
+    while not _group_gone(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
     return True
 
 
@@ -190,9 +208,15 @@ def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, de
     states = [_state(r, _read_events(out_dir / f"rank-{r}.jsonl")) for r in range(world_size)]
     for state, p in zip(states, procs):
         state.exit_code = p.returncode
-        state.gone = _group_gone(p.pid)
+        state.gone = _group_gone_within(p.pid, TEARDOWN_GRACE_S)
         if not state.gone:
-            problems.append(f"rank {state.rank}: process group {p.pid} still has processes after teardown")
+            left = _group_members(p.pid)
+            try:  # the rank itself is gone, so nothing waits on it: kill what it left, outright
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            problems.append(f"rank {state.rank}: process group {p.pid} still had processes "
+                            f"{TEARDOWN_GRACE_S:g} s after the rank exited (killed: {', '.join(left) or '?'})")
     ok = all("torn_down" in s.reached and s.correct and s.exit_code == 0 and not s.error for s in states)
     injected = f"rank {stall_rank} stalls before the all_reduce" if stall_rank is not None else None
     result = ProbeResult(world_size, ok and not problems, round(time.monotonic() - t0, 2), states, problems,
