@@ -101,7 +101,8 @@ class Failure(Loose):
     phase: str | None = None
     tails: dict[str, list[str]] = Field(default_factory=dict)
     # The first error lines the launcher saw in the engine's output (launch.EngineServer.first_errors): the
-    # verdict names the failure by them ("Worker proc VllmWorker-1 died unexpectedly" names the rank).
+    # verdict names the failure by the one launch.root_cause chooses (the exception a rank raised, else the
+    # line naming a dead process, ...).
     first_errors: list[str] = Field(default_factory=list)
 
 

@@ -44,6 +44,76 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 FATAL = re.compile(r"Segfault encountered|Traceback \(most recent call last\)|died unexpectedly|"
                    r"RuntimeError|EngineCore failed to start")
+TRACEBACK = "Traceback (most recent call last):"
+# vLLM's log-record header after the rank tag ("ERROR 12-01 10:00:00 [multiproc_executor.py:953] "): vLLM
+# repeats tag and header on every line of a multi-line record, a logged traceback's lines included.
+LOG_HEADER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] ")
+# A traceback's last line: the exception's class, dotted or not, then ": message" or nothing
+# ("NotImplementedError: ...", "torch.OutOfMemoryError: ...", "AssertionError"). Any class, not a list of names.
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")
+# The processes that are ranks: "(Worker pid=)", "(Worker_TP1_EP1 pid=)", and early on "(VllmWorker-0 pid=)".
+RANK_PROCESS = re.compile(r"^(?:Vllm)?Worker(?:$|[_\-])")
+
+
+def split_line(line: str) -> tuple[str | None, str]:
+    """A line of the engine's output as (the process tag vLLM put in front of it, or None; what it says, with
+    the log-record header and trailing whitespace removed: vLLM ends a multi-line record's lines in "\\r")."""
+    m = RANK_TAG.match(line)
+    body = line[m.end():].removeprefix(" ") if m else line
+    return (m.group("tag") if m else None), LOG_HEADER.sub("", body, count=1).rstrip()
+
+
+def is_exception_line(body: str) -> bool:
+    """`body` (split_line's) reads as the last line of a traceback: an exception's name, unindented."""
+    return bool(body) and not body.startswith(TRACEBACK) and EXCEPTION_LINE.match(body) is not None
+
+
+# What Python writes before the traceback of an exception it ignored (sys.unraisablehook: one raised in a
+# __del__ during garbage collection, as vLLM's CPUDNNLGEMMHandler.__del__ does while a model compiles).
+UNRAISABLE = "Exception ignored in"
+
+
+class TracebackEnds:
+    """Fed the engine's output line by line, says what each line is to a Python traceback, per process tag:
+    END for the exception line that ends one (the first unindented exception line after `Traceback (most
+    recent call last):`; its frames are indented), IGNORED for the `Traceback` line of an exception that
+    Python reported and ignored (after `Exception ignored in: ...`: nothing failed), else None."""
+
+    END, IGNORED = "end", "ignored"
+
+    def __init__(self) -> None:
+        self._open: dict[str | None, bool] = {}   # tag -> whether its open traceback counts
+        self._last: dict[str | None, str] = {}
+
+    def feed(self, line: str) -> str | None:
+        tag, body = split_line(line)
+        previous, self._last[tag] = self._last.get(tag, ""), body
+        if body.startswith(TRACEBACK):
+            self._open[tag] = not previous.startswith(UNRAISABLE)
+            return None if self._open[tag] else self.IGNORED
+        if tag in self._open and is_exception_line(body):
+            return self.END if self._open.pop(tag) else None
+        return None
+
+
+def root_cause(errors: list[str]) -> tuple[str | None, str] | None:
+    """Which of a failed start's error lines (EngineServer.first_errors, in the order they were written) says
+    why it failed, as (process tag or None, what the line says):
+
+    1. the first exception a rank raised: the last line of its first traceback
+       (`NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.`);
+    2. else a line naming a process that died (`Worker proc VllmWorker-1 died unexpectedly (exit code: 0)`):
+       the executor writes it after a rank raised or was killed, which makes it the effect when 1 exists;
+    3. else the first exception of another process (engine core, API server), one that points elsewhere for
+       its cause last (vLLM's `... See root cause above.`);
+    4. else the first other error line. A bare `Traceback (most recent call last):` names nothing: never."""
+    lines = [split_line(e) for e in errors]
+    exceptions = [(tag, body) for tag, body in lines if is_exception_line(body)]
+    ranks = [(tag, body) for tag, body in exceptions if tag and RANK_PROCESS.match(tag)]
+    died = [(tag, body) for tag, body in lines if "died unexpectedly" in body]
+    others = sorted(exceptions, key=lambda e: "root cause" in e[1].lower())  # stable: in order otherwise
+    rest = [(tag, body.strip()) for tag, body in lines if body.strip() and not body.strip().startswith(TRACEBACK)]
+    return next((found[0] for found in (ranks, died, others, rest) if found), None)
 
 
 class EngineStartError(RuntimeError):
@@ -367,6 +437,7 @@ class EngineServer:
         self.started_at = 0.0
         self.ready_after: float | None = None
         self.fatal_lines: list[str] = []
+        self._traceback_ends = TracebackEnds()
         self._tails: dict[str, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=tail_lines))
         self._seen: dict[int, ProcessRecord] = {}
@@ -403,7 +474,12 @@ class EngineServer:
                 if f is None:
                     f = rank_files[tag] = open(self.log_dir / "ranks" / f"{tag}.log", "w", encoding="utf-8")
                 f.write(line + "\n")  # type: ignore[attr-defined]
-                if FATAL.search(line) and len(self.fatal_lines) < 20:
+                # A traceback's exception line is an error line whatever its class (root_cause reads it); the
+                # traceback of an exception Python ignored is none.
+                seen = self._traceback_ends.feed(line)
+                ends = seen == TracebackEnds.END
+                if (FATAL.search(line) or ends) and seen != TracebackEnds.IGNORED and \
+                        len(self.fatal_lines) < (40 if ends else 20):
                     self.fatal_lines.append(line)
                 self._advance_phase(line)
         for f in rank_files.values():
@@ -467,8 +543,10 @@ class EngineServer:
 
     def first_errors(self) -> list[str]:
         """The first few error lines of the engine's output, and any later line that says which process died
-        (it can come after a long traceback)."""
-        return self.fatal_lines[:8] + [line for line in self.fatal_lines[8:] if "died unexpectedly" in line][:2]
+        or what a traceback raised (it can come after many ranks' tracebacks): what root_cause chooses from."""
+        later = [line for line in self.fatal_lines[8:]
+                 if "died unexpectedly" in line or is_exception_line(split_line(line)[1])]
+        return self.fatal_lines[:8] + later[:4]
 
     def failure_report(self, headline: str) -> str:
         parts = [headline, f"logs: {self.log_dir / 'server.log'} (per rank: {self.log_dir / 'ranks'})"]

@@ -33,12 +33,16 @@ GATE_PROPERTY, SUBJECT_PROPERTY = "b70_gate", "b70_subject"
 # is printed in the terminal summary, also when the test ran on an xdist worker.
 FINDING_PROPERTY = "b70_finding"
 WORKER_RUN_DIR = "b70lab_run_dir"
+# The file in the run folder that the first xdist worker to meet a failed start claims (_block_session).
+WORKER_BLOCK_MARK = "b70lab_block_mark"
 # A quality test names the figure it judges (e.g. "long_context/near-max"): the quality verdict needs all.
 QUALITY_PROPERTY = "b70_quality_figure"
 NO_QUALITY = "not-judgeable"
 # Set on the report of the test that found the session cannot go on (a start that could not begin or
 # failed): the verdict, also on the xdist controller, then reads as that one cause.
 BLOCKED_PROPERTY = "b70_blocked"
+# A test that needs one of these is judged from an engine start's evidence: after a failed start it does not run.
+ENGINE_EVIDENCE = ("b70_evidence", "b70_teacher_evidence", "b70_reference_evidence")
 
 
 @dataclass
@@ -55,8 +59,9 @@ class LabState:
     # Set at collection: a selected test judges quality, so the starts ask the quality samples too.
     wants_quality: bool = False
     _scores: dict[str, dict] | None = None   # quality scores by evidence digest (coding runs code once)
-    blocked: str | None = None   # why this process's session cannot go on (see _block_session)
+    blocked: str | None = None   # why no test that needs an engine's evidence can run (see _block_session)
     blocked_reported: bool = False
+    block_mark: Path | None = None   # on an xdist worker: the session's marker of who reported the block
     _extra_gates: dict[str, str] | None = None
 
     @property
@@ -196,7 +201,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = LabState(
         config=config, run_dir=run_dir,
         cache_dir_option=config.getoption("--b70-cache-dir") or _ini_path(config, "b70_cache_dir"),
-        contract_name=_contract_setting(config) or DEFAULT_CONTRACT, replay_dir=replay.resolve() if replay else None)
+        contract_name=_contract_setting(config) or DEFAULT_CONTRACT, replay_dir=replay.resolve() if replay else None,
+        block_mark=Path(worker_input[WORKER_BLOCK_MARK])
+        if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK) else None)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(config.stash[STATE]), "b70lab-xdist")
     _guard_snapshot_update(config)
@@ -230,14 +237,23 @@ def _teacher_snapshots_of_other_contracts_are_not_errors(config: pytest.Config) 
 
 
 class _XdistHooks:
-    """Every xdist worker uses the controller's run folder, so they share one engine launch."""
+    """Every xdist worker uses the controller's run folder, so they share one engine launch, and one marker
+    file of this session there, so that one failed start is one failure (_block_session)."""
 
     def __init__(self, state: LabState):
+        import secrets
+
         self.state = state
+        self.block_mark = state.run_dir / f".blocked-{secrets.token_hex(6)}"  # this session's alone
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
         node.workerinput[WORKER_RUN_DIR] = str(self.state.run_dir)
+        node.workerinput[WORKER_BLOCK_MARK] = str(self.block_mark)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if not hasattr(config, "workerinput"):
+            self.block_mark.unlink(missing_ok=True)
 
     interrupted_by_signal = False
 
@@ -509,12 +525,70 @@ def b70_mini_model(b70_cache_root: Path) -> Path:
 
 
 def _block_session(request: pytest.FixtureRequest, state: LabState, message: str) -> NoReturn:
-    """Nothing after this can be judged: fail this one test with `message` and stop the session after it
-    (pytest's own -x mechanism, which xdist workers pass on to the controller). The report of this test
-    carries the message to the verdict (`pytest_runtest_makereport`), instead of one error per gate test."""
-    state.blocked = message
-    request.session.shouldfail = "b70lab: the session stopped at its first failure (the b70lab verdict says why)"
-    pytest.fail(message, pytrace=False)
+    """Nothing that needs an engine's evidence can be judged after this. The first test of the session to
+    meet it fails with `message`, and its report carries the message to the verdict
+    (`pytest_runtest_makereport`): one failure and one verdict line, not one error per gate test. Under xdist
+    that is the first worker to claim the session's marker in the run folder; another worker's test that
+    meets the same failed start is skipped. Every later test that needs an engine's evidence is skipped, on
+    every worker, with the message as its reason (`pytest_runtest_setup`); all other tests of the session
+    (unit, kernel, quality-logic tests) run and report as ever."""
+    claimed, first = _claim_block(state, message)
+    state.blocked = first
+    if claimed:
+        pytest.fail(message, pytrace=False)
+    state.blocked_reported = True  # another worker's test reports it
+    pytest.skip(_blocked_reason(first))
+
+
+def _claim_block(state: LabState, message: str) -> tuple[bool, str]:
+    """(whether this process reports the block, the session's first failure). Without xdist, this process
+    alone; on a worker, the first to create the session's marker (an atomic link of a file holding the
+    message: the others read it whole)."""
+    if state.blocked is not None or state.block_mark is None:
+        return state.blocked is None, state.blocked or message
+    import os
+
+    mark = state.block_mark
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    draft = mark.with_name(f"{mark.name}.{os.getpid()}")
+    draft.write_text(message, encoding="utf-8")
+    try:
+        os.link(draft, mark)
+        return True, message
+    except FileExistsError:
+        return False, mark.read_text(encoding="utf-8") or message
+    except OSError:  # a folder without hard links: rather two failures than none
+        return True, message
+    finally:
+        draft.unlink(missing_ok=True)
+
+
+def _blocked_elsewhere(state: LabState) -> str | None:
+    """On an xdist worker: the first failure another worker reported, if one did."""
+    if state.block_mark is None:
+        return None
+    try:
+        return state.block_mark.read_text(encoding="utf-8") or None
+    except FileNotFoundError:
+        return None
+
+
+def _blocked_reason(message: str) -> str:
+    return f"not run after this session's first failure: {message}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """After a start failed or could not begin (in this process or on another xdist worker), a test that needs
+    an engine's evidence is skipped before its fixtures, the failure as its reason: the verdict counts a
+    skipped required subject as failed, and a blocked run is incomplete, never promotable."""
+    state = item.config.stash.get(STATE, None)
+    if state is None or not set(ENGINE_EVIDENCE) & set(getattr(item, "fixturenames", ())):
+        return
+    if state.blocked is None and (elsewhere := _blocked_elsewhere(state)) is not None:
+        state.blocked, state.blocked_reported = elsewhere, True
+    if state.blocked is not None:
+        pytest.skip(_blocked_reason(state.blocked))
 
 
 def _collect_or_block(request: pytest.FixtureRequest, state: LabState, label: str,
@@ -582,12 +656,17 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _headline(failure: evidence_mod.Failure) -> str:
-    """A failure's first line, and the first error line the launcher saw in the engine's output, preferring
-    the one that names the rank ("Worker proc VllmWorker-1 died unexpectedly")."""
+    """A failure's first line, and the cause the engine's output names (launch.root_cause over the error lines
+    the launcher saw: the exception a rank raised, else the line naming a dead process, ...) with the process
+    that wrote it: `...; cause on Worker_TP1_EP1: NotImplementedError: FP8 KV cache on CPU requires ...`."""
+    from .launch import root_cause
+
     first = next((line.strip() for line in failure.message.strip().splitlines()), "") or "no cause recorded"
-    errors = [line.strip() for line in failure.first_errors]
-    chosen = next((e for e in errors if "died unexpectedly" in e), errors[0] if errors else None)
-    return first + (f"; first error: {chosen}" if chosen else "")
+    found = root_cause(failure.first_errors)
+    if found is None:
+        return first
+    tag, cause = found
+    return f"{first}; cause{f' on {tag}' if tag else ''}: {cause}"
 
 
 def _model_errors() -> tuple[type[Exception], ...]:

@@ -50,8 +50,8 @@ class Decision:
     required: list[Pair]
     outcomes: list[GateOutcome]
     problems: list[str] = field(default_factory=list)   # why the required set itself could not be known
-    # Why the session stopped before it could judge (a start that could not begin, or failed): the verdict
-    # is that cause, not the gate tests it left unrun.
+    # Why the session could not judge (a start that could not begin, or failed): the verdict is that cause,
+    # not the gate tests it skipped.
     blocked: list[str] = field(default_factory=list)
 
     @property
@@ -109,7 +109,8 @@ def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool
     lines: list[tuple[str, dict[str, bool]]] = []
     if d.blocked:
         lines.append((f"NOT PROMOTABLE: {d.blocked[0]}", {"red": True, "bold": True}))
-        lines.append((f"  contract {d.contract}: the session stopped there, no gate was judged past it", {}))
+        lines.append((f"  contract {d.contract}: no gate was judged past it (every test that needs the engine's "
+                      f"evidence was skipped)", {}))
         lines.append((f"evidence and promotion.json: {run_dir}", {}))
         return lines
     if d.promotable:

@@ -5,6 +5,9 @@ nothing unless `B70LAB_FAULT` names a fault.
 
   collective-stall:R     rank R never completes its first collective (the seed's stall)
   die-loading:R          rank R dies (exit 17) while loading weights
+  raise-loading:R        rank R raises InjectedFault (this module's) while loading weights
+  raise-kv-cache:R       rank R raises NotImplementedError while its KV cache is allocated, where vLLM's CPU
+                         attention refuses an FP8 cache on a CPU without AVX-512 or AMX (`_get_attn_isa`)
   die-decode:R[:N]       rank R is SIGKILLed at its N-th model step after the engine is serving (default 20)
   engine-core-exit[:N]   the engine core process exits (code 3) at its N-th busy step (default 20)
   stream-cut[:N]         the API server exits after sending N chunks of a streamed completion (default 10)
@@ -25,8 +28,13 @@ import time
 from dataclasses import dataclass
 
 ENV = "B70LAB_FAULT"
-FAULTS = ("collective-stall", "die-loading", "die-decode", "engine-core-exit", "stream-cut")
+FAULTS = ("collective-stall", "die-loading", "raise-loading", "raise-kv-cache", "die-decode", "engine-core-exit",
+          "stream-cut")
 log = logging.getLogger("vllm.b70lab_faults")
+
+
+class InjectedFault(Exception):
+    """What raise-loading raises: an exception class of no list (a traceback names it with its module)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,38 @@ def _die_loading(fault: Fault) -> None:
     Worker.load_model = load_model
 
 
+def _raise_loading(fault: Fault) -> None:
+    from vllm.v1.worker.gpu_worker import Worker
+
+    original = Worker.load_model
+
+    def load_model(self, *args, **kwargs):
+        if getattr(self, "rank", None) == fault.rank:
+            _fired(f"rank {fault.rank} raises while loading weights")
+            raise InjectedFault(f"b70lab fault injected: rank {fault.rank} cannot load its weights")
+        return original(self, *args, **kwargs)
+
+    Worker.load_model = load_model
+
+
+def _raise_kv_cache(fault: Fault) -> None:
+    """Rank R raises where the real refusal is raised: the CPU attention's ISA choice, made as each attention
+    group's metadata builder is built while the worker allocates its KV cache."""
+    import torch.distributed as dist
+    from vllm.v1.attention.backends import cpu_attn
+
+    original = cpu_attn._get_attn_isa
+
+    def _get_attn_isa(*args, **kwargs):
+        if dist.is_initialized() and dist.get_rank() == fault.rank:
+            _fired(f"rank {fault.rank} raises while its KV cache is allocated")
+            raise NotImplementedError(f"b70lab fault injected: rank {fault.rank} refuses its FP8 KV cache, as "
+                                      f"vLLM's CPU attention does on a CPU without AVX-512 or AMX")
+        return original(*args, **kwargs)
+
+    cpu_attn._get_attn_isa = _get_attn_isa
+
+
 def _die_decode(fault: Fault) -> None:
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -158,7 +198,8 @@ def _stream_cut(fault: Fault) -> None:
     OpenAIServingCompletion.completion_stream_generator = completion_stream_generator
 
 
-INSTALL = {"collective-stall": _collective_stall, "die-loading": _die_loading, "die-decode": _die_decode,
+INSTALL = {"collective-stall": _collective_stall, "die-loading": _die_loading, "raise-loading": _raise_loading,
+           "raise-kv-cache": _raise_kv_cache, "die-decode": _die_decode,
            "engine-core-exit": _engine_core_exit, "stream-cut": _stream_cut}
 _installed: Fault | None = None
 

@@ -19,6 +19,8 @@ def test_unset_means_no_fault(monkeypatch) -> None:
 @pytest.mark.parametrize("spec, fault", [
     ("collective-stall:1", vllm_faults.Fault("collective-stall", 1, None)),
     ("die-decode:1:30", vllm_faults.Fault("die-decode", 1, 30)),
+    ("raise-loading:1", vllm_faults.Fault("raise-loading", 1, None)),
+    ("raise-kv-cache:0", vllm_faults.Fault("raise-kv-cache", 0, None)),
     ("engine-core-exit:7", vllm_faults.Fault("engine-core-exit", None, 7)),
     ("stream-cut", vllm_faults.Fault("stream-cut", None, None)),
 ])
@@ -27,7 +29,8 @@ def test_a_fault_names_its_rank_and_moment(spec: str, fault) -> None:
 
 
 @pytest.mark.parametrize("spec, message", [("die-loadin:1", "unknown fault 'die-loadin'"),
-                                           ("die-loading", "die-loading needs a rank")])
+                                           ("die-loading", "die-loading needs a rank"),
+                                           ("raise-kv-cache", "raise-kv-cache needs a rank")])
 def test_a_misspelt_fault_is_an_error(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         vllm_faults.parse(spec)
