@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import evidence
+from . import evidence, host
 from .evidence import Evidence
 
 PROMOTION = evidence.PROMOTION
@@ -187,6 +187,8 @@ def show(run: Run) -> str:
     for role, model in (("target", e.target), ("draft", e.draft)):
         lines.append(f"{role:<9} " + (_model_line(model) if model else "none"))
     lines.append(f"engine    vllm {e.engine.vllm_version or '?'}, torch {e.engine.torch_version or '?'}")
+    lines.append(f"machine   {host.describe(e.host) if e.host else 'CPU not recorded'}; FP8 attention "
+                 f"{host.fp8_attention_ran(e.audits) or 'not recorded'}")
     flags = parse_flags(e.engine.command)
     lines.append("flags     " + " ".join(k if v is None else f"{k} {v}" for k, v in flags.items()
                                          if k.startswith("--") and k not in PER_RUN_FLAGS))
@@ -248,13 +250,19 @@ def compare_runs(a: Run, b: Run, *, confidence: float = 0.95, resamples: int = 1
         flags=tuple(_diff_maps(_launch_flags(ea.engine.command), _launch_flags(eb.engine.command))),
         environment=tuple(_diff_maps(_environment(ea.engine.environment), _environment(eb.engine.environment))),
         models=tuple(_diff_models(ea, eb)),
-        versions=tuple(_diff_maps({"vllm": ea.engine.vllm_version, "torch": ea.engine.torch_version},
-                                  {"vllm": eb.engine.vllm_version, "torch": eb.engine.torch_version})),
+        versions=tuple(_diff_maps(_versions(ea), _versions(eb))),
         prompts=prompts,
         only_in_a=tuple(pid for pid in ids_a if pid not in ids_b),
         only_in_b=tuple(r.prompt_id for r in eb.requests if r.prompt_id not in ids_a),
         speed=_speed([(p.rate_a, p.rate_b) for p in prompts], confidence, resamples, seed),
     )
+
+
+def _versions(e: Evidence) -> dict[str, Any]:
+    """What ran the experiment besides its flags: the libraries, the CPU and the FP8 attention path (outputs
+    and speed depend on all of them)."""
+    return {"vllm": e.engine.vllm_version, "torch": e.engine.torch_version,
+            "cpu": host.describe(e.host) if e.host else None, "fp8 attention": host.fp8_attention_ran(e.audits)}
 
 
 def diff_values(a: Any, b: Any, prefix: str = "") -> list[Change]:

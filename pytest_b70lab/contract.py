@@ -122,6 +122,9 @@ class Speculative(Strict):
         return self
 
 
+FP8_ATTENTION_DEFAULT = "either"
+
+
 class Expect(Strict):
     """What the per-rank audits must find."""
 
@@ -134,6 +137,10 @@ class Expect(Strict):
     # Checkpoint tensors (names or fnmatch patterns) that no engine parameter is made of, each with the
     # reason: the load audit fails on any other uncovered tensor.
     load_audit_exempt: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
+    # Which FP8 attention implementation a rank may run (its audit's fp8_attention, judged by gate 3): vLLM's
+    # own ops ("native"), the package's portable path for CPUs without AVX-512 ("portable"), or "either". Left
+    # out of the canonical form while "either", so contracts written before it keep their digests.
+    fp8_attention: Literal["native", "portable", "either"] = FP8_ATTENTION_DEFAULT
 
 
 class Prompts(Strict):
@@ -219,7 +226,10 @@ class Contract(Strict):
     def canonical(self) -> dict[str, Any]:
         # Tables added later are left out while absent: a contract without them keeps the digest it had,
         # and evidence recorded before them still replays.
-        return self.model_dump(mode="json", exclude={k for k in ("chat", "quality") if getattr(self, k) is None})
+        exclude: dict[str, Any] = {k: True for k in ("chat", "quality") if getattr(self, k) is None}
+        if self.expect.fp8_attention == FP8_ATTENTION_DEFAULT:
+            exclude["expect"] = {"fp8_attention"}
+        return self.model_dump(mode="json", exclude=exclude)
 
     @property
     def digest(self) -> str:

@@ -134,6 +134,9 @@ class Evidence(Loose):
     # The preflight collective probe that ran before the run folder's first start (probe.ProbeResult), or
     # {"skipped": why}.
     probe: dict[str, Any] | None = None
+    # The CPU the start ran on and the emulation asked for (host.cpu_identity): outputs, speed and the FP8
+    # attention path depend on it.
+    host: dict[str, Any] | None = None
     logs: dict[str, str] = Field(default_factory=dict)   # relative to the evidence file's folder
     log_findings: dict[str, list[str]] = Field(default_factory=dict)  # lines that gates care about
     digest: str | None = None
@@ -143,7 +146,7 @@ class Evidence(Loose):
     def body_digest(self) -> str:
         # Fields added after version 1 was first written stay out of the body while empty: evidence written
         # before they existed still verifies.
-        later = {"quality": self.quality, "exposure": self.exposure, "probe": self.probe}
+        later = {"quality": self.quality, "exposure": self.exposure, "probe": self.probe, "host": self.host}
         exclude: dict[str, Any] = {"digest": True} | {name: True for name, value in later.items() if not value}
         if self.failure is not None and not self.failure.first_errors:
             exclude["failure"] = {"first_errors": True}

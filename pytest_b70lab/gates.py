@@ -231,6 +231,8 @@ def engine_resolution(start: Evidence, rank: int, contract: Contract) -> Verdict
         tensor = layer.get("kv_tensor") or {}
         c.expect(tensor.get("dtype") in FP8_STORAGE_DTYPES,
                  f"{name}: KV cache tensor is {tensor.get('dtype')!r}, not 8-bit FP8 storage")
+    if contract.engine.kv_cache_dtype.startswith("fp8"):
+        _fp8_attention_path(c, audit, rank, contract.expect.fp8_attention)
     c.expect("server" in start.logs, f"start-{start.start_index}: no server log recorded, so a backend fallback "
                                      "could not be looked for")
     rank_log = rank_log_name(contract, rank)
@@ -241,6 +243,25 @@ def engine_resolution(start: Evidence, rank: int, contract: Contract) -> Verdict
         fallbacks = [line for line in start.log_findings["backend_fallback"] if not _declared_fallback(start, line)]
         c.expect(not fallbacks, f"backend fallback in the log: {fallbacks[0] if fallbacks else ''}")
     return c.done()
+
+
+def _fp8_attention_path(c: _Check, audit: dict, rank: int, accepted: str) -> None:
+    """Which FP8 attention the rank ran (vLLM's own ops or the portable path) is the contract's to accept:
+    a switch between them is never silent."""
+    path = audit.get("fp8_attention")
+    if not c.expect(isinstance(path, dict) and isinstance(path.get("portable"), bool),
+                    f"rank {rank}: the audit does not say which FP8 attention implementation ran "
+                    f"(fp8_attention: {path!r})"):
+        return
+    ran = "portable" if path["portable"] else "native"
+    c.observe(fp8_attention=ran, op_library=path.get("op_library"), emulated_cpu=path.get("emulated_cpu"))
+    c.expect(ran == "portable" or path.get("native_supported") is not False,
+             f"rank {rank}: the audit says vLLM's native FP8 attention ran, yet that this CPU cannot run it "
+             f"(op library {path.get('op_library')}): the audit contradicts itself")
+    why = f" ({path['reason']})" if path.get("reason") else ""
+    c.expect(accepted in ("either", ran),
+             f"rank {rank}: FP8 attention ran {ran}: {path.get('implementation')}{why}, op library "
+             f"{path.get('op_library')}; the contract accepts {accepted} only")
 
 
 # The launch turns vLLM's spinning CPU SHM all-reduce off when the ranks lack cores (launch.

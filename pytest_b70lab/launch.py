@@ -29,6 +29,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from . import vllm_cpu_emulation
+
 # "(Worker_TP1_EP1 pid=123)", "(EngineCore pid=7)", "(APIServer pid=5)", "(Worker pid=9)", "(VllmWorker-0 pid=9)"
 RANK_TAG = re.compile(r"^\((?P<tag>[A-Za-z][\w\-]*) pid=(?P<pid>\d+)\)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -242,6 +244,9 @@ def engine_environment(state_dir: Path, world_size: int, extra: dict[str, str] |
     if offline:  # a hub model keeps the caller's HF_HOME: that is where its weights are
         caches["HF_HOME"] = "hf"
     state_dir = Path(state_dir).resolve() if materialize else Path(state_dir)
+    emulation = vllm_cpu_emulation.requested() if device == "cpu" else None
+    if emulation:  # compiled code of the real CPU must never be loaded into the emulated one, nor the reverse
+        state_dir = state_dir / f"emulate-{emulation}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TORCHINDUCTOR_"))}
     for var, sub in caches.items():
         path = state_dir / sub
@@ -260,6 +265,8 @@ def engine_environment(state_dir: Path, world_size: int, extra: dict[str, str] |
         for var in XPU_PER_RANK_VARIABLES:
             env.pop(var, None)
         env.update(xpu_environment(world_size))
+    if emulation:  # read by torch, oneDNN and Inductor as they load: the in-process part is vllm_cpu_emulation's
+        env.update(vllm_cpu_emulation.EMULATION_ENVIRONMENT[emulation])
     if os.environ.get("B70LAB_VLLM_FIXES"):
         env["B70LAB_VLLM_FIXES"] = os.environ["B70LAB_VLLM_FIXES"]
     env.update(extra or {})

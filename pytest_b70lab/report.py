@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import evidence as evidence_mod
+from . import host
 from .evidence import Evidence, EvidenceError, ModelRef, Request
 from .gates import CATALOGUE, counter_by_label, counter_total, has_counter
 
@@ -214,6 +215,9 @@ def _identity(run: Run) -> Raw:
         ["run folder", str(run.folder)],
         ["contract", Raw(f"<b>{_h(c.name)}</b> ({_h(c.kind)})<br><code>{_h(c.digest)}</code>")],
         ["engine", f"vLLM {first.engine.vllm_version or 'n/a'}, torch {first.engine.torch_version or 'n/a'}"],
+        ["machine", host.describe(first.host) if first.host else "CPU not recorded"],
+        ["FP8 attention", " · ".join(f"start-{s.start_index}: {host.fp8_attention_ran(s.audits) or 'not recorded'}"
+                                     for s in run.starts)],
         ["target", _model(first.target)],
         ["draft", _model(first.draft)],
         ["speculation", ", ".join(f"{k} {v}" for k, v in spec.items()) or "none"],

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint, engine_client, evidence, launch, mini, throughput
+from . import checkpoint, engine_client, evidence, host, launch, mini, throughput
 from . import contract as contract_mod
 from .contract import Contract
 from .quality.samples import QualitySample
@@ -34,7 +34,7 @@ LOG_FINDINGS = {
 }
 # ZE_, ONEAPI_ and CCL_: the XPU profile's device selection and oneCCL settings (launch.xpu_environment).
 ENV_KEYS_RECORDED = ("VLLM_", "B70LAB_", "OMP_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LD_PRELOAD",
-                     "ZE_", "ONEAPI_", "CCL_")
+                     "ZE_", "ONEAPI_", "CCL_", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 # Evidence and the dry run are shared and kept: a variable named like a secret shows that it was set, never
 # its value (VLLM_API_KEY of the benchmark mode, a B70LAB_*_TOKEN a lab passes through).
 SECRET_NAME = re.compile(r"_TOKEN$|KEY|SECRET|PASSWORD", re.IGNORECASE)
@@ -154,6 +154,7 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
         "",
         json.dumps(contract.canonical(), indent=2, sort_keys=True),
         "",
+        host.fp8_path_line(contract.engine.device, contract.engine.kv_cache_dtype, contract.expect.fp8_attention),
         f"fresh starts: {contract.reproduction.fresh_starts}, into {run_dir}/start-N/",
         "command:",
         "  " + " ".join(_quote(a) for a in cmd),
@@ -236,7 +237,7 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
         engine=evidence.EngineInfo(vllm_version=_library_version("vllm"), torch_version=_library_version("torch"),
                                    command=server.command,
                                    environment=recorded_environment(env)),
-        status="failed", probe=probe)
+        status="failed", probe=probe, host=host.cpu_identity(environ=env))
     if launches_log is not None:
         with open(launches_log, "a", encoding="utf-8") as f:
             f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {contract.name} start-{index}\n")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import sys
 
+from pytest_b70lab import vllm_cpu_emulation
+
 _original_version = metadata.version
 
 
@@ -25,6 +27,8 @@ def _version(name: str) -> str:
 
 # At import, not in main(): spawned child processes re-import this module as their __main__.
 metadata.version = _version
+# The CPU emulation must answer before vLLM imports its op library, and this is each process's first code.
+vllm_cpu_emulation.apply_from_environment()
 
 
 def main() -> int:

@@ -135,6 +135,20 @@ def _backend_name(backend) -> str | None:
     return None if backend is None else getattr(backend, "name", str(backend))
 
 
+def _fp8_attention() -> dict[str, Any]:
+    """Which FP8 attention ran on this rank: vLLM's own ops or the portable path, the op library this process
+    mapped (`_C`, `_C_AVX512`, `_C_AVX2`: the ISA name alone reads `vec` on both kinds of CPU), and the CPU
+    emulation in force."""
+    import torch
+
+    from . import vllm_cpu_emulation, vllm_portable_fp8
+
+    return {**vllm_portable_fp8.state(), "op_library": vllm_cpu_emulation.loaded_op_library(),
+            "native_supported": vllm_portable_fp8.native_fp8_supported(),
+            "emulated_cpu": vllm_cpu_emulation.applied(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 class AuditExtension:
     """Methods vLLM adds to each worker. `self` is the worker (model_runner, vllm_config, rank...)."""
 
@@ -198,4 +212,5 @@ class AuditExtension:
                                "dtype": out["model_dtype"]}
         out["device_type"] = _call(lambda: str(cfg.device_config.device_type))
         out["attention_config"] = _call(lambda: {"backend": _backend_name(cfg.attention_config.backend)})
+        out["fp8_attention"] = _call(_fp8_attention)
         return out

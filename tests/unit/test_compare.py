@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pytest_b70lab import cli, compare, evidence
+from pytest_b70lab import cli, compare, evidence, host
 from pytest_b70lab.compare import CompareError
 
 BUNDLES = Path(__file__).resolve().parents[2] / "fixtures" / "evidence"
@@ -227,8 +227,9 @@ def test_show_says_what_ran_and_the_verdict(candidate: Path) -> None:
     record = evidence.read(candidate / "start-1")
     text = compare.show(compare.load_run(candidate))
     for expected in (record.contract.name, record.contract.digest, record.target.digest, record.draft.digest,
-                     "vllm 0.32.0", "--kv-cache-dtype fp8", "start-1  ok", "start-2  ok", "ready 76.7 s",
-                     "endpoint median 193.45 tok/s", "no verdict recorded"):
+                     "vllm 0.32.0", "--kv-cache-dtype fp8", "start-1  ok", "start-2  ok", f"ready {record.ready_s:.1f} s",
+                     f"endpoint median {record.throughput.endpoint_median:.2f} tok/s", "no verdict recorded",
+                     f"machine   {host.describe(record.host)}; FP8 attention {host.fp8_attention_ran(record.audits)}"):
         assert expected in text
     assert "--uds" not in text
 

@@ -313,7 +313,26 @@ def rank_missing(run: Run) -> None:
     run.starts[0].audits = [a for a in run.starts[0].audits if a["tp_rank"] != 1]
 
 
+def portable_path_under_a_native_only_contract(run: Run) -> None:
+    expect = run.contract.expect.model_copy(update={"fp8_attention": "native"})
+    run.contract = run.contract.model_copy(update={"expect": expect})
+    _audit(run, 1, 1)["fp8_attention"].update(portable=True, implementation="b70lab-portable-fp8",
+                                              op_library="_C_AVX2", reason="this CPU has neither AVX-512 nor AMX")
+
+
+def native_path_where_the_cpu_cannot_run_it(run: Run) -> None:
+    _audit(run, 0, 1)["fp8_attention"].update(portable=False, native_supported=False)
+
+
+def fp8_path_not_audited(run: Run) -> None:
+    del _audit(run, 1, 0)["fp8_attention"]
+
+
 MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
+    (portable_path_under_a_native_only_contract, "engine-resolution",
+     "rank 1: FP8 attention ran portable: b70lab-portable-fp8 (this CPU has neither AVX-512 nor AMX), op library "
+     "_C_AVX2; the contract accepts native only"),
+    (native_path_where_the_cpu_cannot_run_it, "engine-resolution", "the audit contradicts itself"),
     (rank_scale_one, "target-scale-audit", "K and V scale are 1.0"),
     (scale_digest_drift, "target-scale-audit", "scale digest"),
     (runtime_scale_calculation, "target-scale-audit", "calculates KV scales at run time"),
@@ -471,6 +490,7 @@ REMOVALS: list[tuple[Callable[[Run], None], str, str]] = [
     (scale_calculation_not_audited, "target-scale-audit", "did not record calculate_kv_scales"),
     (draft_config_unavailable, "draft-cache-audit", "quantization config could not be read: \"unavailable: AttributeError"),
     (draft_quantization_not_audited, "draft-cache-audit", "did not record the draft's quantization config"),
+    (fp8_path_not_audited, "engine-resolution", "rank 0: the audit does not say which FP8 attention implementation ran"),
     (no_server_log, "engine-resolution", "no server log recorded"),
     (no_rank_log, "engine-resolution", "no log of rank 1"),
     (log_not_scanned, "engine-resolution", "not scanned for backend fallbacks"),

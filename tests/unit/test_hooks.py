@@ -77,12 +77,14 @@ def test_a_plugin_gate_is_required_and_the_plugin_reads_the_verdict(pytester, mo
 
 def test_a_failing_plugin_gate_stops_the_promotion(pytester, monkeypatch) -> None:
     # Between the two starts' slowest first tokens: one start passes and the other fails.
-    low, high = sorted([_first_tokens("start-1"), _first_tokens("start-2")])
+    firsts = {start: _first_tokens(start) for start in ("start-1", "start-2")}
+    low, high = sorted(firsts.values())
     assert low < high, "the recorded starts' first tokens differ, so a limit between them splits them"
+    slower = max(firsts, key=firsts.get)
     result, promotion, read = _run(pytester, monkeypatch, limit_s=(low + high) / 2)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["NOT PROMOTABLE*failed gates: first-token-latency*",
-                                 "*test_first_token_latency?start-1? failed: slowest first token*"])
+                                 f"*test_first_token_latency?{slower}? failed: slowest first token*"])
     assert promotion["failed_gates"] == read["failed_gates"] == ["first-token-latency"]
     assert read["promotable"] is False
 

@@ -31,7 +31,7 @@ def test_patches_apply_to_the_installed_vllm(tmp_path: Path) -> None:
     for patch in PATCHES:
         for rel in TOUCHED.findall(patch.read_text()):
             target = tmp_path / rel
-            if not target.exists():
+            if not target.exists() and (site / rel).exists():  # a file the patch creates is absent, as it should be
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(site / rel, target)
     for patch in PATCHES:

@@ -21,8 +21,9 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts  #
 from vllm.model_executor.layers.fused_moe.runner import moe_runner  # noqa: E402
 from vllm.distributed.device_communicators import cpu_communicator  # noqa: E402
 from vllm.compilation import decorators  # noqa: E402
+from vllm.v1.attention.backends import cpu_attn  # noqa: E402
 
-from pytest_b70lab import vllm_fixes  # noqa: E402
+from pytest_b70lab import vllm_fixes, vllm_portable_fp8  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -35,11 +36,15 @@ def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
                         cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name)
     monkeypatch.setattr(decorators, "_try_load_aot_compiled_fn", decorators._try_load_aot_compiled_fn)
     monkeypatch.setattr(vllm_fixes, "_registered", None)
+    monkeypatch.setattr(cpu_attn, "_get_attn_isa", cpu_attn._get_attn_isa)
+    monkeypatch.setattr(cpu_attn, "ops", cpu_attn.ops)
+    monkeypatch.setattr(vllm_portable_fp8, "_state", dict(vllm_portable_fp8._state))
 
 
 def test_installed_vllm_has_all_the_defects(monkeypatch) -> None:
     """If this fails, vLLM changed: re-check which fixes are still needed (patches/README.md)."""
     monkeypatch.setenv(vllm_fixes.SHM_ALLREDUCE_ENV, "0")
+    monkeypatch.setenv(vllm_portable_fp8.ENV_FORCE, "portable")  # on a CPU with AVX-512 the FP8 refusal is absent
     assert [f.name for f in vllm_fixes.FIXES if f.defect_present()] == list(vllm_fixes.FIX_NAMES)
 
 
@@ -151,6 +156,10 @@ def test_experts_ignore_expert_map_without_the_fix_and_honour_it_with_it() -> No
     mixed_ids = torch.tensor([[0, 5], [4, 7], [6, 2], [7, 1], [5, 6], [3, 4]], dtype=torch.int32)
     got = _run(experts, packed, x, weights, mixed_ids, expert_map)
     want = reference_local_moe(x, w13, w2, weights, mixed_ids, expert_map)
+    # The native kernel and this reference sum in other orders (by ISA too). Any order, to first order: the
+    # HIDDEN- and INTER-term reductions on an output's path, n u relative each (u = 2^-24), of the largest
+    # output (0.57): (64 + 32) u * 0.57 = 3.3e-6, inside atol; measured 1.8e-7 (3 u), at AVX-512 and under
+    # ATEN_CPU_CAPABILITY=avx2 alike.
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -189,7 +198,7 @@ def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog)
         status = vllm_fixes.register()
     assert status == {"cpu_router_sigmoid": "applied", "cpu_experts_expert_map": "disabled",
                       "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "disabled",
-                      "aot_load_plain_function": "disabled"}
+                      "aot_load_plain_function": "disabled", "cpu_fp8_portable_attention": "disabled"}
     assert getattr(cpu_router.CPURouter._compute_routing, vllm_fixes.PATCHED_MARK, False)
     assert not getattr(cpu_moe.CPUUnquantizedExperts.apply, vllm_fixes.PATCHED_MARK, False)
     lines = [r.getMessage() for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]
@@ -215,7 +224,8 @@ def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -
     monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_shm_allreduce_switch")
     assert vllm_fixes.register() == {"cpu_router_sigmoid": "disabled", "cpu_experts_expert_map": "disabled",
                                      "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "not needed",
-                                     "aot_load_plain_function": "disabled"}
+                                     "aot_load_plain_function": "disabled",
+                                     "cpu_fp8_portable_attention": "disabled"}
     assert not getattr(cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name,
                        vllm_fixes.PATCHED_MARK, False)
 
@@ -255,3 +265,39 @@ def test_aot_cache_of_a_torch_backend_loads_only_with_the_fix(tmp_path, monkeypa
     loaded = decorators._try_load_aot_compiled_fn(owner, str(tmp_path / "model"))
     assert loaded is not None
     torch.testing.assert_close(loaded(module, x), module(x))
+
+
+# --- 6. an FP8 cache without AVX-512 or AMX ----------------------------------------------------------------
+
+def test_fp8_cache_is_refused_without_avx512_and_served_portably_with_the_fix(monkeypatch) -> None:
+    """As vLLM sees an AVX2-only CPU (torch.cpu answers no, as under B70LAB_EMULATE_CPU=avx2): its CPU
+    attention refuses an FP8 cache; with the fix it resolves the vec layout, and the backend module's FP8 op
+    calls go to the portable path while every other op stays vLLM's."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.delenv(vllm_portable_fp8.ENV_FORCE, raising=False)
+    with pytest.raises(NotImplementedError, match="FP8 KV cache on CPU requires x86 with AVX-512 or AMX"):
+        cpu_attn._get_attn_isa(torch.float32, 32, 64, "fp8")
+    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_fp8_portable_attention")
+    assert vllm_fixes.register()["cpu_fp8_portable_attention"] == "applied"
+    assert cpu_attn._get_attn_isa(torch.float32, 64, 64, "fp8") == "vec"
+    assert cpu_attn._get_attn_isa(torch.float32, 32, 64, "auto") == "vec", "an unquantized cache keeps vLLM's answer"
+    with pytest.raises(NotImplementedError, match="multiple of 32"):
+        cpu_attn._get_attn_isa(torch.float32, 48, 64, "fp8")
+    assert isinstance(cpu_attn.ops, vllm_portable_fp8.PortableFp8Ops)
+    assert cpu_attn.ops.cpu_attn_get_scheduler_metadata is not None  # any other name: vLLM's own op
+    assert vllm_portable_fp8.state() == {"implementation": vllm_portable_fp8.IMPLEMENTATION, "portable": True,
+                                         "reason": "this CPU has neither AVX-512 nor AMX (as vLLM sees it)"}
+
+
+def test_portable_path_stays_out_where_the_native_one_runs(monkeypatch) -> None:
+    if not vllm_portable_fp8.native_fp8_supported():
+        pytest.skip("this CPU has neither AVX-512 nor AMX: the native FP8 path cannot run here")
+    monkeypatch.delenv(vllm_portable_fp8.ENV_FORCE, raising=False)
+    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_fp8_portable_attention")
+    assert vllm_fixes.register()["cpu_fp8_portable_attention"] == "not needed"
+    assert not isinstance(cpu_attn.ops, vllm_portable_fp8.PortableFp8Ops)
+    monkeypatch.setattr(vllm_fixes, "_registered", None)
+    monkeypatch.setenv(vllm_portable_fp8.ENV_FORCE, "portable")
+    assert vllm_fixes.register()["cpu_fp8_portable_attention"] == "applied"
+    assert vllm_portable_fp8.state()["reason"] == f"{vllm_portable_fp8.ENV_FORCE}=portable"

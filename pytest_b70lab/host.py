@@ -1,0 +1,93 @@
+"""Which CPU a start ran on: its model and the flags that decide which FP8 attention path vLLM can run there.
+
+Machines of the lab's kind differ in CPU (some have AVX-512 and AMX, some only AVX2), and outputs, speed and
+the FP8 path depend on it, so every start's evidence and the capability preflight read it from here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from . import vllm_cpu_emulation
+
+CPUINFO = Path("/proc/cpuinfo")
+# The flags that matter to vLLM's CPU build and to torch's kernels, in the kernel's spelling.
+RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
+                  "amx_tile", "amx_bf16", "amx_int8")
+
+
+def read_cpuinfo(path: Path = CPUINFO) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def cpu_identity(cpuinfo: str | None = None, environ=os.environ) -> dict[str, Any]:
+    """{model, flags (the relevant ones present), avx512, amx, emulated}: the CPU as it is, and the emulation
+    the engine would be asked to run under (B70LAB_EMULATE_CPU)."""
+    text = read_cpuinfo() if cpuinfo is None else cpuinfo
+    model, flags = None, set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    present = [f for f in RELEVANT_FLAGS if f in flags]
+    return {"model": model, "flags": present, "avx512": "avx512f" in flags, "amx": "amx_tile" in flags,
+            "emulated": vllm_cpu_emulation.requested(environ)}
+
+
+def native_fp8_possible(identity: dict[str, Any]) -> bool:
+    """Whether vLLM 0.32's own CPU FP8 attention can run for this identity (AVX-512 or AMX, not emulated
+    away)."""
+    return bool((identity.get("avx512") or identity.get("amx")) and not identity.get("emulated"))
+
+
+def describe(identity: dict[str, Any]) -> str:
+    """One line: 'AMD EPYC (AVX-512, no AMX)', with the emulation where one is on."""
+    isa = ", ".join(("AVX-512" if identity.get("avx512") else "no AVX-512",
+                     "AMX" if identity.get("amx") else "no AMX"))
+    text = f"{identity.get('model') or 'unknown CPU'} ({isa})"
+    return text + (f", emulating {identity['emulated'].upper()}" if identity.get("emulated") else "")
+
+
+PORTABLE_ENV = "B70LAB_FP8_ATTENTION"  # vllm_portable_fp8.ENV_FORCE; not imported: that module loads torch
+
+
+def fp8_path(device: str, kv_cache_dtype: str, identity: dict[str, Any], environ=os.environ) -> tuple[str, str]:
+    """(path, why) an engine start here would run for an FP8 cache: "native" or "portable", or "none" where
+    the cache is not FP8. What the ranks ran is in their audits; this is the forecast the dry run, the report
+    header and the capability preflight print."""
+    if not kv_cache_dtype.startswith("fp8"):
+        return "none", f"KV cache {kv_cache_dtype}"
+    if device != "cpu":
+        return "native", f"vLLM's {device.upper()} kernels"
+    if (environ.get(PORTABLE_ENV) or "").strip().lower() == "portable":
+        return "portable", f"{PORTABLE_ENV}=portable on {describe(identity)}"
+    if native_fp8_possible(identity):
+        return "native", f"vLLM's CPU ops on {describe(identity)}"
+    return "portable", f"vLLM's CPU ops refuse an FP8 cache on {describe(identity)}"
+
+
+def fp8_path_line(device: str, kv_cache_dtype: str, accepted: str, environ=os.environ) -> str:
+    path, why = fp8_path(device, kv_cache_dtype, cpu_identity(environ=environ), environ)
+    if path == "none":
+        return f"FP8 attention: not used ({why})"
+    return f"FP8 attention: {path} ({why}); the contract accepts {accepted}"
+
+
+def fp8_attention_ran(audits: list[dict[str, Any]]) -> str | None:
+    """What the ranks' audits say ran: 'portable (_C_AVX2, emulating avx2)', 'native (_C)', or None where the
+    evidence does not say (recorded before the audit asked)."""
+    seen = set()
+    for audit in audits:
+        path = audit.get("fp8_attention")
+        if isinstance(path, dict) and isinstance(path.get("portable"), bool):
+            emulated = f", emulating {path['emulated_cpu']}" if path.get("emulated_cpu") else ""
+            seen.add(f"{'portable' if path['portable'] else 'native'} ({path.get('op_library')}{emulated})")
+    return " / ".join(sorted(seen)) or None
