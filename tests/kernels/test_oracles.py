@@ -67,11 +67,12 @@ def test_the_code_table_follows_the_format() -> None:
     assert bool((oracles.MAGNITUDES[1:] > oracles.MAGNITUDES[:-1]).all())
 
 
-# Hand-written codes: signed zeros, subnormal ties (nearest even), the subnormal/normal edge, saturation.
+# Hand-written codes: signed zeros, subnormal ties (nearest even), the subnormal/normal edge, saturation, and
+# vLLM's CPU write below 2^-6 (toward zero of |y| rounded to the nearest multiple of 2^-29, ties to even).
 EXPLICIT_CASES = [
     # quotient,                 rne,  rtz
     (0.0,                       0x00, 0x00),
-    (-0.0,                      0x80, 0x80),
+    (-0.0,                      0x80, 0x00),   # toward zero is the CPU kernel's: sign bit y < 0, so -0.0 is +0
     (1e-4,                      0x00, 0x00),
     (-1e-4,                     0x80, 0x80),   # toward zero keeps the sign: -0
     (-0.6 * SUBNORMAL_STEP,     0x81, 0x80),
@@ -79,6 +80,10 @@ EXPLICIT_CASES = [
     (3.5 * SUBNORMAL_STEP,      0x04, 0x03),   # tie: 4 is even
     (7.5 * SUBNORMAL_STEP,      0x08, 0x07),   # tie across into the normals: 2^-6 is code 8
     (-7.9 * SUBNORMAL_STEP,     0x88, 0x87),
+    (SUBNORMAL_STEP - 2 ** -31, 0x01, 0x01),   # within 2^-30 below a subnormal code: the kernel stores the code
+    (7 * SUBNORMAL_STEP - 2 ** -30, 0x07, 0x07),  # exactly 2^-30 below: a tie on the grid, to the even code
+    (7 * SUBNORMAL_STEP - 2 ** -29, 0x07, 0x06),  # a whole grid step below: the code under it
+    (2 ** -6 - 2 ** -30,        0x08, 0x08),   # up to the smallest normal
     (1.0625,                    0x38, 0x38),   # tie: 1.0 (mantissa 0) is even
     (1.07,                      0x39, 0x38),
     (3.7,                       0x47, 0x46),   # 3.75 / 3.5
@@ -122,6 +127,8 @@ def test_the_code_comparisons_reject_the_other_rounding(magnitude_code, past_mid
     low, high = (float(oracles.MAGNITUDES[c]) for c in (magnitude_code, magnitude_code + 1))
     y = torch.tensor([low + past_midpoint * (high - low)], dtype=torch.float32)
     assume((low + high) / 2 < float(y) < high)  # still strictly inside after rounding to fp32
+    # and not within half a grid step of a subnormal code, where the CPU kernel's toward zero rounds up to it
+    assume(high > oracles.SMALLEST_NORMAL or float(y) < high - oracles.SUBNORMAL_GRID / 2)
     x = -y if negative else y
     assert not torch.equal(kernels.e4m3_codes(x, 1.0, "rtz"), oracles.e4m3_rne_codes(x, 1.0))
     assert not torch.equal(kernels.e4m3_codes(x, 1.0, "rne"), oracles.e4m3_rtz_codes(x, 1.0))
