@@ -137,6 +137,21 @@ def _probe_collectives(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
+def _probe_capability(args: argparse.Namespace) -> int:
+    """One line per thing the engine would refuse here for the contract; exit 1 when there is any."""
+    from . import capability, contract
+
+    c = contract.load(args.contract)
+    machine = capability.Machine.observe(c.engine.device)
+    print(f"b70lab: {capability.summary(c, machine)}", file=sys.stderr, flush=True)
+    problems = capability.preflight(c, machine=machine)
+    for problem in problems:
+        print(problem)
+    if not problems:
+        print(f"capability: nothing this machine would refuse for {c.name}")
+    return 1 if problems else 0
+
+
 def _evidence_show(args: argparse.Namespace) -> int:
     from . import compare
 
@@ -218,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_p.add_argument("--cache-dir", type=Path, default=None)
     bench_p.set_defaults(func=_bench)
 
-    probe_p = sub.add_parser("probe", help="preflight checks of the fabric, without an engine")
+    probe_p = sub.add_parser("probe", help="preflight checks without an engine: the fabric's collectives, what "
+                                           "this machine can run")
     probe_sub = probe_p.add_subparsers(dest="probe_command", required=True)
     coll_p = probe_sub.add_parser("collectives", help="the contract's rank count as plain processes: one all_reduce "
                                                       "with a known answer through the engine's TP communicator; "
@@ -234,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "(default: data/probe/<time>)")
     coll_p.add_argument("--cache-dir", type=Path, default=None)
     coll_p.set_defaults(func=_probe_collectives)
+    cap_p = probe_sub.add_parser("capability", help="what the engine would refuse on this machine for the contract, "
+                                                    "in milliseconds, starting nothing: the FP8 attention path, "
+                                                    "memory, /dev/shm, page sizes, the vLLM build, XPU devices, "
+                                                    "checkpoints. One line per problem; exit 1 when there is any")
+    cap_p.add_argument("--contract", default="mini-laguna-cpu", help="contract name or TOML path")
+    cap_p.set_defaults(func=_probe_capability)
 
     report_p = sub.add_parser("report", help="a run folder as one self-contained HTML page: verdict, gate matrix, "
                                              "decode rates, token arrival, draft acceptance, quality")

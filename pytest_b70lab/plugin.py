@@ -680,11 +680,13 @@ def _headline(failure: evidence_mod.Failure) -> str:
 
 
 def _model_errors() -> tuple[type[Exception], ...]:
-    """What stops a start before it begins besides a bad contract: the model, the preflight probe."""
+    """What stops a start before it begins besides a bad contract: the model, the preflight probe, the
+    capability preflight."""
+    from .capability import CapabilityError
     from .mini import MiniModelError
     from .probe import ProbeError
 
-    return MiniModelError, ProbeError
+    return MiniModelError, ProbeError, CapabilityError
 
 
 def _probe_options(config: pytest.Config):

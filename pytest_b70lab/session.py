@@ -345,6 +345,18 @@ def probe_environment(contract: Contract, cache_root: Path) -> dict[str, str]:
                                      **_env_kind(contract))
 
 
+def capability_preflight(contract: Contract, progress: Progress | None = None) -> None:
+    """What the engine would refuse on this machine for `contract` (capability.preflight: the FP8 attention
+    path, memory, /dev/shm, page sizes, the vLLM build, XPU devices, checkpoints), before anything starts.
+    Raises CapabilityError, one line per problem: the session's verdict."""
+    from .capability import CapabilityError, preflight
+
+    problems = preflight(contract)
+    if problems:
+        raise CapabilityError(problems)
+    (progress or (lambda _msg: None))(f"{contract.name}: capability preflight: nothing this machine would refuse")
+
+
 def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
                     stall_rank: int | None = None, deadline_s: float = 180.0) -> dict:
     """The collective probe before a run folder's first engine start (once per run folder: a later kind in
@@ -375,11 +387,16 @@ def collect(contract: Contract, run_dir: Path, cache_root: Path, progress: Progr
             starts: int | None = None, quality: list[QualitySample] | None = None,
             probe: ProbeOptions | None = None) -> list[evidence.Evidence]:
     """Every fresh start of `contract`; quality samples (if any) are asked on start-1 only: the later starts
-    exist to reproduce the gate evidence. The models are checked first (seconds), then the preflight probe
-    runs (its result goes into each start's evidence), then the starts."""
+    exist to reproduce the gate evidence. The capability preflight comes first (milliseconds), then the models
+    are checked (seconds), then the preflight probe runs (its result goes into each start's evidence), then
+    the starts. --b70-no-probe turns off both preflights."""
+    preflights = probe is not None and probe.enabled
+    if preflights:
+        capability_preflight(contract, progress)
     models = resolve_models(contract, cache_root)
-    if probe is None or not probe.enabled:
-        probe_result = {"skipped": "the preflight collective probe was turned off (--b70-no-probe)"}
+    if not preflights:
+        probe_result = {"skipped": "the preflight collective probe and the capability preflight were turned off "
+                                   "(--b70-no-probe)"}
     else:
         probe_result = preflight_probe(contract, run_dir, cache_root, progress, probe.stall_rank, probe.deadline_s)
     # The run folder is self-contained: replay needs neither the model nor the repository's prompt file.
