@@ -30,7 +30,7 @@ def test_the_embedded_default_is_promotable_on_the_portable_path(tmp_path: Path,
     env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root), "B70LAB_EMULATE_CPU": "avx2"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", str(REPO / "tests" / "gates"), "-m", "gates", f"--b70-run-dir={run}",
-         "-p", "no:cacheprovider", "-q"],
+         "-p", "no:cacheprovider"],  # not -q: the report header, which forecasts the path, is checked
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
     out = done.stdout[-8000:]
     verdict = json.loads((run / "promotion.json").read_text()) if (run / "promotion.json").exists() else {}
