@@ -126,7 +126,7 @@ class Machine:
         """This machine; the XPU facts (which import torch) only for an XPU contract."""
         text = host.read_cpuinfo()
         identity = host.cpu_identity(text, {})   # the CPU as it is: preflight judges the emulation from `environ`
-        flags = frozenset(_cpu_flags(text))
+        flags = frozenset(host.cpu_flags(text))
         xpu_devices, torch_version, nodes = (_xpu_devices() if device == "xpu" else (None, None, 0))
         return cls(cpu_model=identity["model"], cpu_flags=flags, available_memory=_available_memory(),
                    shm_free=_free_bytes(SHM), distributions=_installed(DISTRIBUTIONS), torch_version=torch_version,
@@ -135,14 +135,6 @@ class Machine:
     def cpuinfo(self) -> str:
         """These facts as /proc/cpuinfo would give them, for host.cpu_identity."""
         return f"model name\t: {self.cpu_model or ''}\nflags\t\t: {' '.join(sorted(self.cpu_flags))}\n"
-
-
-def _cpu_flags(cpuinfo: str) -> set[str]:
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
 
 
 def _available_memory() -> int | None:

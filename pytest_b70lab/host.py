@@ -25,18 +25,23 @@ def read_cpuinfo(path: Path = CPUINFO) -> str:
         return ""
 
 
+def _fields(cpuinfo: str):
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        yield key.strip(), value
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """Every flag of the first CPU /proc/cpuinfo lists (x86 `flags`, Arm `Features`)."""
+    return next((set(value.split()) for key, value in _fields(cpuinfo) if key in ("flags", "Features")), set())
+
+
 def cpu_identity(cpuinfo: str | None = None, environ=os.environ) -> dict[str, Any]:
     """{model, flags (the relevant ones present), avx512, amx, emulated}: the CPU as it is, and the emulation
     the engine would be asked to run under (B70LAB_EMULATE_CPU)."""
     text = read_cpuinfo() if cpuinfo is None else cpuinfo
-    model, flags = None, set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and model is None:
-            model = value.strip()
-        elif key in ("flags", "Features") and not flags:
-            flags = set(value.split())
+    model = next((value.strip() for key, value in _fields(text) if key == "model name"), None)
+    flags = cpu_flags(text)
     present = [f for f in RELEVANT_FLAGS if f in flags]
     return {"model": model, "flags": present, "avx512": "avx512f" in flags, "amx": "amx_tile" in flags,
             "emulated": vllm_cpu_emulation.requested(environ)}
