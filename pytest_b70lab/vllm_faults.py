@@ -11,6 +11,12 @@ nothing unless `B70LAB_FAULT` names a fault.
   die-decode:R[:N]       rank R is SIGKILLed at its N-th model step after the engine is serving (default 20)
   engine-core-exit[:N]   the engine core process exits (code 3) at its N-th busy step (default 20)
   stream-cut[:N]         the API server exits after sending N chunks of a streamed completion (default 10)
+  slow-decode:R:P[:S]    rank R sleeps P % of each model step's own time after the step, in start S only
+                         (every start without S): a real slowdown to factor 1 + P/100 of every step, since the
+                         other ranks wait for R in the step's collectives
+
+A start is known by the engine's working directory, the start's folder `start-S` of the run (the launcher
+runs the server there; its ranks inherit it).
 
 (A server that never becomes ready needs no hook: the fault tests give the start a deadline it cannot meet.)
 
@@ -29,7 +35,7 @@ from dataclasses import dataclass
 
 ENV = "B70LAB_FAULT"
 FAULTS = ("collective-stall", "die-loading", "raise-loading", "raise-kv-cache", "die-decode", "engine-core-exit",
-          "stream-cut")
+          "stream-cut", "slow-decode")
 log = logging.getLogger("vllm.b70lab_faults")
 
 
@@ -42,6 +48,7 @@ class Fault:
     name: str
     rank: int | None = None
     at: int | None = None
+    start: int | None = None  # the start (1, 2, ...) the fault is armed in; None: every start
 
 
 def parse(spec: str | None) -> Fault | None:
@@ -54,7 +61,19 @@ def parse(spec: str | None) -> Fault | None:
         return Fault(parts[0], None, int(parts[1]) if len(parts) > 1 else None)
     if len(parts) < 2:
         raise ValueError(f"{ENV}={spec!r}: {parts[0]} needs a rank ({parts[0]}:RANK)")
+    if parts[0] == "slow-decode":
+        if len(parts) < 3 or int(parts[2]) <= 0:
+            raise ValueError(f"{ENV}={spec!r}: slow-decode needs a rank and a positive percentage "
+                             f"(slow-decode:RANK:PERCENT[:START])")
+        return Fault(parts[0], int(parts[1]), int(parts[2]), int(parts[3]) if len(parts) > 3 else None)
     return Fault(parts[0], int(parts[1]), int(parts[2]) if len(parts) > 2 else None)
+
+
+def this_start() -> int | None:
+    """The start this engine process belongs to, from its working directory (`start-S`), or None."""
+    name = os.path.basename(os.getcwd())
+    prefix, _, index = name.rpartition("-")
+    return int(index) if prefix == "start" and index.isdigit() else None
 
 
 def _fired(what: str) -> None:
@@ -198,9 +217,32 @@ def _stream_cut(fault: Fault) -> None:
     OpenAIServingCompletion.completion_stream_generator = completion_stream_generator
 
 
+def _slow_decode(fault: Fault) -> None:
+    """Rank R stretches each of its model steps by P % of the step's own time: a relative delay, so every prompt
+    slows by the same factor whatever its step time (a fixed sleep would slow fast prompts more)."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    original = Worker.execute_model
+    factor = (fault.at or 0) / 100
+    announced = {"done": False}
+
+    def execute_model(self, *args, **kwargs):
+        if getattr(self, "rank", None) != fault.rank:
+            return original(self, *args, **kwargs)
+        t0 = time.perf_counter()
+        result = original(self, *args, **kwargs)
+        if not announced["done"]:
+            announced["done"] = True
+            _fired(f"rank {fault.rank} stretches every model step by {fault.at} % of its own time")
+        time.sleep((time.perf_counter() - t0) * factor)
+        return result
+
+    Worker.execute_model = execute_model
+
+
 INSTALL = {"collective-stall": _collective_stall, "die-loading": _die_loading, "raise-loading": _raise_loading,
            "raise-kv-cache": _raise_kv_cache, "die-decode": _die_decode,
-           "engine-core-exit": _engine_core_exit, "stream-cut": _stream_cut}
+           "engine-core-exit": _engine_core_exit, "stream-cut": _stream_cut, "slow-decode": _slow_decode}
 _installed: Fault | None = None
 
 
@@ -208,6 +250,10 @@ def register() -> None:
     global _installed
     fault = parse(os.environ.get(ENV))
     if fault is None or _installed is not None:
+        return
+    if fault.start is not None and this_start() != fault.start:
+        log.info("b70lab fault %s not armed in pid %d: it targets start-%d, this is start-%s", fault.name,
+                 os.getpid(), fault.start, this_start())
         return
     try:
         INSTALL[fault.name](fault)

@@ -31,7 +31,7 @@ SMOKE = REPO / "tests" / "gates" / "test_evidence_complete.py"
 @dataclass
 class Row:
     id: str
-    fault: str | None                 # B70LAB_FAULT, or None for an interrupt row
+    fault: str | None                 # B70LAB_FAULT, or None
     start_s: float                    # the contract's start deadline for this row
     verdict: str                      # regex the verdict line must match
     ci: bool = False
@@ -42,6 +42,11 @@ class Row:
     rank_tails: bool = True           # False: the row ends before the ranks exist (only the server's lines)
     absent: tuple[str, ...] = ()      # what the verdict line must not say
 
+
+# Serving the smoke test's prompts takes ~7 s: an interrupt "during decode" sent at the first completion could
+# land after start-1 had finished serving (CI saw start-1 `ok` and the interrupt in start-2). Rank 0's steps are
+# stretched 10x, so the interrupt finds start-1 decoding.
+SLOW_SERVING = "slow-decode:0:900"
 
 ROWS = [
     Row("probe-catches-collective-stall", "collective-stall:1", 120,
@@ -83,10 +88,10 @@ ROWS = [
         args=["-n", "2"]),
     Row("sigterm-during-start-up-n2", None, 240, r"", signal=signal.SIGTERM, when="loading weights",
         args=["-n", "2"]),
-    Row("sigint-during-decode-n0", None, 240, r"", signal=signal.SIGINT, when="serving"),
-    Row("sigterm-during-decode-n0", None, 240, r"", signal=signal.SIGTERM, when="serving"),
-    Row("sigint-during-decode-n2", None, 240, r"", signal=signal.SIGINT, when="serving", args=["-n", "2"]),
-    Row("sigterm-during-decode-n2", None, 240, r"", signal=signal.SIGTERM, when="serving", args=["-n", "2"],
+    Row("sigint-during-decode-n0", SLOW_SERVING, 240, r"", signal=signal.SIGINT, when="serving"),
+    Row("sigterm-during-decode-n0", SLOW_SERVING, 240, r"", signal=signal.SIGTERM, when="serving"),
+    Row("sigint-during-decode-n2", SLOW_SERVING, 240, r"", signal=signal.SIGINT, when="serving", args=["-n", "2"]),
+    Row("sigterm-during-decode-n2", SLOW_SERVING, 240, r"", signal=signal.SIGTERM, when="serving", args=["-n", "2"],
         ci=True),
     Row("rank-killed-mid-decode-n2", "die-decode:1:20", 240,
         r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*", args=["-n", "2"]),
@@ -198,7 +203,10 @@ def test_fault(row: Row, request: pytest.FixtureRequest, tmp_path: Path, b70_cac
         assert probe["passed"] is False and all(r["gone"] for r in probe["ranks"]), probe
     else:
         record = json.loads(evidence_file.read_text())
-        assert record["status"] == "failed" and record["failure"], record.get("failure")
+        starts = sorted(p.parent.name for p in run_dir.glob("start-*/evidence.json"))
+        assert record["status"] == "failed" and record["failure"], (
+            f"{row.id}: start-1 is {record['status']!r}, expected failed (evidence of {starts}): "
+            f"{record.get('failure')}\n{out[-3000:]}")
         tails = record["failure"]["tails"]
         ranks = [tag for tag in tails if tag.startswith("Worker")]
         assert len(ranks) >= 2 or (not row.rank_tails and tails), f"{row.id}: last lines of {sorted(tails)}"

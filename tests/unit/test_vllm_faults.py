@@ -23,6 +23,8 @@ def test_unset_means_no_fault(monkeypatch) -> None:
     ("raise-kv-cache:0", vllm_faults.Fault("raise-kv-cache", 0, None)),
     ("engine-core-exit:7", vllm_faults.Fault("engine-core-exit", None, 7)),
     ("stream-cut", vllm_faults.Fault("stream-cut", None, None)),
+    ("slow-decode:0:25", vllm_faults.Fault("slow-decode", 0, 25, None)),
+    ("slow-decode:1:25:2", vllm_faults.Fault("slow-decode", 1, 25, 2)),
 ])
 def test_a_fault_names_its_rank_and_moment(spec: str, fault) -> None:
     assert vllm_faults.parse(spec) == fault
@@ -30,7 +32,26 @@ def test_a_fault_names_its_rank_and_moment(spec: str, fault) -> None:
 
 @pytest.mark.parametrize("spec, message", [("die-loadin:1", "unknown fault 'die-loadin'"),
                                            ("die-loading", "die-loading needs a rank"),
-                                           ("raise-kv-cache", "raise-kv-cache needs a rank")])
+                                           ("raise-kv-cache", "raise-kv-cache needs a rank"),
+                                           ("slow-decode:0", "needs a rank and a positive percentage"),
+                                           ("slow-decode:0:0", "needs a rank and a positive percentage")])
 def test_a_misspelt_fault_is_an_error(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         vllm_faults.parse(spec)
+
+
+@pytest.mark.parametrize("folder, start", [("start-2", 2), ("start-1", 1), ("probe", None), ("start-x", None),
+                                           ("restart-2", None)])
+def test_a_start_is_known_by_its_folder(folder: str, start, tmp_path, monkeypatch) -> None:
+    (tmp_path / folder).mkdir()
+    monkeypatch.chdir(tmp_path / folder)
+    assert vllm_faults.this_start() == start
+
+
+def test_a_fault_for_another_start_is_not_armed(tmp_path, monkeypatch) -> None:
+    (tmp_path / "start-1").mkdir()
+    monkeypatch.chdir(tmp_path / "start-1")
+    monkeypatch.setenv(vllm_faults.ENV, "slow-decode:0:25:2")
+    monkeypatch.setattr(vllm_faults, "_installed", None)
+    vllm_faults.register()
+    assert vllm_faults._installed is None
