@@ -156,7 +156,15 @@ class Decode(Strict):
 
 class Reproduction(Strict):
     fresh_starts: int = Field(ge=1)
-    throughput_tolerance: float = Field(gt=0, lt=1)
+    throughput_tolerance: float = Field(gt=0, lt=1)    # how far a later start's endpoint median may move
+    # How far the paired figure (throughput.paired_ratio: the geometric mean of per-prompt start-N / start-1
+    # ratios) may move from 1. Absent: throughput_tolerance, and left out of the canonical form so that
+    # contracts written before it keep their digests.
+    paired_tolerance: float | None = Field(default=None, gt=0, lt=1)
+
+    @property
+    def paired(self) -> float:
+        return self.throughput_tolerance if self.paired_tolerance is None else self.paired_tolerance
 
 
 class Deadlines(Strict):
@@ -229,6 +237,8 @@ class Contract(Strict):
         exclude: dict[str, Any] = {k: True for k in ("chat", "quality") if getattr(self, k) is None}
         if self.expect.fp8_attention == FP8_ATTENTION_DEFAULT:
             exclude["expect"] = {"fp8_attention"}
+        if self.reproduction.paired_tolerance is None:
+            exclude["reproduction"] = {"paired_tolerance"}
         return self.model_dump(mode="json", exclude=exclude)
 
     @property

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import throughput
 from .contract import Contract
 from .evidence import Evidence, sha256_ids
 from .digests import kv_scale_digest
@@ -415,8 +417,10 @@ def topology(counters: dict[str, Any]) -> tuple[int, int]:
 # --- 7. fresh-start reproduction ---------------------------------------------------------------------
 
 def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
-    """Every later start reproduces the first one's output exactly and its endpoint median decode rate
-    within the contract's relative tolerance."""
+    """Every later start reproduces the first one's output exactly, its endpoint median decode rate within
+    the contract's throughput tolerance, and its paired figure (the geometric mean of per-prompt
+    start-N / start-1 decode-rate ratios, recomputed from the token arrival times) within the paired
+    tolerance: a consistent per-prompt shift fails whatever the medians do."""
     c = _Check("fresh-start-reproduction", subject())
     need = contract.reproduction.fresh_starts
     c.expect(len(starts) == need, f"{len(starts)} fresh starts recorded, the contract asks for {need}")
@@ -428,23 +432,51 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
         return c.done()
     medians = [s.throughput.endpoint_median for s in starts]
     c.observe(endpoint_medians=medians)
+    tolerance, paired_tolerance = contract.reproduction.throughput_tolerance, contract.reproduction.paired
+    first_rates = arrival_rates(c, first)
     for later in starts[1:]:
+        n = later.start_index
         for r in first.requests:
             other = later.request(r.prompt_id)
-            if not c.expect(other is not None, f"start-{later.start_index} has no request for {r.prompt_id}"):
+            if not c.expect(other is not None, f"start-{n} has no request for {r.prompt_id}"):
                 continue
             if (at := first_difference(other.token_ids, r.token_ids)) is not None:
-                c.expect(False, f"{r.prompt_id}: start-{later.start_index} differs from start-1 at token {at}")
+                c.expect(False, f"{r.prompt_id}: start-{n} differs from start-1 at token {at}")
             c.expect(other.text_sha256 == r.text_sha256,
-                     f"{r.prompt_id}: decoded text differs between start-1 and start-{later.start_index}")
+                     f"{r.prompt_id}: decoded text differs between start-1 and start-{n}")
         m0, m1 = first.throughput.endpoint_median, later.throughput.endpoint_median
         if c.expect(m0 is not None and m1 is not None and m0 > 0, "an endpoint median is missing"):
             drift = abs(m1 - m0) / m0
-            c.observe(**{f"throughput_drift_start{later.start_index}": round(drift, 4)})
-            c.expect(drift <= contract.reproduction.throughput_tolerance,
-                     f"endpoint median {m1:.2f} tok/s at start-{later.start_index} vs {m0:.2f} at start-1: "
-                     f"{drift:.1%} apart, tolerance {contract.reproduction.throughput_tolerance:.0%}")
+            c.observe(**{f"throughput_drift_start{n}": round(drift, 4)})
+            c.expect(drift <= tolerance,
+                     f"endpoint median {m1:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
+                     f"{drift:.1%} apart, tolerance {tolerance:.0%}")
+        paired = throughput.paired_ratio(first_rates, arrival_rates(c, later))
+        if c.expect(paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: "
+                                        f"no paired figure"):
+            assert paired is not None
+            c.observe(**{f"paired_ratio_start{n}": round(paired.ratio, 4),
+                         f"paired_interval_start{n}": [round(paired.low, 4), round(paired.high, 4)]})
+            c.expect(paired.drift <= paired_tolerance,
+                     f"paired figure start-{n} / start-1 {paired.line()}: the geometric mean of the per-prompt "
+                     f"decode-rate ratios is {paired.drift:.1%} from 1, tolerance {paired_tolerance:.0%}")
     return c.done()
+
+
+def arrival_rates(c: _Check, start: Evidence) -> dict[str, float]:
+    """Each request's decode rate recomputed from its token arrival times (never the recorded figure); a
+    request whose times give none fails the check, naming the prompt."""
+    rates = {}
+    for r in start.requests:
+        try:
+            rate = throughput.decode_rate(r.chunk_times, r.chunk_tokens)
+        except ValueError as e:
+            c.expect(False, f"start-{start.start_index} {r.prompt_id}: no decode rate from its arrival times: {e}")
+            continue
+        if c.expect(math.isfinite(rate) and rate > 0,
+                    f"start-{start.start_index} {r.prompt_id}: its arrival times give a decode rate of {rate}"):
+            rates[r.prompt_id] = rate
+    return rates
 
 
 # --- beyond the seed ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import evidence as evidence_mod
-from . import host
+from . import host, throughput
 from .evidence import Evidence, EvidenceError, ModelRef, Request
 from .gates import CATALOGUE, counter_by_label, counter_total, has_counter
 
@@ -96,9 +96,25 @@ def decode_rate(start: Evidence, request: Request) -> float | None:
     return start.throughput.per_prompt.get(request.prompt_id)
 
 
-def tolerance(start: Evidence) -> float | None:
-    value = (start.contract.canonical.get("reproduction") or {}).get("throughput_tolerance")
+def tolerance(start: Evidence, figure: str = "throughput_tolerance") -> float | None:
+    """The contract's tolerance of one gate-7 figure; the paired figure's falls back to the medians'."""
+    reproduction = start.contract.canonical.get("reproduction") or {}
+    value = reproduction.get(figure)
+    if value is None and figure == "paired_tolerance":
+        value = reproduction.get("throughput_tolerance")
     return float(value) if isinstance(value, (int, float)) else None
+
+
+def arrival_rates(start: Evidence) -> dict[str, float]:
+    """Each request's decode rate from its token arrival times, as gate 7 recomputes it (unusable ones left
+    out: the gate names them)."""
+    rates = {}
+    for r in start.requests:
+        try:
+            rates[r.prompt_id] = throughput.decode_rate(r.chunk_times, r.chunk_tokens)
+        except ValueError:
+            continue
+    return rates
 
 
 def prompt_order(starts: Sequence[Evidence]) -> list[str]:
@@ -376,6 +392,14 @@ def _decode(run: Run, plots: _Plots) -> Raw:
                 drift = abs(m - m0) / m0
                 notes.append(f"start-{s.start_index}: {m:.2f} tok/s, {drift:.1%} from start-{ref.start_index}: "
                              + ("inside the band." if drift <= tol else "OUTSIDE the band."))
+    paired_tol = tolerance(ref, "paired_tolerance")
+    for s in starts[1:]:
+        if (paired := throughput.paired_ratio(arrival_rates(ref), arrival_rates(s))) is not None:
+            where = "" if paired_tol is None else (
+                f"; tolerance {paired_tol:.0%}: " + ("inside." if paired.drift <= paired_tol else "OUTSIDE."))
+            notes.append(f"Paired figure start-{s.start_index} / start-{ref.start_index} {paired.line()}: the "
+                         f"geometric mean of the per-prompt decode-rate ratios (from the arrival times), "
+                         f"{paired.drift:.1%} from 1{where}")
     fig.update_layout(xaxis={"title": "prompt", "categoryorder": "array",
                              "categoryarray": [_label(p) for p in prompts]},
                       yaxis={"title": "decode rate (tok/s)", "rangemode": "tozero"})

@@ -64,8 +64,9 @@ def test_a_run_against_itself_changes_nothing(candidate: Path) -> None:
     assert c.identical_outputs == len(c.prompts) == 6
     assert all(p.starts_agree_a and p.starts_agree_b for p in c.prompts)
     assert c.speed.ratio == 1.0 and c.speed.low <= 1.0 <= c.speed.high
-    assert c.headline().startswith("speed B/A 1.000 [1.000, 1.000] (95 %, 6 prompts); outputs identical on 6/6 "
-                                   "prompts; contract: identical")
+    assert c.speed.paired is not None and c.speed.paired.ratio == 1.0
+    assert c.headline().startswith("speed B/A paired 1.000 [1.000, 1.000], of medians 1.000 [1.000, 1.000] "
+                                   "(95 %, 6 prompts); outputs identical on 6/6 prompts; contract: identical")
     assert "only the speed changed" in compare.format_comparison(c)
 
 
@@ -91,6 +92,9 @@ def test_the_candidate_against_its_teacher(candidate: Path, teacher: Path) -> No
                for pid in tokens_b]
     rates_b = [b.starts[0].request(pid).decode_rate for pid in tokens_b]
     assert c.speed.ratio == pytest.approx(statistics.median(rates_b) / statistics.median(rates_a))
+    assert c.speed.paired is not None and c.speed.paired.ratio == pytest.approx(
+        statistics.geometric_mean([rb / ra for ra, rb in zip(rates_a, rates_b)]))
+    assert c.speed.paired.high < 1
     assert c.speed.high < 1, "the teacher decodes without drafts: slower, beyond the interval"
     assert not c.only_speed_changed
     assert "contract: 6 fields differ" in c.headline()
@@ -143,7 +147,7 @@ def test_a_faster_run_reads_as_its_ratio(candidate: Path, tmp_path: Path, record
         rewrite(faster, start, scale)
 
     c = compare.compare_runs(compare.load_run(candidate), compare.load_run(faster))
-    assert c.speed.ratio == pytest.approx(1.5)
+    assert c.speed.ratio == pytest.approx(1.5) and c.speed.paired.ratio == pytest.approx(1.5)
     assert c.speed.low > 1 and c.speed.low <= c.speed.ratio <= c.speed.high
     assert all(p.ratio == pytest.approx(1.5) for p in c.prompts)
     assert c.only_speed_changed, "the same tokens, faster: that is all that changed"
@@ -262,7 +266,7 @@ def test_cli_show_and_diff(candidate: Path, teacher: Path, capsys: pytest.Captur
     assert "mini-laguna-cpu-teacher (teacher)" in capsys.readouterr().out
 
     assert cli.main(["evidence", "diff", str(candidate), str(candidate)]) == 0
-    assert capsys.readouterr().out.startswith("speed B/A 1.000")
+    assert capsys.readouterr().out.startswith("speed B/A paired 1.000")
 
     assert cli.main(["evidence", "diff", str(candidate), str(teacher)]) == 1
     assert "--speculative-config" in capsys.readouterr().out
@@ -270,7 +274,7 @@ def test_cli_show_and_diff(candidate: Path, teacher: Path, capsys: pytest.Captur
     assert cli.main(["evidence", "diff", str(candidate), str(teacher), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["only_speed_changed"] is False and data["speed"]["prompts"] == 6
-    assert data["headline"].startswith("speed B/A 0.")
+    assert data["headline"].startswith("speed B/A paired 0.")
 
 
 def test_cli_errors_are_one_line_naming_the_file(tmp_path: Path, candidate: Path,

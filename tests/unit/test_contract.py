@@ -153,3 +153,20 @@ def test_the_unquantized_kv_reference_is_the_teacher_without_the_kv_scheme() -> 
     assert ref.engine.tensor_parallel == mini.engine.tensor_parallel and ref.prompts == mini.prompts
     with pytest.raises(contract.ContractError, match="names no quality.unquantized_kv_target"):
         contract.load("laguna-s-2.1-int4-fp8kv-b70").unquantized_kv_reference()
+
+
+def test_the_paired_tolerance_falls_back_and_keeps_older_digests() -> None:
+    """Without a paired_tolerance the paired figure is held to throughput_tolerance and the digest is the one
+    recorded before the field existed; setting it is a change of contract."""
+    mini = contract.load("mini-laguna-cpu")
+    assert mini.reproduction.paired_tolerance is None
+    assert mini.reproduction.paired == mini.reproduction.throughput_tolerance
+    assert "paired_tolerance" not in mini.canonical()["reproduction"]
+    data = mini.canonical()
+    data["reproduction"]["paired_tolerance"] = 0.1
+    tight = contract.Contract.model_validate(data, strict=False)
+    assert tight.reproduction.paired == 0.1 and tight.digest != mini.digest
+    assert tight.output_digest == mini.output_digest
+    data["reproduction"]["paired_tolerance"] = 1.5
+    with pytest.raises(ValueError, match="paired_tolerance"):
+        contract.Contract.model_validate(data, strict=False)

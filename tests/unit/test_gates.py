@@ -254,6 +254,18 @@ def slower_second_start(run: Run) -> None:
     s.throughput.endpoint_median = s.throughput.endpoint_median / slowdown
 
 
+def stretched_second_start(run: Run) -> None:
+    """Start-2's tokens arrive 1.6x slower, but its recorded rates and medians are left as they were: the
+    gate recomputes the paired figure from the arrival times, so it sees the slowdown the records hide."""
+    for r in run.starts[1].requests:
+        r.chunk_times = [t * 1.6 for t in r.chunk_times]
+
+
+def nan_arrival_time(run: Run) -> None:
+    r = run.starts[1].requests[2]
+    r.chunk_times[-1] = float("nan")
+
+
 def zero_router_bias(run: Run) -> None:
     """What every rank reports when the bias is left at its initial zeros (the vLLM 0.32 defect)."""
     for audit in run.starts[0].audits:
@@ -356,6 +368,8 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
     (loaded_graphs_uncounted, "compile-topology", "lists 2 modules loaded from the AOT compile cache, vLLM's counter says 0"),
     (loaded_start_also_traced, "compile-topology", "3 compiled graphs, the contract expects 2"),
     (slower_second_start, "fresh-start-reproduction", "tolerance"),
+    (stretched_second_start, "fresh-start-reproduction", "paired figure start-2 / start-1 0.5"),
+    (nan_arrival_time, "fresh-start-reproduction", "its arrival times give a decode rate of nan"),
     (zero_router_bias, "load-audit", "e_score_correction_bias on rank 0: sum 0"),
     (expert_weights_from_the_wrong_rank, "load-audit", "w13_weight over ranks"),
     (draft_norm_not_loaded, "load-audit", "draft: 2 mismatch(es) with the checkpoint: model.hidden_norm.weight on rank 0: sum 256"),
@@ -604,3 +618,23 @@ def test_a_teacher_mismatch_names_the_first_differing_token_and_the_text(recorde
 
 def test_the_original_is_untouched_by_mutations(recorded: Run) -> None:
     assert all(v.passed for v in all_verdicts(recorded))
+
+
+def test_a_consistent_per_prompt_shift_fails_whatever_the_medians_do(recorded: Run) -> None:
+    """Every prompt of start-2 15 % slower, its endpoint median recorded as it was: under a paired tolerance
+    of 10 % the paired figure fails the gate, the endpoint medians (2.8 % apart) do not."""
+    run = recorded.clone()
+    for r in run.starts[1].requests:
+        r.chunk_times = [t * 1.15 for t in r.chunk_times]
+    data = run.contract.canonical()
+    data["reproduction"]["paired_tolerance"] = 0.10
+    tight = Contract.model_validate(data, strict=False)
+    verdict = gates.reproduction(run.starts, tight)
+    assert not verdict.passed and len(verdict.reasons) == 1, verdict.reasons
+    assert "paired figure start-2 / start-1" in verdict.reasons[0] and "tolerance 10%" in verdict.reasons[0]
+    before = gates.reproduction(recorded.starts, tight)
+    assert before.passed, before.reasons
+    shifted, unshifted = verdict.observed["paired_ratio_start2"], before.observed["paired_ratio_start2"]
+    assert shifted == pytest.approx(unshifted / 1.15, abs=1e-3)
+    low, high = verdict.observed["paired_interval_start2"]
+    assert low <= shifted <= high

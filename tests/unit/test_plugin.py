@@ -248,7 +248,7 @@ def test_a_gates_run_is_compared_with_its_baseline_beside_the_verdict(pytester: 
     shutil.copytree(REPO / "fixtures" / "evidence" / "mini-laguna-cpu-teacher", teacher)
     result, run, _ = _replay(pytester, "--b70-baseline", str(teacher))
     result.stdout.fnmatch_lines(["PROMOTABLE at *", "*b70lab comparison with the baseline*",
-                                 "speed B/A * (95 %, 6 prompts); outputs identical on 6/6 prompts; contract: 6 fields differ*",
+                                 "speed B/A paired * (95 %, 6 prompts); outputs identical on 6/6 prompts; contract: 6 fields differ*",
                                  f"A  {teacher}", f"B  {run}", f"written: {run}/baseline-comparison.json"])
     assert json.loads((run / "baseline-comparison.json").read_text())["baseline"] == str(teacher)
 
@@ -258,7 +258,8 @@ def test_a_gates_run_is_compared_with_its_baseline_beside_the_verdict(pytester: 
     shutil.move(run, runs / "earlier")
     again, run2, _ = _replay(pytester, "--b70-baseline", "last", "-o", f"b70_runs_dir={runs}")
     again.stdout.fnmatch_lines(["*b70lab comparison with the baseline*",
-                                "speed B/A 1.000 ?1.000, 1.000? (95 %, 6 prompts); outputs identical on 6/6 prompts*",
+                                "speed B/A paired 1.000 ?1.000, 1.000?, of medians 1.000 ?1.000, 1.000? (95 %, 6 prompts); "
+                                "outputs identical on 6/6 prompts*",
                                 f"A  {runs / 'earlier'}"])
     assert again.ret == 0, "a comparison never changes the verdict"
 

@@ -400,3 +400,14 @@ def test_a_screenshot_of_the_page(run: Path, tmp_path: Path) -> None:
         colours = dict((c, n) for n, c in image.convert("RGB").getcolors(maxcolors=1400 * 5000))
     inked = 1 - colours.get((255, 255, 255), 0) / (1400 * 5000)
     assert inked > 0.05 and len(colours) > 200, f"the page looks blank ({inked:.1%} drawn, {len(colours)} colours)"
+
+
+def test_the_page_shows_the_paired_figure_gate_7_judged(run: Path) -> None:
+    """The decode-rate section states start-2 / start-1 as the paired figure, the same value the replayed
+    gate observed (promotion.json), and whether it lies within the contract's tolerance."""
+    promotion = json.loads((run / "promotion.json").read_text())
+    (test,) = [g for g in promotion["gates"] if g["gate"] == "fresh-start-reproduction"]
+    ratio = test["observed"]["paired_ratio_start2"]
+    page = html.unescape((run / report.FILENAME).read_text())
+    assert f"Paired figure start-2 / start-1 {ratio:.3f} [" in page
+    assert "geometric mean of the per-prompt decode-rate ratios" in page and "; tolerance 35%: inside." in page

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -69,3 +71,38 @@ def test_the_server_figure_counts_tokens_not_engine_steps() -> None:
         assert step_s / per_token_s == pytest.approx(tokens_per_step, rel=0.25), start
         client = e["throughput"]["endpoint_median"]
         assert rate == pytest.approx(client, rel=0.3), f"{start}: server {rate:.1f} tok/s, client median {client:.1f}"
+
+
+rates = st.dictionaries(st.text("abcdef", min_size=1, max_size=4),
+                        st.floats(min_value=1.0, max_value=1e4, allow_nan=False), min_size=1, max_size=12)
+
+
+@given(rates, st.floats(min_value=0.2, max_value=5.0))
+def test_a_common_shift_is_the_paired_figure_exactly(a: dict[str, float], shift: float) -> None:
+    """Every prompt moved by the same factor: the paired figure is that factor, its interval has no width."""
+    paired = throughput.paired_ratio(a, {k: v * shift for k, v in a.items()}, resamples=200)
+    assert paired is not None and paired.prompts == len(a)
+    assert paired.ratio == pytest.approx(shift, rel=1e-9)
+    assert paired.low == pytest.approx(shift, rel=1e-9) and paired.high == pytest.approx(shift, rel=1e-9)
+
+
+@given(rates, rates)
+def test_the_paired_figure_is_the_geometric_mean_of_the_ratios(a: dict[str, float], b: dict[str, float]) -> None:
+    common = [k for k in a if k in b]
+    paired = throughput.paired_ratio(a, b, resamples=200)
+    if not common:
+        assert paired is None
+        return
+    assert paired is not None and paired.prompts == len(common)
+    assert paired.ratio == pytest.approx(statistics.geometric_mean([b[k] / a[k] for k in common]), rel=1e-9)
+    assert paired.low <= paired.ratio * (1 + 1e-9) and paired.ratio <= paired.high * (1 + 1e-9)
+    swapped = throughput.paired_ratio(b, a, resamples=200)
+    assert swapped is not None and swapped.ratio == pytest.approx(1 / paired.ratio, rel=1e-9)
+
+
+def test_prompts_without_a_usable_rate_on_both_sides_are_left_out() -> None:
+    paired = throughput.paired_ratio({"x": 100.0, "y": 200.0, "z": 50.0},
+                                     {"x": 90.0, "y": float("nan"), "w": 10.0})
+    assert paired is not None and paired.prompts == 1 and paired.ratio == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="confidence"):
+        throughput.paired_ratio({"x": 1.0}, {"x": 1.0}, confidence=1.0)
