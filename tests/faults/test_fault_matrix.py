@@ -5,7 +5,10 @@ Every row asserts the same four things: the session ends within its start deadli
 `NOT PROMOTABLE: start-1 ...` naming the phase (and, where vLLM says it, the rank); the start's
 evidence.json has status failed with every rank's last lines; and no process of the engine is left, checked
 by working directory, pid and process group. Rows marked `ci` run in `make test`; `pytest -m faults` runs
-them all (notes/2026-11-30-fault-matrix.md has the table)."""
+them all (notes/2026-11-30-fault-matrix.md has the table).
+
+One row of another kind fails no start: it slows start-2 alone, and fresh-start reproduction must catch it
+(test_a_slower_second_start_fails_reproduction, in `make test`)."""
 
 from __future__ import annotations
 
@@ -102,9 +105,12 @@ WHEN = {"probing": ("probe/rank-1.jsonl", re.compile(r'"stage": "initialized"'))
         "serving": ("start-1/server.log", re.compile(r"\"POST /v1/completions HTTP"))}
 
 
-def _fault_contract(tmp_path: Path, start_s: float) -> Path:
+def _fault_contract(tmp_path: Path, start_s: float, paired_tolerance: float | None = None) -> Path:
     text = CONTRACT.read_text()
     text = re.sub(r"(?m)^start_s = .*$", f"start_s = {start_s:g}", text)
+    if paired_tolerance is not None:
+        text, n = re.subn(r"(?m)^(throughput_tolerance = .*)$", rf"\1\npaired_tolerance = {paired_tolerance:g}", text)
+        assert n == 1, "the mini contract has no [reproduction] throughput_tolerance to add the paired one to"
     path = tmp_path / "mini-laguna-cpu-fault.toml"
     path.write_text(text)
     return path
@@ -131,14 +137,16 @@ def _probe_ranks(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def _run(row: Row, tmp_path: Path, cache_root: Path) -> tuple[int, str, float, Path, list[int]]:
+def _run(row: Row, tmp_path: Path, cache_root: Path, tests: tuple[str, ...] = (str(SMOKE),),
+         contract: Path | None = None) -> tuple[int, str, float, Path, list[int]]:
     run_dir = tmp_path / "run"
     env = {**os.environ, "B70LAB_CACHE_DIR": str(cache_root)}
     env.pop("B70LAB_FAULT", None)
     if row.fault:
         env["B70LAB_FAULT"] = row.fault
-    cmd = [sys.executable, "-m", "pytest", "-m", "gates", str(SMOKE), "-p", "no:cacheprovider", "-q",
-           f"--b70-contract={_fault_contract(tmp_path, row.start_s)}", f"--b70-run-dir={run_dir}", *row.args]
+    contract = contract or _fault_contract(tmp_path, row.start_s)
+    cmd = [sys.executable, "-m", "pytest", "-m", "gates", *tests, "-p", "no:cacheprovider", "-q",
+           f"--b70-contract={contract}", f"--b70-run-dir={run_dir}", *row.args]
     t0 = time.monotonic()
     # Its own process group: SIGINT goes to the whole group, as a terminal's Ctrl-C does; SIGTERM to the
     # pytest process alone, as a cancelled CI job or `kill` does.
@@ -219,3 +227,41 @@ def test_fault(row: Row, request: pytest.FixtureRequest, tmp_path: Path, b70_cac
         record = json.loads(evidence_file.read_text())
         assert record["failure"]["message"].startswith("interrupted"), record["failure"]["message"][:300]
     print(f"{row.id}: exit {code}, {wall:.0f} s, verdict: {_verdict_line(out)[:200]}")
+
+
+# --- a slowdown that only gate 7 can see ------------------------------------------------------------------
+
+# Rank 0 of start-2 only stretches each model step by 25 %: both starts succeed with the same tokens, start-2
+# decodes ~20 % slower, and fresh-start reproduction must fail naming the paired figure. The mini contract
+# holds the paired figure to its throughput_tolerance (35 %) until ten sessions set a tighter one (issue 24);
+# this row holds it to 10 %, the goal, which a 20 % slowdown exceeds whatever this machine's noise does to it.
+SLOWDOWN = Row("start-2-decodes-slower", "slow-decode:0:25:2", 240, r"", ci=True)
+PAIRED_TOLERANCE = 0.10
+REPRODUCTION = REPO / "tests" / "gates" / "test_run_gates.py::test_fresh_start_reproduction"
+
+
+def test_a_slower_second_start_fails_reproduction(tmp_path: Path, b70_cache_root: Path) -> None:
+    row = SLOWDOWN
+    contract = _fault_contract(tmp_path, row.start_s, paired_tolerance=PAIRED_TOLERANCE)
+    code, out, wall, run_dir, _ = _run(row, tmp_path, b70_cache_root, tests=(str(REPRODUCTION),), contract=contract)
+    time.sleep(2)
+    assert not _engine_processes(run_dir), f"{row.id}: engine processes outlived the session\n{out[-3000:]}"
+    assert code == 1, f"{row.id}: exit {code}, expected 1 (a gate failed)\n{out[-3000:]}"
+    for index, armed in ((1, False), (2, True)):
+        record = json.loads((run_dir / f"start-{index}" / "evidence.json").read_text())
+        assert record["status"] == "ok", f"{row.id}: start-{index} is {record['status']}: {record.get('failure')}"
+        assert record["teardown"]["clean"] is True, record["teardown"]
+        rank0 = next((run_dir / f"start-{index}" / "ranks").glob("Worker_TP0*.log")).read_text(errors="replace")
+        fired = "stretches every model step by 25 %" in rank0
+        assert fired == armed, f"{row.id}: the slowdown fired in start-{index}: {fired}, expected {armed}"
+    promotion = json.loads((run_dir / "promotion.json").read_text())
+    assert promotion["promotable"] is False and "fresh-start-reproduction" in promotion["failed_gates"], promotion
+    (failed,) = [f for f in promotion["failed"] if f["gate"] == "fresh-start-reproduction"]
+    assert "paired figure start-2 / start-1" in failed["reasons"], failed["reasons"]
+    (test,) = [g for g in promotion["gates"] if g["gate"] == "fresh-start-reproduction"]
+    ratio = test["observed"]["paired_ratio_start2"]
+    assert ratio < 1 - PAIRED_TOLERANCE, f"{row.id}: paired figure {ratio}: start-2 was not measurably slower"
+    line = _verdict_line(out)
+    assert line.startswith("NOT PROMOTABLE") and "fresh-start-reproduction" in out.split(line, 1)[-1][:2000], line
+    print(f"{row.id}: exit {code}, {wall:.0f} s, paired figure {ratio}, endpoint medians "
+          f"{test['observed'].get('endpoint_medians')}")
