@@ -16,6 +16,11 @@ Rows (each a part that can be run alone with --parts):
             would spend on a production rank (the audit streams each tensor in 64 MiB chunks)
   import    what the auto-loaded plugin adds to `pytest --co` of a one-test file that does not use it
             (goal <= 50 ms)
+  reproduction
+            start-2 / start-1 over consecutive `make gates` sessions (--sessions, default 10): the endpoint
+            median ratio and the paired figure (gate 7's), their median, min and max, and whether each start
+            compiled or loaded its graphs (goal: paired drift <= 0.10 in every session). Tens of minutes:
+            not among the default parts
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PARTS = ("import", "replay", "audit", "start", "decode", "overhead")
+PARTS = ("import", "replay", "audit", "start", "decode", "overhead", "reproduction")
+DEFAULT_PARTS = PARTS[:-1]
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
 
@@ -362,8 +368,97 @@ def gates_overhead(contract_name: str, cache_root: Path, out_dir: Path,
                   ratio <= 1.05, f"{gates_s:.1f} s vs {bare_s:.1f} s", {"gates_s": gates_s, "bare_s": bare_s})
 
 
+# --- reproduction: start-2 / start-1 over consecutive gates sessions ----------------------------------------
+
+REPRODUCTION_GOAL = 0.10
+
+
+@dataclass(frozen=True)
+class SessionDrift:
+    """One session's start-2 / start-1, both ways gate 7 reads it, recomputed from the arrival times."""
+
+    run_dir: str
+    median_ratio: float
+    paired: float
+    paired_low: float
+    paired_high: float
+    graphs: tuple[str, ...]    # per start: compiled, loaded, mixed (some of each) or unknown
+
+    @property
+    def paired_drift(self) -> float:
+        return abs(self.paired - 1)
+
+
+def _graph_source(start) -> str:
+    sources = {m.get("source") for a in start.audits for m in (a.get("compiled_modules") or [])
+               if isinstance(m, dict)}
+    return sources.pop() if len(sources) == 1 else "mixed" if sources else "unknown"
+
+
+def session_drift(run_dir: Path) -> SessionDrift:
+    """start-2 / start-1 of a run folder; a run without two completed starts with decode rates is an error."""
+    from . import evidence, session, throughput
+
+    try:
+        starts = session.load_run(run_dir)
+    except evidence.EvidenceError as e:
+        raise BenchError(f"{run_dir}: {e}") from None
+    if len(starts) < 2 or any(s.status != "ok" for s in starts[:2]):
+        raise BenchError(f"{run_dir}: two completed starts are needed, found "
+                         f"{[f'start-{s.start_index} {s.status}' for s in starts]}")
+    rates = []
+    for s in starts[:2]:
+        try:
+            rates.append({r.prompt_id: throughput.decode_rate(r.chunk_times, r.chunk_tokens) for r in s.requests})
+        except ValueError as e:
+            raise BenchError(f"{run_dir}: start-{s.start_index}: {e}") from None
+    paired = throughput.paired_ratio(rates[0], rates[1])
+    if paired is None or not rates[0] or not rates[1]:
+        raise BenchError(f"{run_dir}: no prompt has a decode rate at both starts")
+    medians = [throughput.endpoint_median(list(r.values())) for r in rates]
+    return SessionDrift(str(run_dir), medians[1] / medians[0], paired.ratio, paired.low, paired.high,
+                        tuple(_graph_source(s) for s in starts[:2]))
+
+
+def drift_figures(sessions: Sequence[SessionDrift]) -> list[Figure]:
+    """Two rows: the median ratio and the paired figure over the sessions, each as median [min, max]."""
+    if not sessions:
+        raise BenchError("no session to summarise")
+    kinds = statistics.multimode(" / ".join(s.graphs) for s in sessions)
+    raw = {"sessions": [asdict(s) for s in sessions]}
+    rows = []
+    for measure, values in (("endpoint median ratio", [s.median_ratio for s in sessions]),
+                            ("paired figure", [s.paired for s in sessions])):
+        worst = max(abs(v - 1) for v in values)
+        rows.append(Figure("reproduction", f"start-2 / start-1, {measure}, median of {len(sessions)} sessions",
+                           statistics.median(values), "x", f"drift <= {REPRODUCTION_GOAL:.2f} in every session",
+                           worst <= REPRODUCTION_GOAL,
+                           f"min {min(values):.3f}, max {max(values):.3f}, largest drift {worst:.3f}; graphs "
+                           f"(start-1 / start-2) mostly {', '.join(kinds)}", raw))
+    return rows
+
+
+def reproduction_sessions(contract_name: str, cache_root: Path, out_dir: Path, sessions: int = 10,
+                          say: Callable[[str], None] = print) -> list[Figure]:
+    """`sessions` consecutive gates sessions as `make gates` runs them, one run folder each."""
+    drifts = []
+    for n in range(1, sessions + 1):
+        run_dir = out_dir / "sessions" / f"{n:02d}"
+        say(f"reproduction: session {n}/{sessions} -> {run_dir}")
+        cmd = [sys.executable, "-m", "pytest", "-m", "gates", "--b70-contract", contract_name,
+               "--b70-run-dir", str(run_dir), "--b70-cache-dir", str(cache_root), "-q", "-p", "no:cacheprovider"]
+        seconds, done = _wall(cmd, REPO)
+        (out_dir / "sessions" / f"{n:02d}.log").write_text(done.stdout + done.stderr)
+        _checked(done, f"gates session {n}", ok=(0, 1))  # a failed gate still has two starts to compare
+        drift = session_drift(run_dir)
+        say(f"reproduction: session {n}: median ratio {drift.median_ratio:.3f}, paired {drift.paired:.3f} "
+            f"[{drift.paired_low:.3f}, {drift.paired_high:.3f}], graphs {' / '.join(drift.graphs)}, {seconds:.0f} s")
+        drifts.append(drift)
+    return drift_figures(drifts)
+
+
 def run(parts: Sequence[str], contract_name: str, cache_root: Path, out_dir: Path, replay_dir: Path = BUNDLE,
-        say: Callable[[str], None] = print) -> list[Figure]:
+        say: Callable[[str], None] = print, sessions: int = 10) -> list[Figure]:
     out_dir.mkdir(parents=True, exist_ok=True)
     figures: list[Figure] = []
     for part in parts:
@@ -380,6 +475,8 @@ def run(parts: Sequence[str], contract_name: str, cache_root: Path, out_dir: Pat
             figures += decode_agreement(contract_name, cache_root, out_dir, say=say)
         elif part == "overhead":
             figures.append(gates_overhead(contract_name, cache_root, out_dir, say))
+        elif part == "reproduction":
+            figures += reproduction_sessions(contract_name, cache_root, out_dir, sessions, say)
         else:
             raise BenchError(f"unknown part {part!r} (parts: {', '.join(PARTS)})")
         (out_dir / "bench.json").write_text(json.dumps([asdict(f) for f in figures], indent=1) + "\n")

@@ -115,7 +115,8 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     out = args.out or Path("data") / "bench" / f"harness-{time.strftime('%Y%m%d-%H%M%S')}"
     figures = bench.run(parts, args.contract, (args.cache_dir or mini.default_cache_root()).resolve(),
-                        out.resolve(), args.replay.resolve(), say=lambda m: print(m, file=sys.stderr, flush=True))
+                        out.resolve(), args.replay.resolve(), say=lambda m: print(m, file=sys.stderr, flush=True),
+                        sessions=args.sessions)
     print(bench.table(figures))
     print(f"\nwritten: {out / 'bench.json'}", file=sys.stderr)
     return 0
@@ -220,11 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
     derive_p.add_argument("--json", action="store_true", help="print the whole tensor table as JSON")
     derive_p.set_defaults(func=_contract_derive)
 
-    from .bench import BUNDLE, PARTS  # stdlib-only module: cheap
+    from .bench import BUNDLE, DEFAULT_PARTS, PARTS  # stdlib-only module: cheap
 
     bench_p = sub.add_parser("bench", help="what the harness costs and whether its decode figure agrees with the "
                                            "server and `vllm bench serve` (a table of ratios; never a test)")
-    bench_p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)} (default: all)")
+    bench_p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                         help=f"comma list of {', '.join(PARTS)} (default: all but reproduction, which runs "
+                              f"--sessions gates sessions)")
+    bench_p.add_argument("--sessions", type=int, default=10,
+                         help="gates sessions of the reproduction part (default 10)")
     bench_p.add_argument("--contract", default="mini-laguna-cpu", help="contract for the engine parts")
     bench_p.add_argument("--replay", type=Path, default=BUNDLE, help="run folder the replay part times "
                                                                     "(default: the recorded evidence bundle)")

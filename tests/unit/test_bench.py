@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import bench, cli
+from pytest_b70lab import bench, cli, evidence, session, throughput
 
-RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "bench" / "vllm-bench-serve-detailed.json"
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = REPO / "fixtures" / "bench" / "vllm-bench-serve-detailed.json"
+BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
 
 
 def test_vllm_bench_serve_is_read_with_the_clients_accounting() -> None:
@@ -34,4 +37,47 @@ def test_start_phases_split_a_start_by_its_log_phases() -> None:
 
 def test_an_unknown_part_is_a_usage_error(capsys) -> None:
     assert cli.main(["bench", "--parts", "import,warp"]) == 2
-    assert "unknown bench part(s) warp (parts: import, replay, audit, start, decode, overhead)" in capsys.readouterr().err
+    assert "unknown bench part(s) warp (parts: import, replay, audit, start, decode, overhead, reproduction)" in capsys.readouterr().err
+
+
+def test_a_sessions_drift_is_recomputed_from_its_arrival_times() -> None:
+    """The committed bundle: start-2 compiled nothing (it loaded), start-1 compiled; its medians are 2.8 %
+    apart upwards while the paired figure says start-2 was 5 % slower."""
+    drift = bench.session_drift(BUNDLE)
+    starts = session.load_run(BUNDLE)
+    rates = [{r.prompt_id: throughput.decode_rate(r.chunk_times, r.chunk_tokens) for r in s.requests} for s in starts]
+    assert drift.median_ratio == pytest.approx(statistics.median(rates[1].values()) / statistics.median(rates[0].values()))
+    assert drift.paired == pytest.approx(statistics.geometric_mean([rates[1][k] / rates[0][k] for k in rates[0]]))
+    assert drift.paired_low <= drift.paired <= drift.paired_high
+    assert drift.graphs == ("compiled", "loaded")
+
+
+def test_the_summary_over_sessions_gives_median_min_and_max(tmp_path: Path) -> None:
+    """Three sessions: the bundle, and copies with start-2's arrival times stretched 1.1x and 1.3x."""
+    sessions = [bench.session_drift(BUNDLE)]
+    for stretch in (1.1, 1.3):
+        copy = tmp_path / f"x{stretch}"
+        shutil.copytree(BUNDLE, copy)
+        record = evidence.read(copy / "start-2" / evidence.FILENAME)
+        for r in record.requests:
+            r.chunk_times = [t * stretch for t in r.chunk_times]
+        evidence.write(record, copy / "start-2")
+        sessions.append(bench.session_drift(copy))
+    base = sessions[0]
+    assert sessions[2].paired == pytest.approx(base.paired / 1.3)
+    medians, paired = bench.drift_figures(sessions)
+    assert paired.value == pytest.approx(base.paired / 1.1) and paired.met is False
+    assert f"min {base.paired / 1.3:.3f}, max {base.paired:.3f}" in paired.detail
+    assert medians.value == pytest.approx(base.median_ratio / 1.1)
+    assert "graphs (start-1 / start-2) mostly compiled / loaded" in medians.detail
+    assert bench.drift_figures(sessions[:1])[1].met is True
+
+
+def test_a_run_without_two_completed_starts_is_a_bench_error(tmp_path: Path) -> None:
+    copy = tmp_path / "one"
+    shutil.copytree(BUNDLE, copy)
+    shutil.rmtree(copy / "start-2")
+    with pytest.raises(bench.BenchError, match="two completed starts are needed"):
+        bench.session_drift(copy)
+    with pytest.raises(bench.BenchError, match="no candidate evidence under"):
+        bench.session_drift(tmp_path / "absent")
