@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -60,6 +61,7 @@ class LabState:
     wants_quality: bool = False
     _scores: dict[str, dict] | None = None   # quality scores by evidence digest (coding runs code once)
     blocked: str | None = None   # why no test that needs an engine's evidence can run (see _block_session)
+    stop_reason: str | None = None   # why the session stopped before it could judge (promotion.json says it)
     blocked_reported: bool = False
     block_mark: Path | None = None   # on an xdist worker: the session's marker of who reported the block
     _extra_gates: dict[str, str] | None = None
@@ -213,10 +215,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_XdistHooks(config.stash[STATE]), "b70lab-xdist")
     _guard_snapshot_update(config)
     _teacher_snapshots_of_other_contracts_are_not_errors(config)
+    if not hasattr(config, "workerinput"):
+        reporter = VerdictReporter(config.stash[STATE])
+        config.pluginmanager.register(reporter, "b70lab-verdict")
+        reporter.begin()  # before anything here can stop the session
     if _contract_setting(config) is not None or replay is not None:
         _contract_or_usage_error(config)  # named explicitly: a bad contract or evidence is a usage error now
-    if not hasattr(config, "workerinput"):
-        config.pluginmanager.register(VerdictReporter(config.stash[STATE]), "b70lab-verdict")
 
 
 def _guard_snapshot_update(config: pytest.Config) -> None:
@@ -398,6 +402,7 @@ def _contract_or_usage_error(config: pytest.Config) -> contract_mod.Contract:
     try:
         return config.stash[STATE].contract
     except _lab_errors() as e:
+        config.stash[STATE].stop_reason = str(e)
         raise pytest.UsageError(str(e)) from e
 
 
@@ -406,6 +411,7 @@ def _contract_or_exit(config: pytest.Config) -> contract_mod.Contract:
     try:
         return config.stash[STATE].contract
     except _lab_errors() as e:
+        config.stash[STATE].stop_reason = str(e)
         pytest.exit(f"b70lab: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
@@ -956,6 +962,37 @@ class VerdictReporter:
         self._decision = None
         self._quality = None
         self.baseline_lines: list[str] = []
+        self.written = False
+        self.exitstatus: int | None = None
+
+    def begin(self) -> None:
+        """An earlier verdict in this session's run folder stops counting now: until this session writes its
+        own, the file says that a session is judging the folder (also if this process is killed)."""
+        if (self.state.run_dir / "promotion.json").is_file():
+            from . import verdict
+
+            verdict.write_unjudged(self.state.run_dir, f"a session started {time.strftime('%Y-%m-%d %H:%M:%S')} "
+                                                       f"(pid {os.getpid()}) is judging this folder and has not "
+                                                       f"written its verdict: it was stopped, or is still running")
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        self.state.stop_reason = self.state.stop_reason or "interrupted (Ctrl-C or SIGTERM) before any verdict"
+
+    def pytest_internalerror(self, excrepr) -> None:
+        last = str(excrepr).strip().splitlines()[-1:] or ["?"]
+        self.state.stop_reason = self.state.stop_reason or f"an internal error of pytest or a plugin: {last[0]}"
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """A session that judged nothing leaves the verdict it found (begin) not promotable, saying why; a
+        folder without one keeps none (an absent verdict promotes nothing)."""
+        folder = self.state.run_dir
+        if self.written or not (folder / "promotion.json").is_file():
+            return
+        from . import verdict
+
+        why = self.state.stop_reason or (f"no gate test reported in this session (exit status {self.exitstatus})"
+                                         if self.exitstatus is not None else "it stopped before it began")
+        verdict.write_unjudged(folder, f"the session stopped before judging: {why}")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
@@ -1019,6 +1056,7 @@ class VerdictReporter:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.exitstatus = int(session.exitstatus)
         decision, quality = self.decision(), self.quality_decision()
         if decision is None and quality is None:
             return
@@ -1026,6 +1064,7 @@ class VerdictReporter:
 
         if self.state.run_dir.exists():
             verdict.write(decision, self.state.run_dir, quality)
+            self.written = True
         session.config.hook.pytest_b70lab_verdict(config=session.config, decision=decision, quality=quality,
                                                   run_dir=self.state.run_dir)
         if decision is not None and session.config.getoption("--b70-baseline"):

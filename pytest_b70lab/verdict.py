@@ -239,6 +239,16 @@ def quality_record(q: QualityDecision) -> dict[str, Any]:
             "figures": [asdict(o) for o in sorted(q.outcomes, key=lambda o: o.figure)]}
 
 
+def write_unjudged(run_dir: Path, why: str) -> Path:
+    """promotion.json of a folder that this session has not judged (yet): not promotable, and why. A
+    folder's promotion.json is the verdict of the last session that used it, so an older PROMOTABLE never
+    outlives a session that stopped before it could judge (a damaged replay, a bad contract, Ctrl-C)."""
+    path = run_dir / "promotion.json"
+    data = {"promotable": False, "complete": False, "judged": False, "run_dir": str(run_dir), "problems": [why]}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 def write(decision: Decision | None, run_dir: Path, quality: QualityDecision | None = None) -> Path:
     """promotion.json. Quality is a section of its own: it never changes `promotable`. A session that ran
     no gate test decides no promotion (promotable false, incomplete)."""

@@ -226,6 +226,10 @@ def test_fault(row: Row, request: pytest.FixtureRequest, tmp_path: Path, b70_cac
     else:
         record = json.loads(evidence_file.read_text())
         assert record["failure"]["message"].startswith("interrupted"), record["failure"]["message"][:300]
+    promotion = run_dir / "promotion.json"
+    if promotion.exists():  # every exit leaves the folder's verdict truthful
+        verdict = json.loads(promotion.read_text())
+        assert verdict["promotable"] is False, f"{row.id}: promotion.json says promotable: {verdict}"
     print(f"{row.id}: exit {code}, {wall:.0f} s, verdict: {_verdict_line(out)[:200]}")
 
 

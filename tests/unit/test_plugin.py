@@ -185,6 +185,58 @@ def test_replay_of_a_damaged_run_fails_closed(pytester: pytest.Pytester) -> None
     result.stderr.fnmatch_lines([f"*evidence {path} does not match its own digest*"])
 
 
+def _promotion(run: Path) -> dict:
+    return json.loads((run / "promotion.json").read_text())
+
+
+def test_a_replay_that_stops_before_judging_never_keeps_an_older_promotable(pytester: pytest.Pytester) -> None:
+    """Replayed PROMOTABLE, then damaged: the second replay is a usage error, and promotion.json says not
+    promotable with the evidence error, not the first replay's verdict."""
+    result, run, _ = _replay(pytester)
+    assert result.ret == 0 and _promotion(run)["promotable"] is True
+    path = run / "start-2" / "evidence.json"
+    data = json.loads(path.read_text())
+    data["throughput"]["endpoint_median"] *= 2
+    path.write_text(json.dumps(data))
+    # In a process of its own, as a user runs it (and clear of pytester's in-process module reloading).
+    again = pytester.runpytest_subprocess(str(GATES), "-m", "gates", "--b70-evidence", str(run),
+                                          "-p", "no:cacheprovider")
+    assert again.ret == pytest.ExitCode.USAGE_ERROR, again.stderr.str()[-2000:]
+    verdict = _promotion(run)
+    assert verdict["promotable"] is False and verdict["judged"] is False, verdict
+    (why,) = verdict["problems"]
+    assert why.startswith("the session stopped before judging: ") and "does not match its own digest" in why, why
+
+
+@pytest.mark.parametrize(("conftest", "args", "why"), [
+    ("", ["-k", "no_such_test"], "no gate test reported in this session (exit status 5)"),
+    ("def pytest_collection_finish(session):\n    raise RuntimeError('a plugin broke')\n",
+     ["-p", "broken_plugin"], "an internal error of pytest or a plugin: RuntimeError: a plugin broke"),
+])
+def test_a_session_that_judges_nothing_says_so_in_promotion_json(pytester: pytest.Pytester, conftest: str,
+                                                                 args: list[str], why: str) -> None:
+    result, run, _ = _replay(pytester)
+    assert result.ret == 0 and _promotion(run)["promotable"] is True
+    if conftest:
+        pytester.makepyfile(broken_plugin=conftest)
+    again = pytester.runpytest_subprocess(str(GATES), "-m", "gates", "--b70-evidence", str(run),
+                                          "-p", "no:cacheprovider", *args)
+    assert again.ret != 0
+    verdict = _promotion(run)
+    assert verdict["promotable"] is False and verdict["problems"] == [f"the session stopped before judging: {why}"]
+
+
+def test_a_bad_contract_leaves_an_earlier_verdict_of_its_run_folder_not_promotable(pytester: pytest.Pytester) -> None:
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    (run / "promotion.json").write_text(json.dumps({"promotable": True, "complete": True}))
+    result = pytester.runpytest(str(GATES), "-m", "gates", "--b70-contract", "no-such-contract",
+                                f"--b70-run-dir={run}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    verdict = _promotion(run)
+    assert verdict["promotable"] is False and "no-such-contract" in verdict["problems"][0], verdict
+
+
 def test_replay_under_xdist_keeps_properties_and_the_verdict(pytester: pytest.Pytester) -> None:
     result, run, junit = _replay(pytester, "-n", "2")
     assert result.ret == 0, result.stdout.str()[-3000:]
