@@ -235,11 +235,13 @@ def test_fault(row: Row, request: pytest.FixtureRequest, tmp_path: Path, b70_cac
 
 # --- a slowdown that only gate 7 can see ------------------------------------------------------------------
 
-# Rank 0 of start-2 only stretches each model step by 25 %: both starts succeed with the same tokens, start-2
-# decodes ~20 % slower, and fresh-start reproduction must fail naming the paired figure. The mini contract
-# holds the paired figure to its throughput_tolerance (35 %) until ten sessions set a tighter one (issue 24);
-# this row holds it to 10 %, the goal, which a 20 % slowdown exceeds whatever this machine's noise does to it.
-SLOWDOWN = Row("start-2-decodes-slower", "slow-decode:0:25:2", 240, r"", ci=True)
+# Rank 0 of start-2 only doubles each of its model steps: both starts succeed with the same tokens, start-2
+# decodes markedly slower (0.6x or so), and fresh-start reproduction must fail naming the paired figure. The mini
+# contract holds the paired figure to its throughput_tolerance (35 %) until the causes of start-to-start drift
+# are found (issue 24); this row holds it to 10 %, the goal. Ten idle sessions here drifted up to 27 % either way
+# (notes/2026-12-01-fresh-start-drift-ten-sessions.md), so a 20 % slowdown could hide in a start-2 that was
+# faster by chance: the delay is large enough to stay beyond 10 % through that noise.
+SLOWDOWN = Row("start-2-decodes-slower", "slow-decode:0:100:2", 240, r"", ci=True)
 PAIRED_TOLERANCE = 0.10
 REPRODUCTION = REPO / "tests" / "gates" / "test_run_gates.py::test_fresh_start_reproduction"
 
@@ -256,7 +258,7 @@ def test_a_slower_second_start_fails_reproduction(tmp_path: Path, b70_cache_root
         assert record["status"] == "ok", f"{row.id}: start-{index} is {record['status']}: {record.get('failure')}"
         assert record["teardown"]["clean"] is True, record["teardown"]
         rank0 = next((run_dir / f"start-{index}" / "ranks").glob("Worker_TP0*.log")).read_text(errors="replace")
-        fired = "stretches every model step by 25 %" in rank0
+        fired = "stretches every model step by 100 %" in rank0
         assert fired == armed, f"{row.id}: the slowdown fired in start-{index}: {fired}, expected {armed}"
     promotion = json.loads((run_dir / "promotion.json").read_text())
     assert promotion["promotable"] is False and "fresh-start-reproduction" in promotion["failed_gates"], promotion
