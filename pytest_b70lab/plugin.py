@@ -213,6 +213,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK) else None)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(config.stash[STATE]), "b70lab-xdist")
+    if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK):
+        config.pluginmanager.register(_WorkerFinished(Path(worker_input[WORKER_BLOCK_MARK])), "b70lab-worker-finished")
     _guard_snapshot_update(config)
     _teacher_snapshots_of_other_contracts_are_not_errors(config)
     if not hasattr(config, "workerinput"):
@@ -263,6 +265,11 @@ class _XdistHooks:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not hasattr(config, "workerinput"):
             self.block_mark.unlink(missing_ok=True)
+            for mark in self._finished_marks():
+                mark.unlink(missing_ok=True)
+
+    def _finished_marks(self) -> list[Path]:
+        return list(self.state.run_dir.glob(self.block_mark.name.replace(".blocked-", ".finished-", 1) + "-*"))
 
     interrupted_by_signal = False
 
@@ -275,12 +282,20 @@ class _XdistHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Interrupted by a signal, the workers are each tearing an engine down and writing its evidence:
-        wait for them (bounded) before xdist's own teardown, which kills a worker that takes over 10 s."""
+        wait for them (bounded) before xdist's own teardown, which kills a worker that takes over 10 s. A
+        worker is done when it has exited or said so (_WorkerFinished); it then stays alive, waiting for the
+        controller, so waiting for it to exit alone always took the whole bound."""
         if not self.interrupted_by_signal or hasattr(session.config, "workerinput"):
             return
         import psutil
 
-        psutil.wait_procs(psutil.Process().children(), timeout=90)
+        deadline = time.monotonic() + 90
+        workers = psutil.Process().children()
+        while time.monotonic() < deadline:
+            said = {mark.name.rsplit("-", 1)[-1] for mark in self._finished_marks()}
+            if all(not w.is_running() or w.status() == psutil.STATUS_ZOMBIE or str(w.pid) in said for w in workers):
+                return
+            time.sleep(0.2)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_setupnodes(self, config, specs) -> None:
@@ -299,6 +314,19 @@ class _XdistHooks:
                     continue
 
         _sigterm_raises_interrupt(first=forward)
+
+
+class _WorkerFinished:
+    """On an xdist worker: once its session is over (its engines stopped, their evidence written), a marker
+    in the run folder tells the controller, which waits for it after an interrupt (_XdistHooks)."""
+
+    def __init__(self, block_mark: Path):
+        self.mark = block_mark.with_name(block_mark.name.replace(".blocked-", ".finished-", 1) + f"-{os.getpid()}")
+
+    @pytest.hookimpl(trylast=True)  # after pytest's own, which tears the session's fixtures (and engines) down
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.mark.parent.is_dir():
+            self.mark.touch()
 
 
 def _declared_gates(config: pytest.Config) -> dict[str, str]:
