@@ -408,10 +408,10 @@ def session_drift(run_dir: Path) -> SessionDrift:
                          f"{[f'start-{s.start_index} {s.status}' for s in starts]}")
     rates = []
     for s in starts[:2]:
-        try:
-            rates.append({r.prompt_id: throughput.decode_rate(r.chunk_times, r.chunk_tokens) for r in s.requests})
-        except ValueError as e:
-            raise BenchError(f"{run_dir}: start-{s.start_index}: {e}") from None
+        found, problems = throughput.arrival_rates(s.requests)
+        if problems:
+            raise BenchError(f"{run_dir}: start-{s.start_index}: " + "; ".join(f"{k}: {v}" for k, v in problems.items()))
+        rates.append(found)
     paired = throughput.paired_ratio(rates[0], rates[1])
     if paired is None or not rates[0] or not rates[1]:
         raise BenchError(f"{run_dir}: no prompt has a decode rate at both starts")

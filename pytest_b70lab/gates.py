@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -464,18 +463,10 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
 
 
 def arrival_rates(c: _Check, start: Evidence) -> dict[str, float]:
-    """Each request's decode rate recomputed from its token arrival times (never the recorded figure); a
-    request whose times give none fails the check, naming the prompt."""
-    rates = {}
-    for r in start.requests:
-        try:
-            rate = throughput.decode_rate(r.chunk_times, r.chunk_tokens)
-        except ValueError as e:
-            c.expect(False, f"start-{start.start_index} {r.prompt_id}: no decode rate from its arrival times: {e}")
-            continue
-        if c.expect(math.isfinite(rate) and rate > 0,
-                    f"start-{start.start_index} {r.prompt_id}: its arrival times give a decode rate of {rate}"):
-            rates[r.prompt_id] = rate
+    """throughput.arrival_rates of a start; a request whose times give none fails the check, naming it."""
+    rates, problems = throughput.arrival_rates(start.requests)
+    for prompt_id, why in problems.items():
+        c.expect(False, f"start-{start.start_index} {prompt_id}: {why}")
     return rates
 
 

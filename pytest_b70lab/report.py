@@ -105,18 +105,6 @@ def tolerance(start: Evidence, figure: str = "throughput_tolerance") -> float | 
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def arrival_rates(start: Evidence) -> dict[str, float]:
-    """Each request's decode rate from its token arrival times, as gate 7 recomputes it (unusable ones left
-    out: the gate names them)."""
-    rates = {}
-    for r in start.requests:
-        try:
-            rates[r.prompt_id] = throughput.decode_rate(r.chunk_times, r.chunk_tokens)
-        except ValueError:
-            continue
-    return rates
-
-
 def prompt_order(starts: Sequence[Evidence]) -> list[str]:
     return list(dict.fromkeys(r.prompt_id for s in starts for r in s.requests))
 
@@ -394,7 +382,8 @@ def _decode(run: Run, plots: _Plots) -> Raw:
                              + ("inside the band." if drift <= tol else "OUTSIDE the band."))
     paired_tol = tolerance(ref, "paired_tolerance")
     for s in starts[1:]:
-        if (paired := throughput.paired_ratio(arrival_rates(ref), arrival_rates(s))) is not None:
+        if (paired := throughput.paired_ratio(throughput.arrival_rates(ref.requests)[0],
+                                                 throughput.arrival_rates(s.requests)[0])) is not None:
             where = "" if paired_tol is None else (
                 f"; tolerance {paired_tol:.0%}: " + ("inside." if paired.drift <= paired_tol else "OUTSIDE."))
             notes.append(f"Paired figure start-{s.start_index} / start-{ref.start_index} {paired.line()}: the "

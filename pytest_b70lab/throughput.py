@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def token_arrival_times(chunk_times: Sequence[float], chunk_tokens: Sequence[int]) -> list[float]:
@@ -25,6 +26,24 @@ def decode_rate(chunk_times: Sequence[float], chunk_tokens: Sequence[int]) -> fl
     if span <= 0:
         raise ValueError(f"all {len(times)} tokens arrived at once: no decode interval to measure")
     return (len(times) - 1) / span
+
+
+def arrival_rates(requests: Iterable[Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """Each request's decode rate recomputed from its token arrival times (never a recorded figure), by
+    prompt id, and why a request has none (its times give no positive, finite rate): the one place the
+    gates, the report and the bench recompute rates."""
+    rates, problems = {}, {}
+    for r in requests:
+        try:
+            rate = decode_rate(r.chunk_times, r.chunk_tokens)
+        except ValueError as e:
+            problems[r.prompt_id] = f"no decode rate from its arrival times: {e}"
+            continue
+        if math.isfinite(rate) and rate > 0:
+            rates[r.prompt_id] = rate
+        else:
+            problems[r.prompt_id] = f"its arrival times give a decode rate of {rate}"
+    return rates, problems
 
 
 def endpoint_median(rates: Sequence[float]) -> float:
