@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +20,20 @@ from .digests import kv_scale_digest
 
 # Every gate a promotion needs, and what it is judged per: each (start, rank), (start, prompt), start, or
 # the run as a whole. The verdict derives the required (gate, subject) pairs from this and the contract.
-SCOPES = {
+GATE_SCOPES = {
     "target-scale-audit": "rank", "draft-cache-audit": "rank", "engine-resolution": "rank",
     "metrics-agree": "start", "teacher-exactness": "prompt", "cold-prompt": "prompt", "compile-topology": "rank",
     "fresh-start-reproduction": "run", "launch-flags": "rank", "load-audit": "start", "spec-counters": "start",
     "token-count": "prompt",
 }
+# The evidence checks: that each start left all the evidence a gate reads, and that nothing outlived it or
+# could reach it. A promotion requires them per start like any gate, so a selection that drops one leaves the
+# run incomplete instead of promotable.
+EVIDENCE_CHECK_SCOPES = {
+    "evidence-start": "start", "evidence-ranks": "start", "evidence-metrics": "start", "evidence-prompts": "start",
+    "evidence-teardown": "start", "evidence-exposure": "start", "evidence-probe": "start",
+}
+SCOPES = {**GATE_SCOPES, **EVIDENCE_CHECK_SCOPES}
 CATALOGUE = tuple(SCOPES)
 SPECULATIVE_GATES = frozenset({"draft-cache-audit", "spec-counters"})
 FP8_KV_DTYPES = {"fp8", "fp8_e4m3"}
@@ -128,6 +137,132 @@ def _rank_audit(check: _Check, start: Evidence, rank: int) -> dict[str, Any] | N
 
 def _layers(audit: dict[str, Any], owner: str) -> dict[str, dict[str, Any]]:
     return {n: layer for n, layer in audit.get("attention_layers", {}).items() if layer.get("owner") == owner}
+
+
+# --- evidence checks ---------------------------------------------------------------------------------
+
+def evidence_start(start: Evidence) -> Verdict:
+    """The start completed and became ready after a positive, finite time."""
+    c = _Check("evidence-start", subject(start.start_index))
+    if _started(c, start):
+        ready = start.ready_s
+        c.observe(ready_s=ready)
+        c.expect(isinstance(ready, float | int) and math.isfinite(ready) and ready > 0,
+                 f"start-{start.start_index}: ready after {ready!r} s: the launch recorded no time to ready")
+    return c.done()
+
+
+def evidence_ranks(start: Evidence, contract: Contract, log_sizes: Mapping[str, int] | None = None) -> Verdict:
+    """Every tensor-parallel rank answered the audit once and has its own log. `log_sizes` ({log name:
+    bytes}) are the run folder's rank logs where it keeps them (a replayed bundle may not): none may be
+    empty."""
+    c = _Check("evidence-ranks", subject(start.start_index))
+    tp = contract.engine.tensor_parallel
+    ranks = sorted((a.get("tp_rank") for a in start.audits), key=str)
+    c.observe(audited_ranks=ranks)
+    c.expect(ranks == list(range(tp)), f"start-{start.start_index}: audits from TP ranks {ranks}, expected one "
+                                       f"from each of 0..{tp - 1}")
+    want = {rank_log_name(contract, r) for r in range(tp)}
+    missing = sorted(name.removeprefix("rank:") for name in want - set(start.logs))
+    c.expect(not missing, f"start-{start.start_index}: no log of {', '.join(missing)}; logs: {sorted(start.logs)}")
+    for name in sorted(want & set(start.logs)):
+        if log_sizes is not None:
+            size = log_sizes.get(start.logs[name])
+            c.expect(bool(size), f"start-{start.start_index}: the log {start.logs[name]} of "
+                                 f"{name.removeprefix('rank:')} is {'empty' if size == 0 else 'missing'}")
+    return c.done()
+
+
+def evidence_metrics(start: Evidence) -> Verdict:
+    """/metrics was scraped before and after the prompts (the counter gates subtract the two)."""
+    c = _Check("evidence-metrics", subject(start.start_index))
+    if _started(c, start):
+        for when, text in (("before", start.metrics_before), ("after", start.metrics_after)):
+            c.expect(bool(text) and "vllm:cache_config_info" in str(text),
+                     f"start-{start.start_index}: no /metrics scrape {when} the prompts (or one without "
+                     f"vllm:cache_config_info)")
+    return c.done()
+
+
+def evidence_prompts(start: Evidence, prompt_ids: Sequence[str], contract: Contract) -> Verdict:
+    """One request per prompt of the set, no other, each with the contract's token count."""
+    c = _Check("evidence-prompts", subject(start.start_index))
+    if not _started(c, start):
+        return c.done()
+    seen = [r.prompt_id for r in start.requests]
+    c.observe(requests=len(seen))
+    missing = [p for p in prompt_ids if p not in seen]
+    extra = sorted({p for p in seen if p not in prompt_ids or seen.count(p) > 1})
+    c.expect(not missing, f"start-{start.start_index}: no request for {missing} of the prompt set")
+    c.expect(not extra, f"start-{start.start_index}: requests outside the prompt set or repeated: {extra}")
+    n = contract.decode.tokens_per_request
+    short = {r.prompt_id: len(r.token_ids) for r in start.requests if len(r.token_ids) != n}
+    c.expect(not short, f"start-{start.start_index}: prompts without the contract's {n} tokens: {short}")
+    return c.done()
+
+
+def evidence_teardown(start: Evidence) -> Verdict:
+    """Teardown saw the start's processes and every one of them is gone (also for a start that failed)."""
+    c = _Check("evidence-teardown", subject(start.start_index))
+    teardown = start.teardown or {}
+    processes = teardown.get("processes") or []
+    c.observe(processes=len(processes))
+    if not c.expect(bool(processes), f"start-{start.start_index}: the evidence records no teardown, or one that "
+                                     f"saw no process: whether anything outlived the start cannot be told"):
+        return c.done()
+    survivors = [f"pid {p.get('pid')} {p.get('name')} ({str(p.get('cmdline'))[:80]})"
+                 for p in processes if p.get("gone") is not True]
+    c.expect(not survivors, f"start-{start.start_index}: still running after teardown: {'; '.join(survivors)}")
+    c.expect(teardown.get("clean") is True or bool(survivors),
+             f"start-{start.start_index}: teardown says it was not clean ({teardown.get('clean')!r}), though "
+             f"every process it lists is gone")
+    return c.done()
+
+
+def evidence_exposure(start: Evidence) -> Verdict:
+    """Only its owner could reach the engine: the API (and vLLM's development endpoints) on the 0700 private
+    socket only, the ranks' rendezvous and Gloo sockets on loopback only. No record proves nothing: it fails."""
+    c = _Check("evidence-exposure", subject(start.start_index))
+    exposure = start.exposure
+    if not c.expect(bool(exposure), f"start-{start.start_index}: the evidence does not record who could reach "
+                                    f"the engine"):
+        return c.done()
+    assert exposure is not None
+    problems = exposure.get("problems")
+    c.expect(problems == [], f"start-{start.start_index}: " + ("; ".join(map(str, problems)) if problems
+                                                                else f"exposure problems recorded as {problems!r}"))
+    listening = exposure.get("listening")
+    if c.expect(isinstance(listening, list), f"start-{start.start_index}: the exposure record lists no sockets"):
+        exposed = [f"{s.get('process')} on {s.get('address')}:{s.get('port')}" for s in listening
+                   if s.get("loopback") is not True]
+        c.expect(not exposed, f"start-{start.start_index}: listening beyond loopback: {'; '.join(exposed)}")
+    api = str(exposure.get("api"))
+    c.expect(api.startswith("unix "), f"start-{start.start_index}: the API listened on {api}, not the private "
+                                      f"Unix socket")
+    c.expect(exposure.get("socket_dir_mode") == "0o700",
+             f"start-{start.start_index}: the socket folder's mode is {exposure.get('socket_dir_mode')!r}, not 0o700")
+    return c.done()
+
+
+def evidence_probe(start: Evidence, contract: Contract) -> Verdict:
+    """The seed's rule: a run's engine starts only after a collective probe over all its ranks passed (or
+    the evidence says that the session turned the probe off)."""
+    c = _Check("evidence-probe", subject(start.start_index))
+    probe = start.probe
+    if not c.expect(bool(probe), f"start-{start.start_index}: the evidence does not record the preflight "
+                                 f"collective probe"):
+        return c.done()
+    assert probe is not None
+    if "skipped" in probe:
+        c.observe(probe=f"skipped: {probe['skipped']}")
+        return c.done()
+    c.expect(probe.get("passed") is True, f"start-{start.start_index}: the probe did not pass: {probe.get('problems')}")
+    ranks = [r.get("rank") for r in probe.get("ranks") or []
+             if r.get("correct") is True and "torn_down" in (r.get("reached") or [])]
+    c.expect(ranks == list(range(contract.engine.tensor_parallel)),
+             f"start-{start.start_index}: the probe's ranks that answered correctly and were torn down: {ranks}, "
+             f"expected 0..{contract.engine.tensor_parallel - 1}")
+    return c.done()
 
 
 # --- 1. target scale audit ---------------------------------------------------------------------------

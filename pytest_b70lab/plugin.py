@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -65,6 +65,8 @@ class LabState:
     blocked_reported: bool = False
     block_mark: Path | None = None   # on an xdist worker: the session's marker of who reported the block
     _extra_gates: dict[str, str] | None = None
+    # Why the contract a replay is judged under cannot promote it (replay.judged_contract): the verdict's problems.
+    contract_problems: list[str] = field(default_factory=list)
 
     @property
     def extra_gates(self) -> dict[str, str]:
@@ -84,12 +86,14 @@ class LabState:
         # `from .contract import`, like _lab_errors: pytester's in-process runs drop modules from sys.modules
         # but not from the package's attributes, and `from . import contract` would then get a stale module
         # whose errors _lab_errors does not catch.
-        from .contract import Contract, load
+        from .contract import load
 
         if self._contract is None:
             if self.replay_dir is not None:
-                first = self.replay_evidence()[0]
-                self._contract = Contract.model_validate(first.contract.canonical, strict=False)
+                from .replay import judged_contract
+
+                self._contract, self.contract_problems = judged_contract(
+                    self.replay_evidence(), self.replay_dir, _contract_setting(self.config))
             else:
                 self._contract = load(self.contract_name)
         return self._contract
@@ -763,6 +767,12 @@ def b70_start_evidence(b70_evidence: list[evidence_mod.Evidence], b70_start: int
 
 
 @pytest.fixture(scope="session")
+def b70_prompt_ids(b70_state: LabState, b70_contract: contract_mod.Contract) -> list[str]:
+    """The ids of the prompt set the session judges, in the contract's order."""
+    return [p.id for p in _prompts(b70_state.config, b70_contract)]
+
+
+@pytest.fixture(scope="session")
 def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidence],
                     b70_contract: contract_mod.Contract) -> dict:
     """The checkpoint tables of the served target and draft (tensor moments, calibrated KV scales): the
@@ -1059,6 +1069,7 @@ class VerdictReporter:
             try:
                 contract = self.state.contract
                 name, digest = contract.name, contract.digest
+                problems += self.state.contract_problems
                 required = gates.required_subjects(contract, [p.id for p in _prompts(self.state.config, contract)],
                                                    self.state.extra_gates)
             except _lab_errors() as e:

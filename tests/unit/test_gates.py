@@ -31,12 +31,16 @@ class Run:
         self.tables: dict = session.checkpoint_tables(BUNDLE, self.contract, BUNDLE / "no-cache")
         self.snapshots = {r.prompt_id: teacher.read(teacher.snapshot_path(SNAPSHOTS, self.contract, r.prompt_id))
                           for r in self.starts[0].requests}
+        # The sizes of the run folder's rank logs, as the evidence check reads them: the committed bundle keeps
+        # the evidence without its logs (None), a live run folder has them.
+        self.log_sizes: dict[int, dict[str, int] | None] = {s.start_index: None for s in self.starts}
 
     def clone(self) -> Run:
         other = copy.copy(self)
         other.starts = [s.model_copy(deep=True) for s in self.starts]
         other.tables = copy.deepcopy(self.tables)
         other.snapshots = copy.deepcopy(self.snapshots)
+        other.log_sizes = copy.deepcopy(self.log_sizes)
         return other
 
     @property
@@ -63,6 +67,9 @@ def all_verdicts(run: Run) -> list[gates.Verdict]:
             out += [gates.cold_prompt(s, p), gates.token_count(s, p, c),
                     gates.teacher_exactness(s, p, c, run.snapshots.get(p), f"<snapshot {p}>")]
         out += [gates.metrics_agree(s, c), gates.spec_counters(s, c)]
+        out += [gates.evidence_start(s), gates.evidence_ranks(s, c, run.log_sizes.get(s.start_index)),
+                gates.evidence_metrics(s), gates.evidence_prompts(s, run.prompts, c), gates.evidence_teardown(s),
+                gates.evidence_exposure(s), gates.evidence_probe(s, c)]
     out.append(gates.reproduction(run.starts, c))
     return out
 
@@ -325,6 +332,55 @@ def rank_missing(run: Run) -> None:
     run.starts[0].audits = [a for a in run.starts[0].audits if a["tp_rank"] != 1]
 
 
+def process_outlived_teardown(run: Run) -> None:
+    process = run.starts[1].teardown["processes"][2]
+    process.update(gone=False, how="still running after SIGKILL")
+    run.starts[1].teardown["clean"] = False
+
+
+def engine_listened_on_every_address(run: Run) -> None:
+    socket = run.starts[0].exposure["listening"][0]
+    socket.update(address="0.0.0.0", loopback=False)
+
+
+def probe_failed(run: Run) -> None:
+    run.starts[0].probe.update(passed=False, problems=["rank 1: all-reduce gave 2.0, expected 3.0"])
+    run.starts[0].probe["ranks"][1].update(correct=False)
+
+
+def ready_never_timed(run: Run) -> None:
+    run.starts[1].ready_s = float("nan")
+
+
+def empty_rank_log(run: Run) -> None:
+    logs = run.starts[1].logs
+    run.log_sizes[2] = {rel: 4096 for rel in logs.values()} | {logs["rank:Worker_TP1_EP1"]: 0}
+
+
+def prompt_repeated(run: Run) -> None:
+    run.starts[0].requests.append(run.starts[0].requests[0].model_copy(deep=True))
+
+
+def metrics_scraped_after_only(run: Run) -> None:
+    run.starts[1].metrics_before = None
+
+
+def no_ready_time(run: Run) -> None:
+    run.starts[0].ready_s = None
+
+
+def no_teardown_record(run: Run) -> None:
+    run.starts[0].teardown = None
+
+
+def no_exposure_record(run: Run) -> None:
+    run.starts[1].exposure = None
+
+
+def no_probe_record(run: Run) -> None:
+    run.starts[0].probe = None
+
+
 def portable_path_under_a_native_only_contract(run: Run) -> None:
     expect = run.contract.expect.model_copy(update={"fp8_attention": "native"})
     run.contract = run.contract.model_copy(update={"expect": expect})
@@ -525,8 +581,25 @@ REMOVALS: list[tuple[Callable[[Run], None], str, str]] = [
     (no_acceptance_counters, "spec-counters", "lacks vllm:spec_decode_num_accepted_tokens_total (before)"),
     (no_usage_count, "token-count", "usage says None tokens"),
     (a_request_missing, "token-count", "no request for prompt"),
+    (a_request_missing, "evidence-prompts", "no request for"),
+    (no_rank_log, "evidence-ranks", "start-2: no log of Worker_TP1_EP1"),
+    (no_cache_config_info, "evidence-metrics", "no /metrics scrape after the prompts"),
+    (no_ready_time, "evidence-start", "start-1: ready after None s: the launch recorded no time to ready"),
+    (no_teardown_record, "evidence-teardown", "start-1: the evidence records no teardown"),
+    (no_exposure_record, "evidence-exposure", "start-2: the evidence does not record who could reach the engine"),
+    (no_probe_record, "evidence-probe", "start-1: the evidence does not record the preflight collective probe"),
 ]
 MUTATIONS += [
+    (start_failed, "evidence-start", "start-2 did not complete: the server exited with code -11"),
+    (ready_never_timed, "evidence-start", "start-2: ready after nan s"),
+    (rank_missing, "evidence-ranks", "start-1: audits from TP ranks [0], expected one from each of 0..1"),
+    (empty_rank_log, "evidence-ranks", "start-2: the log ranks/Worker_TP1_EP1.log of Worker_TP1_EP1 is empty"),
+    (metrics_scraped_after_only, "evidence-metrics", "start-2: no /metrics scrape before the prompts"),
+    (prompt_repeated, "evidence-prompts", "start-1: requests outside the prompt set or repeated"),
+    (process_outlived_teardown, "evidence-teardown", "start-2: still running after teardown: pid"),
+    (engine_listened_on_every_address, "evidence-exposure", "start-1: listening beyond loopback: VLLM::Worker_TP0_EP0 "
+                                                            "on 0.0.0.0"),
+    (probe_failed, "evidence-probe", "start-1: the probe did not pass: ['rank 1: all-reduce gave 2.0"),
     (seed_drift, "launch-flags", "seed: engine has 7, contract says 0"),
     (ran_eager, "launch-flags", "compile_mode: engine has enforce_eager=True, contract says 'compiled'"),
 ]
@@ -557,7 +630,8 @@ def test_the_required_subjects_come_from_the_contract(recorded: Run) -> None:
     c = recorded.contract
     required = gates.required_subjects(c, recorded.prompts)
     starts, ranks, prompts = c.reproduction.fresh_starts, c.engine.tensor_parallel, len(recorded.prompts)
-    assert len(required) == len(set(required)) == starts * (5 * ranks + 3 * prompts + 3) + 1
+    checks = len(gates.EVIDENCE_CHECK_SCOPES)
+    assert len(required) == len(set(required)) == starts * (5 * ranks + 3 * prompts + 3 + checks) + 1
     assert ("cold-prompt", f"start-2 prompt:{recorded.prompts[-1]}") in required and ("fresh-start-reproduction", "run") in required
     teacher_only = {g for g, _ in gates.required_subjects(c.teacher(), recorded.prompts)}
     assert teacher_only == set(gates.CATALOGUE) - gates.SPECULATIVE_GATES

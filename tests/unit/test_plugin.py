@@ -94,11 +94,15 @@ def _first_prompt_id() -> str:
 
 
 @pytest.mark.parametrize("deselect", [["-k", "not start-2"], ["-k", "not rank-1"], ["-k", "not FIRST_PROMPT"],
-                                      ["-k", "not test_cold_prompt"], ["--deselect", "DESELECT_ONE"]],
-                         ids=["a-start", "a-rank", "a-prompt", "a-gate", "one-test"])
+                                      ["-k", "not test_cold_prompt"], ["--deselect", "DESELECT_ONE"],
+                                      ["--deselect", "EVIDENCE_CHECKS"], ["-k", "not only_its_owner"]],
+                         ids=["a-start", "a-rank", "a-prompt", "a-gate", "one-test", "the-evidence-checks",
+                              "one-evidence-check"])
 def test_a_partial_selection_is_never_promotable(pytester: pytest.Pytester, deselect: list[str]) -> None:
     one = "tests/gates/test_rank_gates.py::test_launch_flags[start-2-rank-0]"  # a node id, relative to the rootdir
-    args = [one if a == "DESELECT_ONE" else a.replace("FIRST_PROMPT", _first_prompt_id()) for a in deselect]
+    checks = "tests/gates/test_evidence_complete.py"
+    args = [{"DESELECT_ONE": one, "EVIDENCE_CHECKS": checks}.get(a, a.replace("FIRST_PROMPT", _first_prompt_id()))
+            for a in deselect]
     result, run, _ = _replay(pytester, *args)
     assert result.ret != 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu*required gate subjects did "
@@ -107,6 +111,33 @@ def test_a_partial_selection_is_never_promotable(pytester: pytest.Pytester, dese
     verdict = json.loads((run / "promotion.json").read_text())
     assert verdict["promotable"] is False and verdict["complete"] is False and verdict["missing"]
     assert len(verdict["observed"]) + len(verdict["missing"]) == len(verdict["required"])
+
+
+def _rewrite(run: Path, start: int, edit) -> None:
+    """Edit one start's evidence as the project writes it: re-validated, with a fresh self-digest."""
+    from pytest_b70lab import evidence
+
+    record = evidence.read(run / f"start-{start}")
+    edit(record)
+    evidence.write(evidence.Evidence.model_validate(record.model_dump(by_alias=True)), run / f"start-{start}")
+
+
+@pytest.mark.parametrize(("edit", "gate", "message"), [
+    (lambda e: e.teardown["processes"][1].update(gone=False), "evidence-teardown",
+     "*test_teardown_left_no_process?start-2? failed: start-2: still running after teardown: pid *"),
+    (lambda e: e.exposure["listening"][0].update(address="0.0.0.0", loopback=False), "evidence-exposure",
+     "*test_only_its_owner_could_reach_the_engine?start-2? failed: start-2: listening beyond loopback: *0.0.0.0*"),
+], ids=["a-process-outlived-teardown", "the-engine-listened-on-every-address"])
+def test_an_evidence_check_fails_the_verdict_with_its_own_message(pytester: pytest.Pytester, edit, gate: str,
+                                                                 message: str) -> None:
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    _rewrite(run, 2, edit)
+    result = pytester.runpytest(str(GATES), "-m", "gates", "--b70-evidence", str(run), "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines([f"*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates: {gate} *", message])
+    verdict = _promotion(run)
+    assert verdict["promotable"] is False and verdict["complete"] is True and verdict["failed_gates"] == [gate]
 
 
 def test_a_skipped_required_subject_is_a_failure_with_its_reason(pytester: pytest.Pytester) -> None:

@@ -1,0 +1,103 @@
+"""Which contract judges a replayed run folder, and what stops it from being judged.
+
+Evidence carries the contract it was recorded under (canonical text and digest). That embedded copy is not
+trusted on its own: its digest must be its text's, every start must carry start-1's, and where the repository
+has a contract of the same name, the two must agree, or the verdict says that they differ. A contract named on
+the command line either is the recorded one (by path, by name, or as NAME@DIGEST) or the replay is refused:
+judging recorded evidence under another contract than it ran under would judge an experiment nobody ran.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import project
+from .contract import Contract, ContractError, load, resolve_path
+from .evidence import Evidence, EvidenceError
+
+# NAME@DIGEST: the recorded contract by its digest (a prefix of 12 or more hex digits is enough to name it).
+PINNED = re.compile(r"^(?P<name>[^@]+)@(?P<digest>[0-9a-f]{12,64})$")
+SHOWN_DIGEST = 12
+
+
+def recorded_contract(starts: Sequence[Evidence], where: Path) -> Contract:
+    """The contract the run was recorded under: start-1's embedded contract, once its digest is its canonical
+    text's and every other start carries the same one."""
+    if not starts:
+        raise EvidenceError(f"no evidence in {where}: no recorded contract")
+    first = starts[0].contract
+    try:
+        contract = Contract.model_validate(first.canonical, strict=False)
+    except ValueError as e:
+        raise EvidenceError(f"start-{starts[0].start_index} of {where}: the embedded contract is not a valid "
+                            f"contract ({str(e).splitlines()[0]})") from e
+    for start in starts:
+        ref = start.contract
+        if ref.digest != contract.digest or ref.canonical != first.canonical:
+            text_digest = Contract.model_validate(ref.canonical, strict=False).digest if ref.canonical else None
+            why = (f"records digest {ref.digest[:SHOWN_DIGEST]} for a canonical text whose digest is "
+                   f"{str(text_digest)[:SHOWN_DIGEST]}" if ref.digest != text_digest else
+                   f"was recorded under contract {ref.name} {ref.digest[:SHOWN_DIGEST]}, start-1 under "
+                   f"{first.name} {contract.digest[:SHOWN_DIGEST]}")
+            raise EvidenceError(f"start-{start.start_index} of {where} {why}: one run is recorded under one "
+                                f"contract, so this run folder cannot be judged")
+        if (ref.name, ref.kind) != (contract.name, contract.kind):
+            raise EvidenceError(f"start-{start.start_index} of {where} names contract {ref.name} ({ref.kind}), "
+                                f"its canonical text is {contract.name} ({contract.kind})")
+    return contract
+
+
+def _shown(path: Path) -> str:
+    """A repository file as the lab names it (fixtures/contracts/NAME.toml), else its whole path."""
+    for base in project.bases():
+        if path.is_relative_to(base):
+            return str(path.relative_to(base))
+    return str(path)
+
+
+def _repository_counterpart(recorded: Contract) -> tuple[Contract | None, str | None]:
+    """The repository's contract of the same name (a teacher's is derived from its candidate's), and its file;
+    (None, why) where the repository has none or it cannot be read."""
+    base = recorded.name.removesuffix("-teacher") if recorded.kind == "teacher" else recorded.name
+    try:
+        path = resolve_path(base)
+    except ContractError:
+        return None, None
+    try:
+        found = load(path)
+    except ContractError as e:
+        return None, f"{path} cannot be read to compare the recorded contract with: {str(e).splitlines()[0]}"
+    if recorded.kind == "teacher":
+        found = found.teacher()
+    return found, _shown(path)
+
+
+def judged_contract(starts: Sequence[Evidence], where: Path, named: str | None) -> tuple[Contract, list[str]]:
+    """(the contract to judge the replay with, why the verdict cannot promote it). `named` is the session's
+    --b70-contract (or ini b70_contract): it must be the recorded contract, else ContractError."""
+    recorded = recorded_contract(starts, where)
+    short = recorded.digest[:SHOWN_DIGEST]
+    pin = f"{recorded.name}@{recorded.digest}"
+    if named is not None:
+        if (m := PINNED.match(named)) is not None:
+            if m["name"] == recorded.name and recorded.digest.startswith(m["digest"]):
+                return recorded, []
+            raise ContractError(f"--b70-contract {named} does not name the contract {where} was recorded under "
+                                f"({recorded.name}@{short}): a replay is judged under its recorded contract only")
+        chosen = load(named)
+        if chosen.digest == recorded.digest:
+            return recorded, []
+        raise ContractError(
+            f"--b70-contract {named} is {chosen.name} {chosen.digest[:SHOWN_DIGEST]}, but {where} was recorded under "
+            f"{recorded.name} {short}: a replay is judged under the contract it was recorded under, never another. "
+            f"Name that one (--b70-contract {pin}), or leave --b70-contract out")
+    counterpart, path = _repository_counterpart(recorded)
+    if counterpart is None:
+        return recorded, [path] if path else []
+    if counterpart.digest != recorded.digest:
+        return recorded, [f"recorded under {recorded.name} {short}, {path} is now {counterpart.digest[:SHOWN_DIGEST]}: "
+                          f"the contract changed since this evidence was recorded; re-record it, or judge it under "
+                          f"the recorded contract with --b70-contract {pin}"]
+    return recorded, []

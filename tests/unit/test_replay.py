@@ -1,0 +1,142 @@
+"""A replay is judged under the contract it was recorded under, and that contract is checked: against its own
+digest, across the run's starts, and against the repository's contract of the same name (issue 23, item 4).
+
+Each case edits a copy of the committed bundle as a consistent editor would: every edited evidence file is
+re-validated and given a fresh self-digest, and the checkpoint tables follow the contract digest.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy  # noqa: F401  (loaded once here: pytester's in-process runs would import it anew in every run)
+import pytest
+
+from pytest_b70lab import evidence
+from pytest_b70lab.contract import Contract
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
+GATES = REPO / "tests" / "gates"
+
+pytest_plugins = ["pytester"]
+
+
+def _rewrite(run: Path, start: int, edit: Callable[[evidence.Evidence], None]) -> None:
+    record = evidence.read(run / f"start-{start}")
+    edit(record)
+    evidence.write(evidence.Evidence.model_validate(record.model_dump(by_alias=True)), run / f"start-{start}")
+
+
+def _loosen_reproduction(record: evidence.Evidence) -> None:
+    """The embedded contract with its reproduction tolerance raised to 0.99 and its digest recomputed."""
+    record.contract.canonical["reproduction"]["throughput_tolerance"] = 0.99
+    record.contract.digest = Contract.model_validate(record.contract.canonical, strict=False).digest
+
+
+def _loosened_copy(tmp: Path, starts: tuple[int, ...] = (1, 2)) -> tuple[Path, str]:
+    run = tmp / "run"
+    shutil.copytree(BUNDLE, run)
+    for n in starts:
+        _rewrite(run, n, _loosen_reproduction)
+    digest = evidence.read(run / f"start-{starts[0]}").contract.digest
+    tables = run / "checkpoint-tables.json"
+    tables.write_text(json.dumps({**json.loads(tables.read_text()), "contract_digest": digest}))
+    return run, digest
+
+
+def _replay(pytester: pytest.Pytester, run: Path, *extra: str):
+    return pytester.runpytest(str(GATES), "-m", "gates", "--b70-evidence", str(run), "-p", "no:cacheprovider", *extra)
+
+
+def _promotion(run: Path) -> dict:
+    return json.loads((run / "promotion.json").read_text())
+
+
+def _not_promoted(run: Path) -> bool:
+    """A session that stops before judging leaves no verdict, or one that says not promotable."""
+    return not (run / "promotion.json").exists() or _promotion(run)["promotable"] is False
+
+
+def _repository_digest() -> str:
+    return evidence.read(BUNDLE / "start-1").contract.digest
+
+
+def test_the_committed_bundle_replays_under_the_contract_it_names(pytester: pytest.Pytester) -> None:
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    result = _replay(pytester, run, "--b70-contract", "mini-laguna-cpu")
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["PROMOTABLE at *"])
+
+
+def test_a_contract_changed_since_recording_is_named_in_the_verdict(pytester: pytest.Pytester) -> None:
+    run, digest = _loosened_copy(pytester.path)
+    result = _replay(pytester, run)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines([f"NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu: recorded under "
+                                 f"mini-laguna-cpu {digest[:12]}, fixtures/contracts/mini-laguna-cpu.toml is now "
+                                 f"{_repository_digest()[:12]}: the contract changed since this evidence was recorded*"
+                                 f"--b70-contract mini-laguna-cpu@{digest}*"])
+    assert "PROMOTABLE at" not in result.stdout.str()
+    assert _promotion(run)["promotable"] is False
+
+
+def test_naming_the_repository_contract_for_evidence_recorded_under_another_is_refused(
+        pytester: pytest.Pytester) -> None:
+    run, digest = _loosened_copy(pytester.path)
+    result = _replay(pytester, run, "--b70-contract", "mini-laguna-cpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--b70-contract mini-laguna-cpu is mini-laguna-cpu {_repository_digest()[:12]}, "
+                                 f"but {run} was recorded under mini-laguna-cpu {digest[:12]}: a replay is judged "
+                                 f"under the contract it was recorded under, never another*"])
+    assert _not_promoted(run)
+
+
+def test_naming_another_contract_is_refused(pytester: pytest.Pytester) -> None:
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    result = _replay(pytester, run, "--b70-contract", "mini-laguna-cpu-path")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--b70-contract mini-laguna-cpu-path is mini-laguna-cpu-path *, but * was recorded "
+                                 "under mini-laguna-cpu *"])
+
+
+def test_the_recorded_contract_named_by_its_digest_judges_the_replay(pytester: pytest.Pytester) -> None:
+    """The lab's way to re-judge an old bundle under what it ran: NAME@DIGEST. The loosened tolerance then
+    judges (this copy's starts are the committed ones: it passes), and nothing is said of the repository's."""
+    run, digest = _loosened_copy(pytester.path)
+    result = _replay(pytester, run, "--b70-contract", f"mini-laguna-cpu@{digest[:16]}")
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["PROMOTABLE at *"])
+    wrong = _replay(pytester, run, "--b70-contract", f"mini-laguna-cpu@{_repository_digest()[:16]}")
+    assert wrong.ret == pytest.ExitCode.USAGE_ERROR
+    wrong.stderr.fnmatch_lines(["*does not name the contract * was recorded under (mini-laguna-cpu@*"])
+
+
+def test_two_starts_recorded_under_different_contracts_are_refused(pytester: pytest.Pytester) -> None:
+    run, digest = _loosened_copy(pytester.path, starts=(2,))
+    result = _replay(pytester, run)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*start-2 of {run} was recorded under contract mini-laguna-cpu {digest[:12]}, "
+                                 f"start-1 under mini-laguna-cpu {_repository_digest()[:12]}: one run is recorded "
+                                 f"under one contract*"])
+    assert _not_promoted(run)
+
+
+def test_an_embedded_contract_whose_digest_is_not_its_text_is_refused(pytester: pytest.Pytester) -> None:
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+
+    def edit(record: evidence.Evidence) -> None:
+        record.contract.canonical["reproduction"]["throughput_tolerance"] = 0.99   # the digest left as it was
+
+    _rewrite(run, 1, edit)
+    _rewrite(run, 2, edit)
+    result = _replay(pytester, run)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*start-1 of {run} records digest {_repository_digest()[:12]} for a canonical "
+                                 f"text whose digest is *: one run is recorded under one contract*"])
