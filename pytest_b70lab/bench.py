@@ -225,7 +225,7 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
                     req = engine_client.stream_completion(client, model, p.prompt, tokens, prompt_id=p.id,
                                                           timeout_s=c.deadlines.request_s)
                     rates.append(throughput.decode_rate(req.chunk_times, req.chunk_tokens))
-                _step_s, per_token_s, _rate = session.server_decode_figures(before, engine_client.metrics_text(client))
+                _step_s, per_token_s, _rate = throughput.server_decode_figures(before, engine_client.metrics_text(client))
                 client_rates.append(per_token_rate([1 / x for x in rates]))
                 server_rates.append(1 / per_token_s if per_token_s else float("nan"))
                 endpoint_medians.append(throughput.endpoint_median(rates))

@@ -8,7 +8,6 @@ versions, the tokens of every prompt, and the decode speed as a ratio with a boo
 from __future__ import annotations
 
 import json
-import math
 import re
 import statistics
 from dataclasses import asdict, dataclass
@@ -198,7 +197,7 @@ def show(run: Run) -> str:
                                          if k.startswith("--") and k not in PER_RUN_FLAGS))
     lines.append("starts")
     for s in run.starts:
-        median = s.throughput.endpoint_median
+        median = throughput.arrival_median(s.requests)
         lines.append(f"  start-{s.start_index}  {s.status:<6}  "
                      + (f"endpoint median {median:.2f} tok/s" if median is not None else "no endpoint median")
                      + (f"  ready {s.ready_s:.1f} s" if s.ready_s is not None else "")
@@ -339,16 +338,12 @@ def _diff_models(ea: Evidence, eb: Evidence) -> list[Change]:
 
 
 def _rates(run: Run) -> dict[str, float]:
-    """Per prompt, the median decode rate over the run's starts (Request.decode_rate, else the start's
-    throughput.per_prompt figure); prompts with no positive finite rate are left out."""
+    """Per prompt, the median decode rate over the run's starts, each recomputed from the request's arrival
+    times; prompts with no rate are left out."""
     seen: dict[str, list[float]] = {}
     for start in run.starts:
-        for pid in {r.prompt_id for r in start.requests} | start.throughput.per_prompt.keys():
-            request = start.request(pid)
-            rate = request.decode_rate if request is not None and request.decode_rate is not None \
-                else start.throughput.per_prompt.get(pid)
-            if rate is not None and math.isfinite(rate) and rate > 0:
-                seen.setdefault(pid, []).append(rate)
+        for pid, rate in throughput.arrival_rates(start.requests)[0].items():
+            seen.setdefault(pid, []).append(rate)
     return {pid: statistics.median(rates) for pid, rates in seen.items()}
 
 

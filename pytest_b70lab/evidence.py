@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -204,7 +205,138 @@ def read(path: Path) -> Evidence:
     if evidence.digest != evidence.body_digest():
         raise EvidenceError(f"evidence {path} does not match its own digest (recorded {evidence.digest}, "
                             f"content {evidence.body_digest()}): it was edited or truncated after it was written")
+    if found := unphysical(evidence) or contradictions(evidence):
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise EvidenceError(f"evidence {path}: {found[0]}{more}: the evidence contradicts itself, so nothing in it "
+                            f"is judged")
     return evidence
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def unphysical(evidence: Evidence) -> list[str]:
+    """Values no measurement can give (non-finite or negative figures, token arrival times that do not
+    increase), each with its field: refused when evidence is loaded, before anything is derived from them."""
+    out: list[str] = []
+
+    def positive(field: str, value: object, zero: bool = False) -> None:
+        if value is not None and not (_finite(value) and (value >= 0 if zero else value > 0)):
+            out.append(f"{field} is {value!r}: not a {'non-negative' if zero else 'positive'} finite number")
+
+    positive("ready_s", evidence.ready_s)
+    for r in evidence.requests:
+        at = f"requests[{r.prompt_id}]"
+        if len(r.chunk_times) != len(r.chunk_tokens):
+            out.append(f"{at}: {len(r.chunk_times)} chunk_times for {len(r.chunk_tokens)} chunk_tokens")
+        for i, t in enumerate(r.chunk_times):
+            if not (_finite(t) and t >= 0):
+                out.append(f"{at}.chunk_times[{i}] is {t!r}: not a time since the request was sent")
+            elif i and not t > r.chunk_times[i - 1]:
+                out.append(f"{at}.chunk_times[{i}] is {t!r}, after {r.chunk_times[i - 1]!r}: token arrival times "
+                           f"must increase")
+        out += [f"{at}.chunk_tokens[{i}] is {n!r}: a streamed chunk carries at least one token"
+                for i, n in enumerate(r.chunk_tokens) if n < 1]
+        positive(f"{at}.decode_rate", r.decode_rate)
+        positive(f"{at}.cached_tokens", r.cached_tokens, zero=True)
+        out += [f"{at}.usage.{k} is {v!r}: not a token count" for k, v in r.usage.items()
+                if k.endswith("_tokens") and not (isinstance(v, int) and v >= 0)]
+    t = evidence.throughput
+    positive("throughput.endpoint_median", t.endpoint_median)
+    for prompt_id, rate in t.per_prompt.items():
+        positive(f"throughput.per_prompt[{prompt_id}]", rate)
+    positive("throughput.server_mean_inter_token_s", t.server_mean_inter_token_s)
+    positive("throughput.server_tokens_per_s", t.server_tokens_per_s)
+    for q in evidence.quality:
+        positive(f"quality[{q.sample_id}].seconds", q.seconds, zero=True)
+        positive(f"quality[{q.sample_id}].completion_tokens", q.completion_tokens, zero=True)
+    return out
+
+
+def derived_throughput(requests: list[Request], metrics_before: str | None, metrics_after: str | None) -> Throughput:
+    """A start's throughput figures from its requests' decode rates and the two /metrics texts: what the
+    harness records, and what a load recomputes to check the record."""
+    from . import throughput
+
+    rates = {r.prompt_id: r.decode_rate for r in requests if r.decode_rate is not None}
+    step_s, _per_token_s, server_rate = throughput.server_decode_figures(metrics_before, metrics_after)
+    return Throughput(endpoint_median=throughput.endpoint_median(list(rates.values())) if rates else None,
+                      per_prompt=rates, server_mean_inter_token_s=step_s, server_tokens_per_s=server_rate)
+
+
+def rederive(record: Evidence) -> Evidence:
+    """Every derived field of `record` computed again from its observations (token IDs, text, arrival times,
+    /metrics texts): for a tool or test that edits observations and must write evidence that agrees with
+    itself, as the harness would have written it."""
+    from . import throughput
+
+    for r in record.requests:
+        r.token_ids_sha256 = sha256_ids(r.token_ids)
+        r.text_sha256 = hashlib.sha256(r.text.encode("utf-8")).hexdigest()
+        try:
+            r.decode_rate = throughput.decode_rate(r.chunk_times, r.chunk_tokens)
+        except ValueError:
+            r.decode_rate = None
+    if record.status == "ok":
+        record.throughput = derived_throughput(record.requests, record.metrics_before, record.metrics_after)
+    return record
+
+
+def _same(recorded: float | None, recomputed: float | None) -> bool:
+    if recorded is None or recomputed is None:
+        return recorded is recomputed
+    return abs(recorded - recomputed) <= 1e-9 * max(1.0, abs(recomputed))
+
+
+def contradictions(evidence: Evidence) -> list[str]:
+    """Every recorded figure that can be recomputed from what it was derived from, against its recomputation:
+    decode rates and the endpoint median from the token arrival times, hashes from what they hash, vLLM's
+    own decode figures from the two /metrics texts, the contract digest from the contract's text."""
+    from . import throughput
+    from .contract import Contract
+
+    out: list[str] = []
+    for r in evidence.requests:
+        at = f"requests[{r.prompt_id}]"
+        if r.token_ids_sha256 != sha256_ids(r.token_ids):
+            out.append(f"{at}.token_ids_sha256 {r.token_ids_sha256[:16]}... is not the hash of its token_ids "
+                       f"({sha256_ids(r.token_ids)[:16]}...)")
+        if r.text_sha256 != hashlib.sha256(r.text.encode("utf-8")).hexdigest():
+            out.append(f"{at}.text_sha256 is not the hash of its text")
+        try:
+            rate: float | None = throughput.decode_rate(r.chunk_times, r.chunk_tokens)
+        except ValueError:
+            rate = None
+        if not _same(r.decode_rate, rate):
+            out.append(f"{at}.decode_rate is {r.decode_rate!r}, its token arrival times give {rate!r}")
+    rates = {r.prompt_id: r.decode_rate for r in evidence.requests if r.decode_rate is not None}
+    t = evidence.throughput
+    if t.per_prompt.keys() != rates.keys():
+        out.append(f"throughput.per_prompt has prompts {sorted(t.per_prompt)}, the requests with a decode rate are "
+                   f"{sorted(rates)}")
+    out += [f"throughput.per_prompt[{k}] is {t.per_prompt[k]!r}, the request's arrival times give {rates[k]!r}"
+            for k in sorted(t.per_prompt.keys() & rates.keys()) if not _same(t.per_prompt[k], rates[k])]
+    median = throughput.endpoint_median(list(rates.values())) if rates else None
+    if not _same(t.endpoint_median, median):
+        out.append(f"throughput.endpoint_median is {t.endpoint_median!r}, the median of the requests' decode rates "
+                   f"is {median!r}")
+    if evidence.status == "ok":
+        step_s, _per_token, server_rate = throughput.server_decode_figures(evidence.metrics_before,
+                                                                           evidence.metrics_after)
+        for name, recorded, again in (("server_mean_inter_token_s", t.server_mean_inter_token_s, step_s),
+                                      ("server_tokens_per_s", t.server_tokens_per_s, server_rate)):
+            if not _same(recorded, again):
+                out.append(f"throughput.{name} is {recorded!r}, the /metrics texts before and after give {again!r}")
+    try:
+        text_digest = Contract.model_validate(evidence.contract.canonical, strict=False).digest
+    except ValueError as e:
+        out.append(f"contract.canonical is not a valid contract: {str(e).splitlines()[0]}")
+    else:
+        if evidence.contract.digest != text_digest:
+            out.append(f"contract.digest {evidence.contract.digest[:12]} is not the digest of contract.canonical "
+                       f"({text_digest[:12]})")
+    return out
 
 
 PROMOTION = "promotion.json"

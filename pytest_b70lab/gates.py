@@ -564,11 +564,13 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
     first = starts[0]
     if not c.expect(bool(first.requests), "start-1 recorded no requests: there is no output to reproduce"):
         return c.done()
-    medians = [s.throughput.endpoint_median for s in starts]
+    # Every figure from the token arrival times, never from what the evidence says they came to.
+    rates = [arrival_rates(c, s) for s in starts]
+    medians = [throughput.endpoint_median(list(r.values())) if r else None for r in rates]
     c.observe(endpoint_medians=medians)
     tolerance, paired_tolerance = contract.reproduction.throughput_tolerance, contract.reproduction.paired
-    first_rates = arrival_rates(c, first)
-    for later in starts[1:]:
+    first_rates = rates[0]
+    for later, later_rates, later_median in zip(starts[1:], rates[1:], medians[1:]):
         n = later.start_index
         for r in first.requests:
             other = later.request(r.prompt_id)
@@ -578,14 +580,16 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
                 c.expect(False, f"{r.prompt_id}: start-{n} differs from start-1 at token {at}")
             c.expect(other.text_sha256 == r.text_sha256,
                      f"{r.prompt_id}: decoded text differs between start-1 and start-{n}")
-        m0, m1 = first.throughput.endpoint_median, later.throughput.endpoint_median
-        if c.expect(m0 is not None and m1 is not None and m0 > 0, "an endpoint median is missing"):
+        m0, m1 = medians[0], later_median
+        if c.expect(m0 is not None and m1 is not None and m0 > 0,
+                    f"start-1 or start-{n}: no request has a decode rate from its arrival times, so no endpoint "
+                    f"median"):
             drift = abs(m1 - m0) / m0
             c.observe(**{f"throughput_drift_start{n}": round(drift, 4)})
             c.expect(drift <= tolerance,
                      f"endpoint median {m1:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
                      f"{drift:.1%} apart, tolerance {tolerance:.0%}")
-        paired = throughput.paired_ratio(first_rates, arrival_rates(c, later))
+        paired = throughput.paired_ratio(first_rates, later_rates)
         if c.expect(paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: "
                                         f"no paired figure"):
             assert paired is not None

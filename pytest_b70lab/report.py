@@ -91,9 +91,8 @@ def arrival(request: Request) -> tuple[list[float], list[int]]:
 
 
 def decode_rate(start: Evidence, request: Request) -> float | None:
-    if request.decode_rate is not None:
-        return request.decode_rate
-    return start.throughput.per_prompt.get(request.prompt_id)
+    """From the request's arrival times (the page shows no figure the evidence merely states)."""
+    return throughput.arrival_rates([request])[0].get(request.prompt_id)
 
 
 def tolerance(start: Evidence, figure: str = "throughput_tolerance") -> float | None:
@@ -247,7 +246,7 @@ def _starts(run: Run) -> Raw:
     for s in run.starts:
         teardown = s.teardown or {}
         rows.append([f"start-{s.start_index}", s.status, s.created_at, _num(s.ready_s, ".1f"), len(s.requests),
-                     _num(s.throughput.endpoint_median), _num(s.throughput.server_tokens_per_s),
+                     _num(throughput.arrival_median(s.requests)), _num(s.throughput.server_tokens_per_s),
                      "clean" if teardown.get("clean") is True else ("not clean" if teardown else "not recorded"),
                      s.failure.message if s.failure else ""])
     return _section("starts", "Engine starts", _table(
@@ -364,19 +363,19 @@ def _decode(run: Run, plots: _Plots) -> Raw:
                                  marker={"size": 11, "color": palette[i % len(palette)]}))
     notes = [f"Each point is one request's (N - 1) / (t_N - t_1); a start's endpoint figure is its median."]
     for i, s in enumerate(starts):
-        if (m := s.throughput.endpoint_median) is not None:
+        if (m := throughput.arrival_median(s.requests)) is not None:
             fig.add_hline(y=m, line_dash="dash", line_color=palette[i % len(palette)], line_width=1.5,
                           annotation_text=f"start-{s.start_index} median {m:.2f}",
                           annotation_position=("top left", "bottom right", "top right", "bottom left")[i % 4])
     ref, tol = starts[0], tolerance(starts[0])
-    if (m0 := ref.throughput.endpoint_median) is not None and tol is not None:
+    if (m0 := throughput.arrival_median(ref.requests)) is not None and tol is not None:
         fig.add_hrect(y0=m0 * (1 - tol), y1=m0 * (1 + tol), fillcolor="#2ca02c", opacity=0.12, line_width=0,
                       layer="below")
         notes.append(f"Shaded: start-{ref.start_index}'s median {m0:.2f} tok/s ± {tol:.0%} "
                      f"({m0 * (1 - tol):.2f} - {m0 * (1 + tol):.2f} tok/s), the band fresh-start reproduction "
                      "accepts for every later start's median.")
         for s in starts[1:]:
-            if (m := s.throughput.endpoint_median) is not None and m0 > 0:
+            if (m := throughput.arrival_median(s.requests)) is not None and m0 > 0:
                 drift = abs(m - m0) / m0
                 notes.append(f"start-{s.start_index}: {m:.2f} tok/s, {drift:.1%} from start-{ref.start_index}: "
                              + ("inside the band." if drift <= tol else "OUTSIDE the band."))
@@ -394,7 +393,7 @@ def _decode(run: Run, plots: _Plots) -> Raw:
                       yaxis={"title": "decode rate (tok/s)", "rangemode": "tozero"})
     rates = {(s.start_index, r.prompt_id): decode_rate(s, r) for s in starts for r in s.requests}
     rows = [[p] + [_num(rates.get((s.start_index, p))) for s in starts] for p in prompts]
-    rows.append([Raw("<b>median</b>")] + [_num(s.throughput.endpoint_median) for s in starts])
+    rows.append([Raw("<b>median</b>")] + [_num(throughput.arrival_median(s.requests)) for s in starts])
     return _section("decode-rate", title, plots.div("decode-rate", fig), *(_p(n, "note") for n in notes),
                     _table(["prompt"] + [f"start-{s.start_index} (tok/s)" for s in starts], rows, "numbers"))
 

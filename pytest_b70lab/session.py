@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint, engine_client, evidence, host, launch, mini, throughput
+from . import checkpoint, engine_client, evidence, host, launch, mini
 from . import contract as contract_mod
 from .contract import Contract
 from .quality.samples import QualitySample
@@ -184,36 +184,6 @@ def _library_version(name: str) -> str | None:
     return None
 
 
-def _histogram_mean(before: str | None, after: str | None, name: str) -> float | None:
-    """Mean of what a vLLM histogram observed between two /metrics texts (sum and count deltas)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    def totals(text: str | None) -> tuple[float, float]:
-        s = c = 0.0
-        for family in text_string_to_metric_families(text or ""):
-            if family.name == name:
-                for sample in family.samples:
-                    if sample.name.endswith("_sum"):
-                        s += sample.value
-                    elif sample.name.endswith("_count"):
-                        c += sample.value
-        return s, c
-
-    (s0, c0), (s1, c1) = totals(before), totals(after)
-    return (s1 - s0) / (c1 - c0) if c1 - c0 > 0 else None
-
-
-def server_decode_figures(before: str | None, after: str | None) -> tuple[float | None, float | None, float | None]:
-    """(mean seconds between engine steps, mean seconds per output token, tokens per second), vLLM's own.
-
-    `inter_token_latency_seconds` is observed once per engine step, not per token: with accepted drafts a
-    step carries several tokens, so its inverse is a step rate. The per-token figure is
-    `request_time_per_output_token_seconds` (each request's decode time over its output tokens)."""
-    step = _histogram_mean(before, after, "vllm:inter_token_latency_seconds")
-    per_token = _histogram_mean(before, after, "vllm:request_time_per_output_token_seconds")
-    return step, per_token, (1.0 / per_token if per_token else None)
-
-
 def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state_dir: Path, index: int,
               progress: Progress | None = None, launches_log: Path | None = None,
               quality: list[QualitySample] | None = None, probe: dict | None = None) -> evidence.Evidence:
@@ -261,11 +231,7 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
             if quality:
                 server.phase = "serving the quality samples"
                 _ask_quality(client, model, quality, record, contract, index, say)
-        rates = {r.prompt_id: r.decode_rate for r in record.requests if r.decode_rate is not None}
-        step_s, _per_token_s, server_rate = server_decode_figures(record.metrics_before, record.metrics_after)
-        record.throughput = evidence.Throughput(
-            endpoint_median=throughput.endpoint_median(list(rates.values())) if rates else None,
-            per_prompt=rates, server_mean_inter_token_s=step_s, server_tokens_per_s=server_rate)
+        record.throughput = evidence.derived_throughput(record.requests, record.metrics_before, record.metrics_after)
         record.status = "ok"
     except (launch.EngineStartError, engine_client.EngineRequestError, OSError, ValueError) as e:
         # A start-up failure already carries the logs' error lines; anything later gets them added.

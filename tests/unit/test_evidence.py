@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,121 @@ def test_decode_rate_of_recorded_requests_follows_the_accounting() -> None:
         assert r.decode_rate == pytest.approx((len(times) - 1) / (times[-1] - times[0]))
     assert start.throughput.endpoint_median == pytest.approx(
         throughput.endpoint_median([r.decode_rate for r in start.requests]))
+
+
+# --- nothing recorded is trusted that can be recomputed (issue 23) -----------------------------------------
+# Each edit is written as a consistent editor would write it (re-validated, a fresh self-digest), so the digest
+# cannot be what refuses it: the load must find the contradiction or the impossible value, and name the field.
+
+def _stretch_arrivals(e: evidence.Evidence) -> None:
+    for r in e.requests:
+        r.chunk_times = [t * 2 for t in r.chunk_times]
+
+
+def _nan_arrival(e: evidence.Evidence) -> None:
+    e.requests[2].chunk_times[-1] = float("nan")
+
+
+def _backwards(e: evidence.Evidence) -> None:
+    times = e.requests[1].chunk_times
+    times[4], times[5] = times[5], times[4]
+
+
+def _repeated_time(e: evidence.Evidence) -> None:
+    times = e.requests[1].chunk_times
+    times[5] = times[4]
+
+
+def _negative_time(e: evidence.Evidence) -> None:
+    e.requests[0].chunk_times[0] = -0.5
+
+
+def _empty_chunk(e: evidence.Evidence) -> None:
+    e.requests[0].chunk_tokens[3] = 0
+
+
+def _median_edited(e: evidence.Evidence) -> None:
+    e.throughput.endpoint_median *= 2
+
+
+def _per_prompt_edited(e: evidence.Evidence) -> None:
+    prompt = e.requests[4].prompt_id
+    e.throughput.per_prompt[prompt] *= 0.9
+
+
+def _per_prompt_dropped(e: evidence.Evidence) -> None:
+    e.throughput.per_prompt.pop(e.requests[0].prompt_id)
+
+
+def _token_hash(e: evidence.Evidence) -> None:
+    e.requests[3].token_ids[7] += 1
+
+
+def _text_hash(e: evidence.Evidence) -> None:
+    e.requests[3].text += " "
+
+
+def _server_rate(e: evidence.Evidence) -> None:
+    e.throughput.server_tokens_per_s *= 1.5
+
+
+def _contract_digest(e: evidence.Evidence) -> None:
+    e.contract.canonical["reproduction"]["throughput_tolerance"] = 0.99
+
+
+def _ready_negative(e: evidence.Evidence) -> None:
+    e.ready_s = -1.0
+
+
+def _infinite_rate(e: evidence.Evidence) -> None:
+    e.requests[0].decode_rate = float("inf")
+
+
+def _negative_usage(e: evidence.Evidence) -> None:
+    e.requests[0].usage["completion_tokens"] = -100
+
+
+REFUSED = [
+    (_stretch_arrivals, r"requests\[code-publish-ladder\]\.decode_rate is 379\.86\S*, its token arrival times give 189\.9"),
+    (_nan_arrival, r"requests\[tool-convert-ladder\]\.chunk_times\[\d+\] is nan: not a time since the request was sent"),
+    (_backwards, r"requests\[code-measure-parcel\]\.chunk_times\[5\] is \S+, after \S+: token arrival times must "
+                 r"increase"),
+    (_repeated_time, r"requests\[code-measure-parcel\]\.chunk_times\[5\] .*must increase"),
+    (_negative_time, r"requests\[code-publish-ladder\]\.chunk_times\[0\] is -0\.5"),
+    (_empty_chunk, r"requests\[code-publish-ladder\]\.chunk_tokens\[3\] is 0: a streamed chunk carries at least one"),
+    (_median_edited, r"throughput\.endpoint_median is 442\.6\S*, the median of the requests' decode rates is 221\.3"),
+    (_per_prompt_edited, r"throughput\.per_prompt\[prose-3\] is \S+, the request's arrival times give 190\.8"),
+    (_per_prompt_dropped, r"throughput\.per_prompt has prompts \[.*\], the requests with a decode rate are"),
+    (_token_hash, r"requests\[json-2\]\.token_ids_sha256 \w+\.\.\. is not the hash of its token_ids"),
+    (_text_hash, r"requests\[json-2\]\.text_sha256 is not the hash of its text"),
+    (_server_rate, r"throughput\.server_tokens_per_s is \S+, the /metrics texts before and after give 237\.9"),
+    (_contract_digest, r"contract\.digest 996974721f3a is not the digest of contract\.canonical"),
+    (_ready_negative, r"ready_s is -1\.0: not a positive finite number"),
+    (_infinite_rate, r"requests\[code-publish-ladder\]\.decode_rate is inf: not a positive finite number"),
+    (_negative_usage, r"requests\[code-publish-ladder\]\.usage\.completion_tokens is -100: not a token count"),
+]
+
+
+@pytest.mark.parametrize(("edit", "message"), REFUSED, ids=[e.__name__.strip("_") for e, _ in REFUSED])
+def test_evidence_that_contradicts_itself_is_refused_naming_the_field(copy_of_start: Path, edit, message: str) -> None:
+    record = evidence.read(copy_of_start)
+    edit(record)
+    evidence.write(evidence.Evidence.model_validate(record.model_dump(by_alias=True)), copy_of_start)
+    with pytest.raises(evidence.EvidenceError) as refused:
+        evidence.read(copy_of_start)
+    text = str(refused.value)
+    assert text.startswith(f"evidence {copy_of_start / evidence.FILENAME}: ") and "contradicts itself" in text, text
+    assert re.search(message, text), text
+
+
+def test_rederiving_an_edit_makes_the_evidence_agree_with_itself(copy_of_start: Path) -> None:
+    """The consistent editor's tool: the stretched start, its figures derived again, loads, and every figure
+    is the arrival times' (half the recorded rates)."""
+    record = evidence.read(copy_of_start)
+    rates = {r.prompt_id: r.decode_rate for r in record.requests}
+    _stretch_arrivals(record)
+    evidence.write(evidence.rederive(record), copy_of_start)
+    again = evidence.read(copy_of_start)
+    assert {r.prompt_id: r.decode_rate for r in again.requests} == pytest.approx(
+        {k: v / 2 for k, v in rates.items()})
+    assert again.throughput.endpoint_median == pytest.approx(statistics.median(rates.values()) / 2)

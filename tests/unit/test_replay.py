@@ -138,5 +138,47 @@ def test_an_embedded_contract_whose_digest_is_not_its_text_is_refused(pytester: 
     _rewrite(run, 2, edit)
     result = _replay(pytester, run)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*start-1 of {run} records digest {_repository_digest()[:12]} for a canonical "
-                                 f"text whose digest is *: one run is recorded under one contract*"])
+    result.stderr.fnmatch_lines([f"*evidence {run / 'start-1' / 'evidence.json'}: contract.digest "
+                                 f"{_repository_digest()[:12]} is not the digest of contract.canonical *: the evidence "
+                                 f"contradicts itself*"])
+
+
+# --- figures from the arrival times, never from the record --------------------------------------------------
+
+def _stretch(run: Path, start: int, factor: float, *, rederive: bool) -> None:
+    def edit(record: evidence.Evidence) -> None:
+        for r in record.requests:
+            r.chunk_times = [t * factor for t in r.chunk_times]
+        if rederive:
+            evidence.rederive(record)
+    _rewrite(run, start, edit)
+
+
+def test_stretched_arrival_times_under_the_recorded_figures_are_refused(pytester: pytest.Pytester) -> None:
+    """The issue's first case: start-2's tokens arrive 2x slower, its rates and medians left as recorded. It
+    replayed PROMOTABLE at the recorded figures; now the evidence contradicts itself and is not judged, and the
+    folder's earlier verdict does not survive."""
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    assert _replay(pytester, run).ret == 0 and _promotion(run)["promotable"] is True
+    _stretch(run, 2, 2.0, rederive=False)
+    result = _replay(pytester, run)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*evidence {run / 'start-2' / 'evidence.json'}: requests?code-publish-ladder?.decode_rate "
+                                 f"is *, its token arrival times give *: the evidence contradicts itself*"])
+    assert _promotion(run)["promotable"] is False
+
+
+def test_the_verdict_judges_and_prints_the_medians_of_the_arrival_times(pytester: pytest.Pytester) -> None:
+    """The same slowdown written consistently (every figure derived again): gate 7 fails on it, and what the
+    verdict records is the medians of the arrival times, start-2 at half of what start-2 recorded first."""
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    before = [evidence.read(run / f"start-{n}").throughput.endpoint_median for n in (1, 2)]
+    _stretch(run, 2, 2.0, rederive=True)
+    result = _replay(pytester, run)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates: fresh-start-reproduction*",
+                                 f"*endpoint median {before[1] / 2:.2f} tok/s at start-2 vs {before[0]:.2f} at start-1*"
+                                 f"paired figure start-2 / start-1 0.4*"])
+    assert _promotion(run)["endpoint_medians_tok_s"] == pytest.approx([before[0], before[1] / 2])
