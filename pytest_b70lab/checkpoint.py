@@ -406,6 +406,30 @@ def read_table(folder: Path, cache_dir: Path | None = None, *, source: str | Non
     }
 
 
+def table_contradictions(table: dict[str, Any], part: str) -> list[str]:
+    """A saved table's derived fields against their recomputation (its digest from its file list, the KV
+    scale count and digest from its scales): a copy that disagrees with itself is judged by no gate."""
+    out: list[str] = []
+    files, kv_scales = table.get("files"), table.get("kv_scales")
+    if not isinstance(files, dict) or not isinstance(kv_scales, dict):
+        return [f"{part}: no file list or KV scale table (files: {type(files).__name__}, kv_scales: "
+                f"{type(kv_scales).__name__})"]
+    if table.get("digest") != sha256_canonical(files):
+        out.append(f"{part}.digest {str(table.get('digest'))[:16]}... is not the digest of its file list "
+                   f"({sha256_canonical(files)[:16]}...)")
+    if table.get("kv_scale_count") != 2 * len(kv_scales):
+        out.append(f"{part}.kv_scale_count is {table.get('kv_scale_count')!r}, its scales are {2 * len(kv_scales)}")
+    try:
+        want = kv_scale_digest({layer: (s["k_scale"], s["v_scale"]) for layer, s in kv_scales.items()}) \
+            if kv_scales else None
+    except (KeyError, TypeError) as e:
+        return [*out, f"{part}.kv_scales: a layer without a k_scale and v_scale ({e!r})"]
+    if table.get("kv_scale_digest") != want:
+        out.append(f"{part}.kv_scale_digest {str(table.get('kv_scale_digest'))[:16]}... is not the digest of its "
+                   f"scales ({str(want)[:16]}...)")
+    return out
+
+
 # --- other producers and places ---------------------------------------------------------------------------
 
 def table_from_mini_manifest(manifest: dict[str, Any], part: str) -> dict[str, Any]:

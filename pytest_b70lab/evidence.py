@@ -107,6 +107,17 @@ class Failure(Loose):
     first_errors: list[str] = Field(default_factory=list)
 
 
+START_NONCE_ENV = "B70LAB_START_NONCE"
+
+
+class StartIdentity(Loose):
+    """What only a new engine start can produce: a nonce the launch hands the engine (START_NONCE_ENV, which
+    every rank echoes in its audit, with its own process id and creation time), and the start's creation
+    time. A copied start carries another start's identity; gate 7 tells them apart."""
+    nonce: str = Field(pattern=r"^[0-9a-f]{32}$")
+    launched_at: str
+
+
 class Evidence(Loose):
     schema_name: Literal["b70lab.evidence"] = Field(default=SCHEMA, alias="schema")
     version: Literal[1] = VERSION
@@ -138,6 +149,7 @@ class Evidence(Loose):
     # The CPU the start ran on and the emulation asked for (host.cpu_identity): outputs, speed and the FP8
     # attention path depend on it.
     host: dict[str, Any] | None = None
+    identity: StartIdentity | None = None
     logs: dict[str, str] = Field(default_factory=dict)   # relative to the evidence file's folder
     log_findings: dict[str, list[str]] = Field(default_factory=dict)  # lines that gates care about
     digest: str | None = None
@@ -147,7 +159,8 @@ class Evidence(Loose):
     def body_digest(self) -> str:
         # Fields added after version 1 was first written stay out of the body while empty: evidence written
         # before they existed still verifies.
-        later = {"quality": self.quality, "exposure": self.exposure, "probe": self.probe, "host": self.host}
+        later = {"quality": self.quality, "exposure": self.exposure, "probe": self.probe, "host": self.host,
+                 "identity": self.identity}
         exclude: dict[str, Any] = {"digest": True} | {name: True for name, value in later.items() if not value}
         if self.failure is not None and not self.failure.first_errors:
             exclude["failure"] = {"first_errors": True}
@@ -328,6 +341,10 @@ def contradictions(evidence: Evidence) -> list[str]:
                                       ("server_tokens_per_s", t.server_tokens_per_s, server_rate)):
             if not _same(recorded, again):
                 out.append(f"throughput.{name} is {recorded!r}, the /metrics texts before and after give {again!r}")
+    if evidence.role != evidence.contract.kind:
+        out.append(f"role is {evidence.role!r}, its contract is a {evidence.contract.kind!r} contract")
+    if evidence.identity is not None and evidence.identity.launched_at != evidence.created_at:
+        out.append(f"identity.launched_at {evidence.identity.launched_at} is not created_at {evidence.created_at}")
     try:
         text_digest = Contract.model_validate(evidence.contract.canonical, strict=False).digest
     except ValueError as e:

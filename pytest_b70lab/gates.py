@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ GATE_SCOPES = {
 # run incomplete instead of promotable.
 EVIDENCE_CHECK_SCOPES = {
     "evidence-start": "start", "evidence-ranks": "start", "evidence-metrics": "start", "evidence-prompts": "start",
-    "evidence-teardown": "start", "evidence-exposure": "start", "evidence-probe": "start",
+    "evidence-teardown": "start", "evidence-exposure": "start", "evidence-probe": "start", "evidence-logs": "start",
 }
 SCOPES = {**GATE_SCOPES, **EVIDENCE_CHECK_SCOPES}
 CATALOGUE = tuple(SCOPES)
@@ -241,6 +242,46 @@ def evidence_exposure(start: Evidence) -> Verdict:
                                       f"Unix socket")
     c.expect(exposure.get("socket_dir_mode") == "0o700",
              f"start-{start.start_index}: the socket folder's mode is {exposure.get('socket_dir_mode')!r}, not 0o700")
+    return c.done()
+
+
+# Every kind of log line the launcher records (session.log_findings), and what judges it. A kind the evidence
+# carries that is not here, or a kind here the evidence lacks (its log was not scanned for it), fails.
+LOG_FINDING_KINDS = {
+    "backend_fallback": "judged by engine-resolution: an undeclared fallback fails it",
+    "native_crash": "judged by evidence-logs: a process crashed",
+    "error_record": "judged by evidence-logs: vLLM logged an error",
+    "exception": "judged by evidence-logs: a process raised an exception",
+    "kv_scale_notice": "informational where it is vLLM's generic FP8 notice (KV_SCALE_NOTICE); any other line "
+                       "about KV scales is judged by evidence-logs",
+}
+FAILING_FINDINGS = ("native_crash", "error_record", "exception")
+# vLLM prints this in every start with an FP8 KV cache, whether or not calibrated scales were loaded: it says
+# nothing about this start's scales, which target-scale-audit reads from the engine itself.
+KV_SCALE_NOTICE = re.compile(r"Using fp8 data type to store kv cache\. It reduces the GPU memory footprint and "
+                             r"boosts the performance\. Meanwhile, it may cause accuracy drop without a proper "
+                             r"scaling factor\.?\s*$")
+
+
+def evidence_logs(start: Evidence) -> Verdict:
+    """Nothing the launcher found in the server log is ignored: every kind was scanned for and is known, no
+    process crashed, raised or logged an error, and every KV-scale line is vLLM's generic FP8 notice."""
+    c = _Check("evidence-logs", subject(start.start_index))
+    found = start.log_findings
+    c.observe(log_findings={kind: len(lines) for kind, lines in sorted(found.items())})
+    unscanned = sorted(set(LOG_FINDING_KINDS) - set(found))
+    c.expect(not unscanned, f"start-{start.start_index}: the server log was not scanned for {', '.join(unscanned)} "
+                            f"(evidence recorded before b70lab looked for them): re-record the run")
+    unknown = sorted(set(found) - set(LOG_FINDING_KINDS))
+    c.expect(not unknown, f"start-{start.start_index}: log findings of unknown kind {unknown}: nothing here "
+                          f"judges them")
+    for kind in FAILING_FINDINGS:
+        lines = found.get(kind) or []
+        c.expect(not lines, f"start-{start.start_index}: {LOG_FINDING_KINDS[kind].split(': ', 1)[1]}: "
+                            f"{lines[0] if lines else ''}" + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""))
+    odd = [line for line in found.get("kv_scale_notice") or [] if not KV_SCALE_NOTICE.search(line)]
+    c.expect(not odd, f"start-{start.start_index}: a log line about KV scales that is not vLLM's generic FP8 notice: "
+                      f"{odd[0] if odd else ''}")
     return c.done()
 
 
@@ -562,6 +603,7 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
         c.expect(len(starts) >= 2 or need < 2, "reproduction needs at least two starts")
         return c.done()
     first = starts[0]
+    _fresh_starts(c, starts)
     if not c.expect(bool(first.requests), "start-1 recorded no requests: there is no output to reproduce"):
         return c.done()
     # Every figure from the token arrival times, never from what the evidence says they came to.
@@ -599,6 +641,43 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
                      f"paired figure start-{n} / start-1 {paired.line()}: the geometric mean of the per-prompt "
                      f"decode-rate ratios is {paired.drift:.1%} from 1, tolerance {paired_tolerance:.0%}")
     return c.done()
+
+
+def _fresh_starts(c: _Check, starts: list[Evidence]) -> None:
+    """Each start is a start of its own: it has an identity, every rank echoes its nonce (and no other start's),
+    and no two starts share a nonce, a launch time or a rank process (pid and creation time)."""
+    owner: dict[str, int] = {s.identity.nonce: s.start_index for s in starts if s.identity is not None}
+    seen_nonce: dict[str, int] = {}
+    seen_launch: dict[str, int] = {}
+    seen_process: dict[tuple[Any, Any], int] = {}
+    for s in starts:
+        n = s.start_index
+        if not c.expect(s.identity is not None,
+                        f"start-{n} records no start identity (evidence recorded before each start got a nonce): "
+                        f"nothing shows that it was a fresh start; re-record the run"):
+            continue
+        assert s.identity is not None
+        nonce = s.identity.nonce
+        if (other := seen_nonce.setdefault(nonce, n)) != n:
+            c.expect(False, f"start-{n} has start-{other}'s identity (nonce {nonce[:12]}...): a copy of one start, "
+                            f"not a second fresh start")
+            continue
+        if (other := seen_launch.setdefault(s.identity.launched_at, n)) != n:
+            c.expect(False, f"start-{n} was launched at {s.identity.launched_at}, as start-{other} was: not a "
+                            f"fresh start of its own")
+        for audit in s.audits:
+            rank, echoed = audit.get("tp_rank"), audit.get("start_nonce")
+            if echoed != nonce:
+                whose = f"start-{owner[echoed]}'s" if echoed in owner else "another"
+                c.expect(False, f"start-{n} rank {rank} echoes {whose} nonce ({str(echoed)[:12]}...), not its own "
+                                f"start's ({nonce[:12]}...): its audit is not of this start")
+            process = (audit.get("pid"), audit.get("process_started"))
+            if not c.expect(isinstance(process[1], float), f"start-{n} rank {rank}: the audit records no process "
+                                                           f"creation time ({process[1]!r})"):
+                continue
+            if (other := seen_process.setdefault(process, n)) != n:
+                c.expect(False, f"start-{n} rank {rank} is process {process[0]} created at {process[1]}, a rank of "
+                                f"start-{other}: the same engine, not a fresh start")
 
 
 def arrival_rates(c: _Check, start: Evidence) -> dict[str, float]:
@@ -760,6 +839,11 @@ def load_audit(start: Evidence, contract: Contract, target: dict[str, Any] | Non
         why = (problems or {}).get(label) or "the checkpoint was not read"
         if not c.expect(bool(tensors), f"{label}: no checkpoint table to compare the engine with: {why}"):
             continue
+        served = start.target if label == "target" else start.draft
+        if served is not None and served.digest is not None:
+            c.expect(served.digest == table.get("digest"),
+                     f"{label}: the engine served checkpoint {served.digest[:16]}..., the checkpoint table is of "
+                     f"{str(table.get('digest'))[:16]}...: the table is not of the served model")
         per_rank = {a.get("tp_rank"): a.get(key) or {} for a in start.audits}
         if not c.expect(any(per_rank.values()), f"{label}: the audit recorded no {label} parameters"):
             continue

@@ -85,14 +85,22 @@ class TracebackEnds:
 
     def __init__(self) -> None:
         self._open: dict[str | None, bool] = {}   # tag -> whether its open traceback counts
-        self._last: dict[str | None, str] = {}
+        # tag -> `Exception ignored in` notices whose traceback has not begun yet. Counted, not read off the
+        # line before: two ranks' unraisable tracebacks go to stderr untagged and interleave, a notice in the
+        # middle of another's line or a line or two before its own `Traceback` (seen while the model compiles).
+        self._ignored: dict[str | None, int] = {}
 
     def feed(self, line: str) -> str | None:
         tag, body = split_line(line)
-        previous, self._last[tag] = self._last.get(tag, ""), body
+        if UNRAISABLE in body:
+            self._ignored[tag] = self._ignored.get(tag, 0) + 1
         if body.startswith(TRACEBACK):
-            self._open[tag] = not previous.startswith(UNRAISABLE)
-            return None if self._open[tag] else self.IGNORED
+            pending = self._ignored.get(tag, 0)
+            self._open[tag] = not pending
+            if pending:
+                self._ignored[tag] = pending - 1
+                return self.IGNORED
+            return None
         if tag in self._open and is_exception_line(body):
             return self.END if self._open.pop(tag) else None
         return None
@@ -136,6 +144,9 @@ class TeardownReport:
     signals_sent: list[str] = field(default_factory=list)
     processes: list[ProcessRecord] = field(default_factory=list)
     seconds: float = 0.0
+    # Lines of server.log read before the first signal: what vLLM logs after it (the API server's
+    # EngineDeadError once its engine core is stopped) is the shutdown's doing, not the start's.
+    log_line: int | None = None
 
     @property
     def clean(self) -> bool:
@@ -146,7 +157,7 @@ class TeardownReport:
 
     def as_dict(self) -> dict:
         return {"clean": self.clean, "signals_sent": self.signals_sent, "seconds": round(self.seconds, 3),
-                "processes": [vars(p) for p in self.processes]}
+                "log_line": self.log_line, "processes": [vars(p) for p in self.processes]}
 
 
 def thread_binding(world_size: int) -> str:
@@ -449,6 +460,7 @@ class EngineServer:
             lambda: collections.deque(maxlen=tail_lines))
         self._seen: dict[int, ProcessRecord] = {}
         self._reader: threading.Thread | None = None
+        self._lines_read = 0
         self.teardown: TeardownReport | None = None
 
     # --- start-up -----------------------------------------------------------------------------------
@@ -474,6 +486,7 @@ class EngineServer:
                 line = ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\n")
                 server_log.write(line + "\n")
                 server_log.flush()
+                self._lines_read += 1
                 m = RANK_TAG.match(line)
                 tag = m.group("tag") if m else "main"
                 self._tails[tag].append(line)
@@ -644,6 +657,7 @@ class EngineServer:
         report = TeardownReport()
         t0 = time.monotonic()
         if self.proc is not None:
+            report.log_line = self._lines_read
             self._note_processes()
             ended_by = {pid: "exited before teardown" for pid in self._seen if not self._alive(pid)}
             for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):

@@ -65,7 +65,8 @@ class LabState:
     blocked_reported: bool = False
     block_mark: Path | None = None   # on an xdist worker: the session's marker of who reported the block
     _extra_gates: dict[str, str] | None = None
-    # Why the contract a replay is judged under cannot promote it (replay.judged_contract): the verdict's problems.
+    # Why a replay cannot be promoted whatever its gates say (replay.judged_contract, a bundle recorded before
+    # starts had an identity): the verdict's problems.
     contract_problems: list[str] = field(default_factory=list)
 
     @property
@@ -90,10 +91,11 @@ class LabState:
 
         if self._contract is None:
             if self.replay_dir is not None:
-                from .replay import judged_contract
+                from .replay import judged_contract, recorded_before_identity
 
-                self._contract, self.contract_problems = judged_contract(
-                    self.replay_evidence(), self.replay_dir, _contract_setting(self.config))
+                starts = self.replay_evidence()
+                self._contract, problems = judged_contract(starts, self.replay_dir, _contract_setting(self.config))
+                self.contract_problems = problems + recorded_before_identity(starts, self.replay_dir)
             else:
                 self._contract = load(self.contract_name)
         return self._contract

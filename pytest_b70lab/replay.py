@@ -74,6 +74,17 @@ def _repository_counterpart(recorded: Contract) -> tuple[Contract | None, str | 
     return found, _shown(path)
 
 
+def recorded_before_identity(starts: Sequence[Evidence], where: Path) -> list[str]:
+    """The one-line reason a bundle recorded before starts had an identity cannot be promoted (its gates say
+    the rest): nothing in it shows that its starts were fresh."""
+    old = [f"start-{s.start_index}" for s in starts if s.identity is None]
+    if not old:
+        return []
+    return [f"{', '.join(old)} of {where} {'was' if len(old) == 1 else 'were'} recorded before each start had an "
+            f"identity (a nonce its ranks echo): nothing shows that {'it was a fresh start' if len(old) == 1 else 'they were fresh starts'}; "
+            f"re-record the run"]
+
+
 def judged_contract(starts: Sequence[Evidence], where: Path, named: str | None) -> tuple[Contract, list[str]]:
     """(the contract to judge the replay with, why the verdict cannot promote it). `named` is the session's
     --b70-contract (or ini b70_contract): it must be the recorded contract, else ContractError."""

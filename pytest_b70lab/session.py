@@ -13,6 +13,7 @@ import importlib.metadata as md
 import json
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,21 @@ LOG_FINDINGS = {
     "backend_fallback": re.compile(r"Cannot use \S+ backend|[Ff]alling back to"),
     "kv_scale_notice": re.compile(r"scaling factor|calculate_kv_scales"),
     "native_crash": re.compile(r"Segfault encountered|Fatal Python error"),
+    # vLLM's records at ERROR or CRITICAL level (the header after the process tag).
+    "error_record": re.compile(r"^(?:\([\w\-]+ pid=\d+\) )?(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d "),
 }
+# Also found, not by a pattern: "exception", the last line of every traceback a process printed for an
+# exception it raised (launch.TracebackEnds; the tracebacks of exceptions Python ignored are left out). What
+# judges each kind, or why it is only informational: gates.LOG_FINDING_KINDS.
+EXCEPTION_FINDING = "exception"
+
+
+def log_findings(lines: list[str], limit: int = 50) -> dict[str, list[str]]:
+    """The lines of a start's server log that the gates judge, by kind (each kind present, empty if none)."""
+    found = {kind: [line for line in lines if pattern.search(line)][:limit] for kind, pattern in LOG_FINDINGS.items()}
+    ends = launch.TracebackEnds()
+    found[EXCEPTION_FINDING] = [line for line in lines if ends.feed(line) == ends.END][:limit]
+    return found
 # ZE_, ONEAPI_ and CCL_: the XPU profile's device selection and oneCCL settings (launch.xpu_environment).
 ENV_KEYS_RECORDED = ("VLLM_", "B70LAB_", "OMP_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LD_PRELOAD",
                      "ZE_", "ONEAPI_", "CCL_", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
@@ -196,11 +211,14 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
     prompts = contract_mod.load_prompts(contract)
     config = serve_config(contract, models)
     env = launch.engine_environment(state_dir, config.world_size, **_env_kind(contract))
+    nonce = secrets.token_hex(16)  # this start's alone: its ranks echo it in their audits
     server = launch.EngineServer(lambda sock: launch.vllm_serve_command(config.model_ref, sock, config.args()),
-                                 env, start_dir,
+                                 {**env, evidence.START_NONCE_ENV: nonce}, start_dir,
                                  on_progress=lambda ph, t: say(f"{contract.name} start-{index}: {ph} ({t:.0f} s)"))
+    created_at = dt.datetime.now(dt.timezone.utc).isoformat()
     record = evidence.Evidence(
-        role=contract.kind, start_index=index, created_at=dt.datetime.now(dt.timezone.utc).isoformat(),
+        role=contract.kind, start_index=index, created_at=created_at,
+        identity=evidence.StartIdentity(nonce=nonce, launched_at=created_at),
         contract=evidence.ContractRef(name=contract.name, kind=contract.kind, digest=contract.digest,
                                       canonical=contract.canonical()),
         target=models.target, draft=models.draft,
@@ -269,8 +287,7 @@ def _finish(server: launch.EngineServer, record: evidence.Evidence, start_dir: P
                    **{f"rank:{p.stem}": f"ranks/{p.name}" for p in sorted((start_dir / "ranks").glob("*.log"))}}
     log = start_dir / "server.log"
     lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.exists() else []
-    record.log_findings = {kind: [line for line in lines if pattern.search(line)][:50]
-                           for kind, pattern in LOG_FINDINGS.items()}
+    record.log_findings = log_findings(lines[:report.log_line])  # before teardown: after it, the shutdown speaks
     if record.status == "ok" and not report.clean:
         record.status = "failed"
         record.failure = evidence.Failure(message="engine processes outlived teardown: "
@@ -425,6 +442,12 @@ def checkpoint_tables(run_dir: Path, contract: Contract, cache_root: Path) -> di
             raise evidence.EvidenceError(f"checkpoint tables {path} were written for contract digest "
                                          f"{tables.get('contract_digest')}, this run is {contract.name} "
                                          f"({contract.digest})")
+        found = [problem for part in ("target", "draft") if isinstance(tables.get(part), dict)
+                 for problem in checkpoint.table_contradictions(tables[part], part)]
+        if found:
+            raise evidence.EvidenceError(f"checkpoint tables {path}: {found[0]}"
+                                         + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+                                         + ": the copy contradicts itself, so no gate is judged against it")
         return tables
     try:
         return resolve_models(contract, cache_root).tables

@@ -13,6 +13,8 @@ import os
 import time
 from typing import Any
 
+import psutil
+
 EXTENSION_CLASS = "pytest_b70lab.worker_ext.AuditExtension"
 
 
@@ -156,7 +158,11 @@ class AuditExtension:
         from vllm.distributed import parallel_state as ps
         from vllm.model_executor.layers.attention import Attention
 
-        out: dict[str, Any] = {"pid": os.getpid(), "global_rank": getattr(self, "rank", None)}
+        # Which start this rank belongs to: the nonce its launch handed it, and its process's own creation
+        # time (with the pid, what a copy of another start's audit cannot have).
+        out: dict[str, Any] = {"pid": os.getpid(), "global_rank": getattr(self, "rank", None),
+                               "start_nonce": os.environ.get("B70LAB_START_NONCE"),
+                               "process_started": _call(lambda: psutil.Process().create_time())}
         for key, getter in (("tp", "get_tp_group"), ("ep", "get_ep_group"), ("pp", "get_pp_group")):
             group = _call(lambda g=getter: getattr(ps, g)(), default=None)
             out[f"{key}_rank"] = getattr(group, "rank_in_group", None)

@@ -58,3 +58,8 @@ def test_only_its_owner_could_reach_the_engine(start, b70_verdict) -> None:
 @pytest.mark.b70_gate("evidence-probe")
 def test_the_collective_probe_passed_before_the_first_start(start, b70_contract, b70_verdict) -> None:
     b70_verdict(gates.evidence_probe(start, b70_contract))
+
+
+@pytest.mark.b70_gate("evidence-logs")
+def test_nothing_the_launcher_found_in_the_logs_is_ignored(start, b70_verdict) -> None:
+    b70_verdict(gates.evidence_logs(start))

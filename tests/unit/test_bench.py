@@ -70,7 +70,8 @@ def test_the_summary_over_sessions_gives_median_min_and_max(tmp_path: Path) -> N
     assert f"min {base.paired / 1.3:.3f}, max {base.paired:.3f}" in paired.detail
     assert medians.value == pytest.approx(base.median_ratio / 1.1)
     assert "graphs (start-1 / start-2) mostly compiled / loaded" in medians.detail
-    assert bench.drift_figures(sessions[:1])[1].met is True
+    alone = bench.drift_figures(sessions[:1])[1]
+    assert alone.met is (abs(base.paired - 1) <= bench.REPRODUCTION_GOAL), alone
 
 
 def test_a_run_without_two_completed_starts_is_a_bench_error(tmp_path: Path) -> None:

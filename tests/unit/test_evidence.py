@@ -143,37 +143,62 @@ def _negative_usage(e: evidence.Evidence) -> None:
     e.requests[0].usage["completion_tokens"] = -100
 
 
+# (edit, what the refusal says: a regex, formatted with the unedited record's figures as `e`)
+def _role(e: evidence.Evidence) -> None:
+    e.role = "teacher"
+
+
+def _launch_time(e: evidence.Evidence) -> None:
+    e.identity = e.identity.model_copy(update={"launched_at": "2026-01-01T00:00:00+00:00"})
+
+
 REFUSED = [
-    (_stretch_arrivals, r"requests\[code-publish-ladder\]\.decode_rate is 379\.86\S*, its token arrival times give 189\.9"),
-    (_nan_arrival, r"requests\[tool-convert-ladder\]\.chunk_times\[\d+\] is nan: not a time since the request was sent"),
-    (_backwards, r"requests\[code-measure-parcel\]\.chunk_times\[5\] is \S+, after \S+: token arrival times must "
-                 r"increase"),
-    (_repeated_time, r"requests\[code-measure-parcel\]\.chunk_times\[5\] .*must increase"),
-    (_negative_time, r"requests\[code-publish-ladder\]\.chunk_times\[0\] is -0\.5"),
-    (_empty_chunk, r"requests\[code-publish-ladder\]\.chunk_tokens\[3\] is 0: a streamed chunk carries at least one"),
-    (_median_edited, r"throughput\.endpoint_median is 442\.6\S*, the median of the requests' decode rates is 221\.3"),
-    (_per_prompt_edited, r"throughput\.per_prompt\[prose-3\] is \S+, the request's arrival times give 190\.8"),
+    (_stretch_arrivals, r"requests\[{p0}\]\.decode_rate is {r0}, its token arrival times give {r0_half}"),
+    (_nan_arrival, r"requests\[{p2}\]\.chunk_times\[\d+\] is nan: not a time since the request was sent"),
+    (_backwards, r"requests\[{p1}\]\.chunk_times\[5\] is \S+, after \S+: token arrival times must increase"),
+    (_repeated_time, r"requests\[{p1}\]\.chunk_times\[5\] .*must increase"),
+    (_negative_time, r"requests\[{p0}\]\.chunk_times\[0\] is -0\.5"),
+    (_empty_chunk, r"requests\[{p0}\]\.chunk_tokens\[3\] is 0: a streamed chunk carries at least one"),
+    (_median_edited, r"throughput\.endpoint_median is {m_double}, the median of the requests' decode rates is {m}"),
+    (_per_prompt_edited, r"throughput\.per_prompt\[{p4}\] is \S+, the request's arrival times give {r4}"),
     (_per_prompt_dropped, r"throughput\.per_prompt has prompts \[.*\], the requests with a decode rate are"),
-    (_token_hash, r"requests\[json-2\]\.token_ids_sha256 \w+\.\.\. is not the hash of its token_ids"),
-    (_text_hash, r"requests\[json-2\]\.text_sha256 is not the hash of its text"),
-    (_server_rate, r"throughput\.server_tokens_per_s is \S+, the /metrics texts before and after give 237\.9"),
-    (_contract_digest, r"contract\.digest 996974721f3a is not the digest of contract\.canonical"),
+    (_token_hash, r"requests\[{p3}\]\.token_ids_sha256 \w+\.\.\. is not the hash of its token_ids"),
+    (_text_hash, r"requests\[{p3}\]\.text_sha256 is not the hash of its text"),
+    (_server_rate, r"throughput\.server_tokens_per_s is \S+, the /metrics texts before and after give {server}"),
+    (_contract_digest, r"contract\.digest {contract} is not the digest of contract\.canonical"),
     (_ready_negative, r"ready_s is -1\.0: not a positive finite number"),
-    (_infinite_rate, r"requests\[code-publish-ladder\]\.decode_rate is inf: not a positive finite number"),
-    (_negative_usage, r"requests\[code-publish-ladder\]\.usage\.completion_tokens is -100: not a token count"),
+    (_infinite_rate, r"requests\[{p0}\]\.decode_rate is inf: not a positive finite number"),
+    (_negative_usage, r"requests\[{p0}\]\.usage\.completion_tokens is -100: not a token count"),
+    (_role, r"role is 'teacher', its contract is a 'candidate' contract"),
+    (_launch_time, r"identity\.launched_at 2026-01-01T00:00:00\+00:00 is not created_at "),
 ]
+
+
+def _figures(e: evidence.Evidence) -> dict[str, str]:
+    """The unedited record's figures as a refusal prints them (repr, regex-escaped; a recomputed figure to
+    its first four digits, which a float's last bits cannot move)."""
+    def approx(x: float) -> str:
+        return re.escape(f"{x:.6g}"[:5]) + r"\S*"
+
+    out = {f"p{i}": re.escape(r.prompt_id) for i, r in enumerate(e.requests)}
+    out |= {"r0": re.escape(repr(e.requests[0].decode_rate)), "r0_half": approx(e.requests[0].decode_rate / 2),
+            "r4": approx(e.requests[4].decode_rate), "m": approx(e.throughput.endpoint_median),
+            "m_double": re.escape(repr(e.throughput.endpoint_median * 2)),
+            "server": approx(e.throughput.server_tokens_per_s), "contract": e.contract.digest[:12]}
+    return out
 
 
 @pytest.mark.parametrize(("edit", "message"), REFUSED, ids=[e.__name__.strip("_") for e, _ in REFUSED])
 def test_evidence_that_contradicts_itself_is_refused_naming_the_field(copy_of_start: Path, edit, message: str) -> None:
     record = evidence.read(copy_of_start)
+    message = message.format(**_figures(record))
     edit(record)
     evidence.write(evidence.Evidence.model_validate(record.model_dump(by_alias=True)), copy_of_start)
     with pytest.raises(evidence.EvidenceError) as refused:
         evidence.read(copy_of_start)
     text = str(refused.value)
     assert text.startswith(f"evidence {copy_of_start / evidence.FILENAME}: ") and "contradicts itself" in text, text
-    assert re.search(message, text), text
+    assert re.search(message, text), f"{message!r} not in {text!r}"
 
 
 def test_rederiving_an_edit_makes_the_evidence_agree_with_itself(copy_of_start: Path) -> None:

@@ -136,3 +136,20 @@ def test_a_chained_exception_names_the_first_one_raised() -> None:
 ])
 def test_the_choice_of_cause(errors: list[str], cause: tuple[str | None, str]) -> None:
     assert launch.root_cause(errors) == cause
+
+
+def test_the_log_findings_keep_raised_exceptions_and_error_records_not_ignored_tracebacks() -> None:
+    """What a start's evidence keeps of this log for evidence-logs: the exception lines of the tracebacks a
+    process raised (never those of the four tracebacks Python ignored while compiling), and vLLM's ERROR
+    records."""
+    from pytest_b70lab import session
+
+    lines = LOG.read_text().splitlines()
+    found = session.log_findings(lines, limit=len(lines))
+    assert set(found) == {*session.LOG_FINDINGS, session.EXCEPTION_FINDING}
+    ignored = [i + 1 for i, line in enumerate(lines) if line.startswith(launch.UNRAISABLE)]
+    assert len(ignored) == 4
+    assert not [line for line in found["exception"] if "RecursionError" in line], found["exception"]
+    assert any(REAL in line or INJECTED in line for line in found["exception"]), found["exception"]
+    assert DIED in found["error_record"]
+    assert all(" ERROR " in line for line in found["error_record"])

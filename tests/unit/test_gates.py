@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import gates, session, teacher
+from pytest_b70lab import gates, session, teacher, throughput
 from pytest_b70lab.contract import Contract, load_prompts
 from pytest_b70lab.evidence import Evidence, sha256_ids
 
@@ -69,7 +69,7 @@ def all_verdicts(run: Run) -> list[gates.Verdict]:
         out += [gates.metrics_agree(s, c), gates.spec_counters(s, c)]
         out += [gates.evidence_start(s), gates.evidence_ranks(s, c, run.log_sizes.get(s.start_index)),
                 gates.evidence_metrics(s), gates.evidence_prompts(s, run.prompts, c), gates.evidence_teardown(s),
-                gates.evidence_exposure(s), gates.evidence_probe(s, c)]
+                gates.evidence_exposure(s), gates.evidence_probe(s, c), gates.evidence_logs(s)]
     out.append(gates.reproduction(run.starts, c))
     return out
 
@@ -261,11 +261,21 @@ def slower_second_start(run: Run) -> None:
     s.throughput.endpoint_median = s.throughput.endpoint_median / slowdown
 
 
+def _recorded_paired(run: Run) -> float:
+    """Start-2 / start-1 of the recorded bundle: a mutation that sets the paired figure scales from it."""
+    paired = throughput.paired_ratio(throughput.arrival_rates(run.starts[0].requests)[0],
+                                     throughput.arrival_rates(run.starts[1].requests)[0])
+    assert paired is not None
+    return paired.ratio
+
+
 def stretched_second_start(run: Run) -> None:
-    """Start-2's tokens arrive 1.6x slower, but its recorded rates and medians are left as they were: the
-    gate recomputes the paired figure from the arrival times, so it sees the slowdown the records hide."""
+    """Start-2's tokens arrive so much later that the paired figure is 0.5, but its recorded rates and
+    medians are left as they were: the gate recomputes the paired figure from the arrival times, so it sees
+    the slowdown the records hide."""
+    stretch = 2 * _recorded_paired(run)
     for r in run.starts[1].requests:
-        r.chunk_times = [t * 1.6 for t in r.chunk_times]
+        r.chunk_times = [t * stretch for t in r.chunk_times]
 
 
 def nan_arrival_time(run: Run) -> None:
@@ -369,6 +379,19 @@ def no_ready_time(run: Run) -> None:
     run.starts[0].ready_s = None
 
 
+def no_start_identity(run: Run) -> None:
+    """What a start recorded before starts had an identity looks like."""
+    run.starts[1].identity = None
+
+
+def no_process_creation_time(run: Run) -> None:
+    del run.starts[0].audits[1]["process_started"]
+
+
+def logs_not_scanned_for_exceptions(run: Run) -> None:
+    run.starts[0].log_findings.pop("exception")
+
+
 def no_teardown_record(run: Run) -> None:
     run.starts[0].teardown = None
 
@@ -379,6 +402,52 @@ def no_exposure_record(run: Run) -> None:
 
 def no_probe_record(run: Run) -> None:
     run.starts[0].probe = None
+
+
+def copied_start(run: Run) -> None:
+    """Start-1's evidence standing in for start-2, only its index changed: the issue's case, to the bit."""
+    run.starts[1] = run.starts[0].model_copy(deep=True, update={"start_index": 2})
+
+
+def audit_of_another_start(run: Run) -> None:
+    run.starts[1].audits[1]["start_nonce"] = run.starts[0].identity.nonce
+
+
+def same_rank_process(run: Run) -> None:
+    mine, theirs = run.starts[1].audits[0], run.starts[0].audits[0]
+    mine.update(pid=theirs["pid"], process_started=theirs["process_started"])
+
+
+def same_launch_time(run: Run) -> None:
+    run.starts[1].identity = run.starts[1].identity.model_copy(
+        update={"launched_at": run.starts[0].identity.launched_at})
+
+
+def table_of_another_checkpoint(run: Run) -> None:
+    run.starts[1].draft.digest = "0" * 64
+
+
+def crash_logged(run: Run) -> None:
+    run.starts[0].log_findings["native_crash"] = ["(Worker_TP1_EP1 pid=9) Fatal Python error: Segmentation fault"]
+
+
+def error_logged(run: Run) -> None:
+    run.starts[1].log_findings["error_record"] = [
+        "(EngineCore pid=7) ERROR 12-01 10:00:00 [core.py:1] EngineCore encountered a fatal error."]
+
+
+def exception_raised(run: Run) -> None:
+    run.starts[1].log_findings["exception"] = ["(Worker_TP0_EP0 pid=8) RuntimeError: oneDNN primitive failed"]
+
+
+def other_kv_scale_line(run: Run) -> None:
+    run.starts[0].log_findings["kv_scale_notice"].append(
+        "(Worker_TP0_EP0 pid=8) WARNING 12-01 10:00:00 [attention.py:1] Checkpoint does not provide a q scaling "
+        "factor. Setting it to k_scale.")
+
+
+def unknown_finding_kind(run: Run) -> None:
+    run.starts[1].log_findings["oom_killer"] = []
 
 
 def portable_path_under_a_native_only_contract(run: Run) -> None:
@@ -584,6 +653,10 @@ REMOVALS: list[tuple[Callable[[Run], None], str, str]] = [
     (a_request_missing, "evidence-prompts", "no request for"),
     (no_rank_log, "evidence-ranks", "start-2: no log of Worker_TP1_EP1"),
     (no_cache_config_info, "evidence-metrics", "no /metrics scrape after the prompts"),
+    (no_start_identity, "fresh-start-reproduction", "start-2 records no start identity (evidence recorded before "
+                                                    "each start got a nonce)"),
+    (no_process_creation_time, "fresh-start-reproduction", "start-1 rank 1: the audit records no process creation"),
+    (logs_not_scanned_for_exceptions, "evidence-logs", "start-1: the server log was not scanned for exception"),
     (no_ready_time, "evidence-start", "start-1: ready after None s: the launch recorded no time to ready"),
     (no_teardown_record, "evidence-teardown", "start-1: the evidence records no teardown"),
     (no_exposure_record, "evidence-exposure", "start-2: the evidence does not record who could reach the engine"),
@@ -600,6 +673,18 @@ MUTATIONS += [
     (engine_listened_on_every_address, "evidence-exposure", "start-1: listening beyond loopback: VLLM::Worker_TP0_EP0 "
                                                             "on 0.0.0.0"),
     (probe_failed, "evidence-probe", "start-1: the probe did not pass: ['rank 1: all-reduce gave 2.0"),
+    (copied_start, "fresh-start-reproduction", "start-2 has start-1's identity (nonce "),
+    (audit_of_another_start, "fresh-start-reproduction", "start-2 rank 1 echoes start-1's nonce"),
+    (same_rank_process, "fresh-start-reproduction", "a rank of start-1: the same engine, not a fresh start"),
+    (same_launch_time, "fresh-start-reproduction", "as start-1 was: not a fresh start of its own"),
+    (table_of_another_checkpoint, "load-audit", "draft: the engine served checkpoint 0000000000000000..., the "
+                                                "checkpoint table is of"),
+    (crash_logged, "evidence-logs", "start-1: a process crashed: (Worker_TP1_EP1 pid=9) Fatal Python error"),
+    (error_logged, "evidence-logs", "start-2: vLLM logged an error: (EngineCore pid=7) ERROR"),
+    (exception_raised, "evidence-logs", "start-2: a process raised an exception: (Worker_TP0_EP0 pid=8) RuntimeError"),
+    (other_kv_scale_line, "evidence-logs", "a log line about KV scales that is not vLLM's generic FP8 notice: "
+                                           "(Worker_TP0_EP0 pid=8) WARNING"),
+    (unknown_finding_kind, "evidence-logs", "log findings of unknown kind ['oom_killer']"),
     (seed_drift, "launch-flags", "seed: engine has 7, contract says 0"),
     (ran_eager, "launch-flags", "compile_mode: engine has enforce_eager=True, contract says 'compiled'"),
 ]
@@ -695,20 +780,25 @@ def test_the_original_is_untouched_by_mutations(recorded: Run) -> None:
 
 
 def test_a_consistent_per_prompt_shift_fails_whatever_the_medians_do(recorded: Run) -> None:
-    """Every prompt of start-2 15 % slower, its endpoint median recorded as it was: under a paired tolerance
-    of 10 % the paired figure fails the gate, the endpoint medians (2.8 % apart) do not."""
+    """Every prompt of start-2 slowed so that the paired figure is 1 / 1.15, its endpoint median recorded as
+    it was: under a paired tolerance of 10 % the paired figure fails the gate, the endpoint medians (within
+    the contract's 35 % for this bundle) do not."""
     run = recorded.clone()
+    stretch = 1.15 * _recorded_paired(recorded)
     for r in run.starts[1].requests:
-        r.chunk_times = [t * 1.15 for t in r.chunk_times]
+        r.chunk_times = [t * stretch for t in r.chunk_times]
     data = run.contract.canonical()
     data["reproduction"]["paired_tolerance"] = 0.10
     tight = Contract.model_validate(data, strict=False)
     verdict = gates.reproduction(run.starts, tight)
     assert not verdict.passed and len(verdict.reasons) == 1, verdict.reasons
     assert "paired figure start-2 / start-1" in verdict.reasons[0] and "tolerance 10%" in verdict.reasons[0]
-    before = gates.reproduction(recorded.starts, tight)
+    level = recorded.clone()  # the same starts with start-2 brought to a paired figure of 1: it passes
+    for r in level.starts[1].requests:
+        r.chunk_times = [t * _recorded_paired(recorded) for t in r.chunk_times]
+    before = gates.reproduction(level.starts, tight)
     assert before.passed, before.reasons
     shifted, unshifted = verdict.observed["paired_ratio_start2"], before.observed["paired_ratio_start2"]
-    assert shifted == pytest.approx(unshifted / 1.15, abs=1e-3)
+    assert unshifted == pytest.approx(1, abs=1e-3) and shifted == pytest.approx(1 / 1.15, abs=1e-3)
     low, high = verdict.observed["paired_interval_start2"]
     assert low <= shifted <= high

@@ -180,5 +180,50 @@ def test_the_verdict_judges_and_prints_the_medians_of_the_arrival_times(pytester
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates: fresh-start-reproduction*",
                                  f"*endpoint median {before[1] / 2:.2f} tok/s at start-2 vs {before[0]:.2f} at start-1*"
-                                 f"paired figure start-2 / start-1 0.4*"])
+                                 f"paired figure start-2 / start-1 0.*"])
     assert _promotion(run)["endpoint_medians_tok_s"] == pytest.approx([before[0], before[1] / 2])
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda t: t["target"]["kv_scales"].popitem(), "target.kv_scale_count is 8, its scales are 6"),
+    (lambda t: t["draft"]["files"].update({"model.safetensors": "0" * 64}), "draft.digest * is not the digest of its "
+                                                                           "file list"),
+    (lambda t: next(iter(t["target"]["kv_scales"].values())).update(k_scale=0.5),
+     "target.kv_scale_digest * is not the digest of its scales"),
+], ids=["a-scale-dropped", "a-file-hash-changed", "a-scale-changed"])
+def test_checkpoint_tables_that_contradict_themselves_are_refused(pytester: pytest.Pytester, edit,
+                                                                 message: str) -> None:
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    tables = run / "checkpoint-tables.json"
+    data = json.loads(tables.read_text())
+    edit(data)
+    tables.write_text(json.dumps(data))
+    result = _replay(pytester, run)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines([f"*checkpoint tables {tables}: {message}*: the copy contradicts itself*"])
+    assert "PROMOTABLE at" not in result.stdout.str()
+
+
+def test_a_bundle_recorded_before_starts_had_an_identity_is_not_promotable_with_one_reason(
+        pytester: pytest.Pytester) -> None:
+    """The committed bundle as the b70lab before start identities and the wider log scan recorded it: no
+    identity, no nonce or process creation time in the audits, no exception or error-record findings."""
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+
+    def as_before(record: evidence.Evidence) -> None:
+        record.identity = None
+        for audit in record.audits:
+            audit.pop("start_nonce", None)
+            audit.pop("process_started", None)
+        for kind in ("exception", "error_record"):
+            record.log_findings.pop(kind, None)
+    for n in (1, 2):
+        _rewrite(run, n, as_before)
+    result = _replay(pytester, run)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines([f"NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu: start-1, start-2 of {run} "
+                                 f"were recorded before each start had an identity (a nonce its ranks echo): nothing "
+                                 f"shows that they were fresh starts; re-record the run"])
+    assert "PROMOTABLE at" not in result.stdout.str()
