@@ -20,7 +20,8 @@ Rows (each a part that can be run alone with --parts):
             start-2 / start-1 over consecutive `make gates` sessions (--sessions, default 10): the endpoint
             median ratio and the paired figure (gate 7's), their median, min and max, and whether each start
             compiled or loaded its graphs (goal: paired drift <= 0.10 in every session). Tens of minutes:
-            not among the default parts
+            not among the default parts. --compile-cache empty empties vLLM's compile cache before each
+            session, so that start-1 compiles and start-2 loads in every one, as on a fresh clone
 """
 
 from __future__ import annotations
@@ -438,13 +439,26 @@ def drift_figures(sessions: Sequence[SessionDrift]) -> list[Figure]:
     return rows
 
 
+COMPILE_CACHES = ("warm", "empty")
+
+
+def compile_cache_dir(cache_root: Path) -> Path:
+    """vLLM's compile cache of the engine starts under `cache_root` (launch.engine_environment's VLLM_CACHE_ROOT)."""
+    return cache_root / "engine-state" / "vllm" / "torch_compile_cache"
+
+
 def reproduction_sessions(contract_name: str, cache_root: Path, out_dir: Path, sessions: int = 10,
-                          say: Callable[[str], None] = print) -> list[Figure]:
-    """`sessions` consecutive gates sessions as `make gates` runs them, one run folder each."""
+                          say: Callable[[str], None] = print, compile_cache: str = "warm") -> list[Figure]:
+    """`sessions` consecutive gates sessions as `make gates` runs them, one run folder each; with
+    compile_cache "empty", each on an emptied compile cache (its start-1 compiles, its start-2 loads)."""
+    if compile_cache not in COMPILE_CACHES:
+        raise BenchError(f"compile cache {compile_cache!r}: one of {', '.join(COMPILE_CACHES)}")
     drifts = []
     for n in range(1, sessions + 1):
         run_dir = out_dir / "sessions" / f"{n:02d}"
-        say(f"reproduction: session {n}/{sessions} -> {run_dir}")
+        if compile_cache == "empty":
+            shutil.rmtree(compile_cache_dir(cache_root), ignore_errors=True)
+        say(f"reproduction: session {n}/{sessions} ({compile_cache} compile cache) -> {run_dir}")
         cmd = [sys.executable, "-m", "pytest", "-m", "gates", "--b70-contract", contract_name,
                "--b70-run-dir", str(run_dir), "--b70-cache-dir", str(cache_root), "-q", "-p", "no:cacheprovider"]
         seconds, done = _wall(cmd, REPO)
@@ -458,7 +472,7 @@ def reproduction_sessions(contract_name: str, cache_root: Path, out_dir: Path, s
 
 
 def run(parts: Sequence[str], contract_name: str, cache_root: Path, out_dir: Path, replay_dir: Path = BUNDLE,
-        say: Callable[[str], None] = print, sessions: int = 10) -> list[Figure]:
+        say: Callable[[str], None] = print, sessions: int = 10, compile_cache: str = "warm") -> list[Figure]:
     out_dir.mkdir(parents=True, exist_ok=True)
     figures: list[Figure] = []
     for part in parts:
@@ -476,7 +490,7 @@ def run(parts: Sequence[str], contract_name: str, cache_root: Path, out_dir: Pat
         elif part == "overhead":
             figures.append(gates_overhead(contract_name, cache_root, out_dir, say))
         elif part == "reproduction":
-            figures += reproduction_sessions(contract_name, cache_root, out_dir, sessions, say)
+            figures += reproduction_sessions(contract_name, cache_root, out_dir, sessions, say, compile_cache)
         else:
             raise BenchError(f"unknown part {part!r} (parts: {', '.join(PARTS)})")
         (out_dir / "bench.json").write_text(json.dumps([asdict(f) for f in figures], indent=1) + "\n")

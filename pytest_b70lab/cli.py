@@ -116,7 +116,7 @@ def _bench(args: argparse.Namespace) -> int:
     out = args.out or Path("data") / "bench" / f"harness-{time.strftime('%Y%m%d-%H%M%S')}"
     figures = bench.run(parts, args.contract, (args.cache_dir or mini.default_cache_root()).resolve(),
                         out.resolve(), args.replay.resolve(), say=lambda m: print(m, file=sys.stderr, flush=True),
-                        sessions=args.sessions)
+                        sessions=args.sessions, compile_cache=args.compile_cache)
     print(bench.table(figures))
     print(f"\nwritten: {out / 'bench.json'}", file=sys.stderr)
     return 0
@@ -230,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
                               f"--sessions gates sessions)")
     bench_p.add_argument("--sessions", type=int, default=10,
                          help="gates sessions of the reproduction part (default 10)")
+    bench_p.add_argument("--compile-cache", choices=("warm", "empty"), default="warm",
+                         help="reproduction part: keep vLLM's compile cache (both starts load) or empty it before "
+                              "each session (start-1 compiles, start-2 loads)")
     bench_p.add_argument("--contract", default="mini-laguna-cpu", help="contract for the engine parts")
     bench_p.add_argument("--replay", type=Path, default=BUNDLE, help="run folder the replay part times "
                                                                     "(default: the recorded evidence bundle)")

@@ -82,3 +82,14 @@ def test_a_run_without_two_completed_starts_is_a_bench_error(tmp_path: Path) -> 
         bench.session_drift(copy)
     with pytest.raises(bench.BenchError, match="no candidate evidence under"):
         bench.session_drift(tmp_path / "absent")
+
+
+def test_the_reproduction_part_knows_its_compile_cache_choices(tmp_path: Path) -> None:
+    with pytest.raises(bench.BenchError, match="compile cache 'cold': one of warm, empty"):
+        bench.reproduction_sessions("mini-laguna-cpu", tmp_path, tmp_path / "out", sessions=1, compile_cache="cold")
+    assert not (tmp_path / "out").exists(), "nothing runs before the choice is checked"
+    # The folder it empties is the one every engine start of that cache root compiles into.
+    from pytest_b70lab import launch
+
+    env = launch.engine_environment(tmp_path / "engine-state", 2, materialize=False)
+    assert bench.compile_cache_dir(tmp_path) == Path(env["VLLM_CACHE_ROOT"]) / "torch_compile_cache"
