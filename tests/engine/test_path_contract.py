@@ -28,7 +28,8 @@ def test_a_path_checkpoint_is_promotable_with_full_load_audit_coverage(tmp_path:
     env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", str(REPO / "tests" / "gates"), "-m", "gates", "-p", "no:cacheprovider",
-         "--b70-contract", CONTRACT, f"--b70-run-dir={run_dir}", "-q"],
+         "--b70-contract", CONTRACT, f"--b70-run-dir={run_dir}", "-q",
+         "--b70-no-probe"],  # the checkpoint's lane is the point: the probe is the gates lane's
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
     tail = done.stdout[-4000:]
     assert done.returncode == 0, tail
