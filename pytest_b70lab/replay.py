@@ -23,8 +23,8 @@ SHOWN_DIGEST = 12
 
 
 def recorded_contract(starts: Sequence[Evidence], where: Path) -> Contract:
-    """The contract the run was recorded under: start-1's embedded contract, once its digest is its canonical
-    text's and every other start carries the same one."""
+    """The contract the run was recorded under: start-1's embedded contract, once every other start carries
+    the same one. (That each start's digest is its own canonical text's, evidence.read has checked.)"""
     if not starts:
         raise EvidenceError(f"no evidence in {where}: no recorded contract")
     first = starts[0].contract
@@ -35,14 +35,11 @@ def recorded_contract(starts: Sequence[Evidence], where: Path) -> Contract:
                             f"contract ({str(e).splitlines()[0]})") from e
     for start in starts:
         ref = start.contract
-        if ref.digest != contract.digest or ref.canonical != first.canonical:
-            text_digest = Contract.model_validate(ref.canonical, strict=False).digest if ref.canonical else None
-            why = (f"records digest {ref.digest[:SHOWN_DIGEST]} for a canonical text whose digest is "
-                   f"{str(text_digest)[:SHOWN_DIGEST]}" if ref.digest != text_digest else
-                   f"was recorded under contract {ref.name} {ref.digest[:SHOWN_DIGEST]}, start-1 under "
-                   f"{first.name} {contract.digest[:SHOWN_DIGEST]}")
-            raise EvidenceError(f"start-{start.start_index} of {where} {why}: one run is recorded under one "
-                                f"contract, so this run folder cannot be judged")
+        if ref.digest != first.digest:
+            raise EvidenceError(f"start-{start.start_index} of {where} was recorded under contract {ref.name} "
+                                f"{ref.digest[:SHOWN_DIGEST]}, start-1 under {first.name} "
+                                f"{first.digest[:SHOWN_DIGEST]}: one run is recorded under one contract, so this "
+                                f"run folder cannot be judged")
         if (ref.name, ref.kind) != (contract.name, contract.kind):
             raise EvidenceError(f"start-{start.start_index} of {where} names contract {ref.name} ({ref.kind}), "
                                 f"its canonical text is {contract.name} ({contract.kind})")
