@@ -22,6 +22,12 @@ Rows (each a part that can be run alone with --parts):
             compiled or loaded its graphs (goal: paired drift <= 0.10 in every session). Tens of minutes:
             not among the default parts. --compile-cache empty empties vLLM's compile cache before each
             session, so that start-1 compiles and start-2 loads in every one, as on a fresh clone
+  steadiness
+            the control for reproduction: one start per session (--sessions) streams the gate prompts, waits
+            --gap-s (about what a restart takes), and streams them again; pass-2 / pass-1 by the paired
+            figure, with the host's steal time during each pass beside it. If one
+            process drifts as far over the same time as two fresh starts do, nothing about a fresh start is
+            needed to explain the drift. Tens of minutes: not among the default parts
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PARTS = ("import", "replay", "audit", "start", "decode", "overhead", "reproduction")
-DEFAULT_PARTS = PARTS[:-1]
+PARTS = ("import", "replay", "audit", "start", "decode", "overhead", "reproduction", "steadiness")
+DEFAULT_PARTS = PARTS[:-2]
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
 
@@ -426,16 +432,20 @@ def drift_figures(sessions: Sequence[SessionDrift]) -> list[Figure]:
     if not sessions:
         raise BenchError("no session to summarise")
     kinds = statistics.multimode(" / ".join(s.graphs) for s in sessions)
-    raw = {"sessions": [asdict(s) for s in sessions]}
+    return _drift_rows("reproduction", "start-2 / start-1", "sessions", sessions,
+                       f"; graphs (start-1 / start-2) mostly {', '.join(kinds)}")
+
+
+def _drift_rows(part: str, what: str, unit: str, drifts: Sequence, detail: str = "") -> list[Figure]:
+    """The endpoint median ratio and the paired figure of each drift, as median [min, max] rows."""
+    raw = {unit: [asdict(d) for d in drifts]}
     rows = []
-    for measure, values in (("endpoint median ratio", [s.median_ratio for s in sessions]),
-                            ("paired figure", [s.paired for s in sessions])):
+    for measure, values in (("endpoint median ratio", [d.median_ratio for d in drifts]),
+                            ("paired figure", [d.paired for d in drifts])):
         worst = max(abs(v - 1) for v in values)
-        rows.append(Figure("reproduction", f"start-2 / start-1, {measure}, median of {len(sessions)} sessions",
-                           statistics.median(values), "x", f"drift <= {REPRODUCTION_GOAL:.2f} in every session",
-                           worst <= REPRODUCTION_GOAL,
-                           f"min {min(values):.3f}, max {max(values):.3f}, largest drift {worst:.3f}; graphs "
-                           f"(start-1 / start-2) mostly {', '.join(kinds)}", raw))
+        rows.append(Figure(part, f"{what}, {measure}, median of {len(drifts)} {unit}", statistics.median(values),
+                           "x", f"drift <= {REPRODUCTION_GOAL:.2f} in every one", worst <= REPRODUCTION_GOAL,
+                           f"min {min(values):.3f}, max {max(values):.3f}, largest drift {worst:.3f}{detail}", raw))
     return rows
 
 
@@ -471,8 +481,104 @@ def reproduction_sessions(contract_name: str, cache_root: Path, out_dir: Path, s
     return drift_figures(drifts)
 
 
+# --- steadiness: one start measured twice, the control for reproduction ------------------------------------
+
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) jiffies of the whole machine so far, from /proc/stat's first line: the hypervisor's
+    steal is the time a runnable vCPU was not given a physical core."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
+
+
+@dataclass(frozen=True)
+class PassDrift:
+    """One start's second pass over the gate prompts against its first, and what the machine did meanwhile."""
+
+    paired: float
+    paired_low: float
+    paired_high: float
+    median_ratio: float
+    steal: tuple[float, float]   # share of the machine's time stolen during pass 1, pass 2
+
+    @property
+    def paired_drift(self) -> float:
+        return abs(self.paired - 1)
+
+
+def _measured_pass(client, model: str, prompts, tokens: int, timeout_s: float) -> tuple[dict[str, float], float]:
+    from . import engine_client, throughput
+
+    steal0, total0 = cpu_ticks()
+    rates = {}
+    for p in prompts:
+        req = engine_client.stream_completion(client, model, p.prompt, tokens, prompt_id=p.id, timeout_s=timeout_s)
+        rate = throughput.decode_rate(req.chunk_times, req.chunk_tokens)
+        if rate:
+            rates[p.id] = rate
+    steal1, total1 = cpu_ticks()
+    return rates, (steal1 - steal0) / max(total1 - total0, 1)
+
+
+def steadiness_sessions(contract_name: str, cache_root: Path, out_dir: Path, sessions: int = 10,
+                        gap_s: float = 50.0, say: Callable[[str], None] = print) -> list[Figure]:
+    """`sessions` starts, each measuring the gate prompts twice `gap_s` apart, as a gates start measures them
+    (no warm-up request, the contract's tokens per request)."""
+    from . import contract as contract_mod
+    from . import engine_client, launch, session
+
+    c = contract_mod.load(contract_name)
+    prompts = contract_mod.load_prompts(c)
+    config = session.serve_config(c, session.resolve_models(c, cache_root))
+    drifts: list[PassDrift] = []
+    for n in range(1, sessions + 1):
+        work = out_dir / "steadiness" / f"{n:02d}"
+        say(f"steadiness: session {n}/{sessions} -> {work}")
+        server = launch.start_engine(config, work, cache_root / "engine-state", deadline_s=c.deadlines.start_s)
+        try:
+            with server.client(timeout=c.deadlines.request_s) as client:
+                model = engine_client.served_model(client)
+                first, steal_1 = _measured_pass(client, model, prompts, c.decode.tokens_per_request,
+                                                c.deadlines.request_s)
+                time.sleep(gap_s)
+                second, steal_2 = _measured_pass(client, model, prompts, c.decode.tokens_per_request,
+                                                 c.deadlines.request_s)
+        finally:
+            server.stop()
+        drift = pass_drift(first, second, (steal_1, steal_2))
+        if drift is None:
+            raise BenchError(f"steadiness session {n}: no prompt has a decode rate in both passes ({work})")
+        (work / "passes.json").write_text(json.dumps({"pass_1": first, "pass_2": second,
+                                                      **asdict(drift)}, indent=1) + "\n")
+        say(f"steadiness: session {n}: paired {drift.paired:.3f} [{drift.paired_low:.3f}, {drift.paired_high:.3f}], "
+            f"median ratio {drift.median_ratio:.3f}, steal {steal_1:.1%} / {steal_2:.1%}")
+        drifts.append(drift)
+    return steadiness_figures(drifts, gap_s)
+
+
+def pass_drift(first: dict[str, float], second: dict[str, float], steal: tuple[float, float]) -> PassDrift | None:
+    """Pass-2 / pass-1 both ways gate 7 reads two starts; None when no prompt has a rate in both."""
+    from . import throughput
+
+    paired = throughput.paired_ratio(first, second)
+    if paired is None:
+        return None
+    both = [k for k in first if k in second]
+    median_ratio = (throughput.endpoint_median([second[k] for k in both])
+                    / throughput.endpoint_median([first[k] for k in both]))
+    return PassDrift(paired.ratio, paired.low, paired.high, median_ratio, steal)
+
+
+def steadiness_figures(drifts: Sequence[PassDrift], gap_s: float) -> list[Figure]:
+    if not drifts:
+        raise BenchError("no start to summarise")
+    steal = max(max(d.steal) for d in drifts)
+    return _drift_rows("steadiness", f"pass-2 / pass-1 of one start, {gap_s:.0f} s apart", "starts", drifts,
+                       f"; steal at most {steal:.1%} of a pass")
+
+
 def run(parts: Sequence[str], contract_name: str, cache_root: Path, out_dir: Path, replay_dir: Path = BUNDLE,
-        say: Callable[[str], None] = print, sessions: int = 10, compile_cache: str = "warm") -> list[Figure]:
+        say: Callable[[str], None] = print, sessions: int = 10, compile_cache: str = "warm",
+        gap_s: float = 50.0) -> list[Figure]:
     out_dir.mkdir(parents=True, exist_ok=True)
     figures: list[Figure] = []
     for part in parts:
@@ -491,6 +597,8 @@ def run(parts: Sequence[str], contract_name: str, cache_root: Path, out_dir: Pat
             figures.append(gates_overhead(contract_name, cache_root, out_dir, say))
         elif part == "reproduction":
             figures += reproduction_sessions(contract_name, cache_root, out_dir, sessions, say, compile_cache)
+        elif part == "steadiness":
+            figures += steadiness_sessions(contract_name, cache_root, out_dir, sessions, gap_s, say)
         else:
             raise BenchError(f"unknown part {part!r} (parts: {', '.join(PARTS)})")
         (out_dir / "bench.json").write_text(json.dumps([asdict(f) for f in figures], indent=1) + "\n")

@@ -116,7 +116,7 @@ def _bench(args: argparse.Namespace) -> int:
     out = args.out or Path("data") / "bench" / f"harness-{time.strftime('%Y%m%d-%H%M%S')}"
     figures = bench.run(parts, args.contract, (args.cache_dir or mini.default_cache_root()).resolve(),
                         out.resolve(), args.replay.resolve(), say=lambda m: print(m, file=sys.stderr, flush=True),
-                        sessions=args.sessions, compile_cache=args.compile_cache)
+                        sessions=args.sessions, compile_cache=args.compile_cache, gap_s=args.gap_s)
     print(bench.table(figures))
     print(f"\nwritten: {out / 'bench.json'}", file=sys.stderr)
     return 0
@@ -226,10 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_p = sub.add_parser("bench", help="what the harness costs and whether its decode figure agrees with the "
                                            "server and `vllm bench serve` (a table of ratios; never a test)")
     bench_p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
-                         help=f"comma list of {', '.join(PARTS)} (default: all but reproduction, which runs "
-                              f"--sessions gates sessions)")
+                         help=f"comma list of {', '.join(PARTS)} (default: all but reproduction and "
+                              f"steadiness, which run --sessions sessions each)")
     bench_p.add_argument("--sessions", type=int, default=10,
-                         help="gates sessions of the reproduction part (default 10)")
+                         help="gates sessions of the reproduction part, starts of the steadiness part (default 10)")
+    bench_p.add_argument("--gap-s", type=float, default=50.0,
+                         help="steadiness part: seconds between a start's two passes (default 50, about a restart)")
     bench_p.add_argument("--compile-cache", choices=("warm", "empty"), default="warm",
                          help="reproduction part: keep vLLM's compile cache (both starts load) or empty it before "
                               "each session (start-1 compiles, start-2 loads)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def test_start_phases_split_a_start_by_its_log_phases() -> None:
 
 def test_an_unknown_part_is_a_usage_error(capsys) -> None:
     assert cli.main(["bench", "--parts", "import,warp"]) == 2
-    assert "unknown bench part(s) warp (parts: import, replay, audit, start, decode, overhead, reproduction)" in capsys.readouterr().err
+    assert "unknown bench part(s) warp (parts: import, replay, audit, start, decode, overhead, reproduction, steadiness)" in capsys.readouterr().err
 
 
 def test_a_sessions_drift_is_recomputed_from_its_arrival_times() -> None:
@@ -93,3 +94,30 @@ def test_the_reproduction_part_knows_its_compile_cache_choices(tmp_path: Path) -
 
     env = launch.engine_environment(tmp_path / "engine-state", 2, materialize=False)
     assert bench.compile_cache_dir(tmp_path) == Path(env["VLLM_CACHE_ROOT"]) / "torch_compile_cache"
+
+
+def test_a_starts_two_passes_are_read_as_gate_7_reads_two_starts() -> None:
+    """The steadiness control: the bundle's two starts stand in for one start's two passes."""
+    starts = session.load_run(BUNDLE)
+    rates = [throughput.arrival_rates(s.requests)[0] for s in starts]
+    drift = bench.pass_drift(rates[0], rates[1], (0.0, 0.01))
+    gate7 = bench.session_drift(BUNDLE)
+    assert (drift.paired, drift.paired_low, drift.paired_high) == (gate7.paired, gate7.paired_low, gate7.paired_high)
+    assert drift.median_ratio == pytest.approx(gate7.median_ratio)
+    assert bench.pass_drift(rates[0], {"another-prompt": 100.0}, (0.0, 0.0)) is None
+    slower = bench.pass_drift(rates[0], {k: v * 0.8 for k, v in rates[0].items()}, (0.0, 0.0))
+    medians, paired = bench.steadiness_figures([drift, slower], gap_s=40)
+    assert paired.value == pytest.approx((drift.paired + 0.8) / 2) and paired.met is False
+    assert f"largest drift {0.2:.3f}" in paired.detail
+    assert "steal at most 1.0% of a pass" in medians.detail
+    assert medians.measure == "pass-2 / pass-1 of one start, 40 s apart, endpoint median ratio, median of 2 starts"
+    with pytest.raises(bench.BenchError, match="no start to summarise"):
+        bench.steadiness_figures([], gap_s=40)
+
+
+def test_the_machines_steal_is_read_from_the_machine() -> None:
+    steal, total = bench.cpu_ticks()
+    assert 0 <= steal <= total
+    time.sleep(0.05)
+    later_steal, later_total = bench.cpu_ticks()
+    assert later_total > total and later_steal >= steal
