@@ -1,4 +1,4 @@
-"""What every test folder of the repository shares (the plugin itself lives in pytest_b70lab/plugin.py)."""
+"""What every test folder of the repository shares (the plugin itself lives in pytest_b70lab/plugin/)."""
 
 from __future__ import annotations
 

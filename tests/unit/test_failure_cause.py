@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import evidence, launch, plugin
+from pytest_b70lab import evidence, launch
+from pytest_b70lab.plugin import fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 LOG = REPO / "fixtures" / "engine-logs" / "rank-refuses-fp8-kv-cache.log"
@@ -57,7 +58,7 @@ def test_the_headline_names_the_real_refusal_and_its_rank(tmp_path: Path) -> Non
     errors = _first_errors(LOG.read_text(encoding="utf-8").replace(INJECTED, REAL), tmp_path)
     failure = evidence.Failure(message="the server exited with code 1 during start-up (phase: allocating KV "
                                        "cache, 130 s)\nlogs: ...", phase="allocating KV cache", first_errors=errors)
-    assert plugin._headline(failure) == ("the server exited with code 1 during start-up (phase: allocating KV cache, "
+    assert fixtures.headline(failure) == ("the server exited with code 1 during start-up (phase: allocating KV cache, "
                                          f"130 s); cause on Worker_TP1_EP1: NotImplementedError: {REAL}")
 
 
@@ -70,7 +71,7 @@ def test_evidence_written_before_exception_lines_were_kept_still_names_the_dead_
     assert launch.root_cause(["Traceback (most recent call last):"]) is None  # names nothing: never the cause
     failure = evidence.Failure(message="the server exited with code 1",
                                first_errors=["Traceback (most recent call last):"])
-    assert plugin._headline(failure) == "the server exited with code 1"
+    assert fixtures.headline(failure) == "the server exited with code 1"
 
 
 @pytest.mark.parametrize("body", [

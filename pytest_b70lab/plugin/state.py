@@ -1,0 +1,254 @@
+"""The session's state and what it judges: every option and ini value read once, the contract loaded on
+first use, and the prompt and quality sets the gates are parametrized by."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:  # the plugin loads wherever it is installed: a run that never asks for a gate pays no import
+    from .. import contract as contract_mod
+    from .. import evidence as evidence_mod
+
+
+DEFAULT_CONTRACT = "mini-laguna-cpu"
+GATE_TEST_PROPERTY = "b70_gate_test"
+GATE_PROPERTY, SUBJECT_PROPERTY = "b70_gate", "b70_subject"
+# A test may state a measured finding (a kernel's rounding, its q12/q1 difference) under this property: it
+# is printed in the terminal summary, also when the test ran on an xdist worker.
+FINDING_PROPERTY = "b70_finding"
+WORKER_RUN_DIR = "b70lab_run_dir"
+# The file in the run folder that the first xdist worker to meet a failed start claims (block_session).
+WORKER_BLOCK_MARK = "b70lab_block_mark"
+# A quality test names the figure it judges (e.g. "long_context/near-max"): the quality verdict needs all.
+QUALITY_PROPERTY = "b70_quality_figure"
+NO_QUALITY = "not-judgeable"
+# Set on the report of the test that found the session cannot go on (a start that could not begin or
+# failed): the verdict, also on the xdist controller, then reads as that one cause.
+BLOCKED_PROPERTY = "b70_blocked"
+# A test that needs one of these is judged from an engine start's evidence: after a failed start it does not run.
+ENGINE_EVIDENCE = ("b70_evidence", "b70_teacher_evidence", "b70_reference_evidence")
+
+
+@dataclass
+class LabState:
+    """Per-process state: the options, the contract (loaded on first use) and the collected evidence."""
+
+    config: pytest.Config
+    run_dir: Path
+    cache_dir_option: Path | None
+    contract_name: str
+    replay_dir: Path | None
+    _contract: contract_mod.Contract | None = None
+    _evidence: list[evidence_mod.Evidence] | None = None
+    # Set at collection: a selected test judges quality, so the starts ask the quality samples too.
+    wants_quality: bool = False
+    _scores: dict[str, dict] | None = None   # quality scores by evidence digest (coding runs code once)
+    blocked: str | None = None   # why no test that needs an engine's evidence can run (see block_session)
+    stop_reason: str | None = None   # why the session stopped before it could judge (promotion.json says it)
+    blocked_reported: bool = False
+    block_mark: Path | None = None   # on an xdist worker: the session's marker of who reported the block
+    _extra_gates: dict[str, str] | None = None
+    # Why a replay cannot be promoted whatever its gates say (replay.judged_contract, a bundle recorded before
+    # starts had an identity): the verdict's problems.
+    contract_problems: list[str] = field(default_factory=list)
+
+    @property
+    def extra_gates(self) -> dict[str, str]:
+        """The gates other plugins add ({name: scope}, hookspec pytest_b70lab_gates), asked once."""
+        if self._extra_gates is None:
+            self._extra_gates = declared_gates(self.config)
+        return self._extra_gates
+
+    @property
+    def cache_root(self) -> Path:
+        from ..mini.build import default_cache_root
+
+        return (self.cache_dir_option or default_cache_root()).resolve()
+
+    @property
+    def contract(self) -> contract_mod.Contract:
+        # `from ..contract import`, like lab_errors: pytester's in-process runs drop modules from sys.modules
+        # but not from the package's attributes, and `from .. import contract` would then get a stale module
+        # whose errors lab_errors does not catch.
+        from ..contract import load
+
+        if self._contract is None:
+            if self.replay_dir is not None:
+                from ..replay import judged_contract, recorded_before_identity
+
+                starts = self.replay_evidence()
+                self._contract, problems = judged_contract(starts, self.replay_dir, contract_setting(self.config))
+                self.contract_problems = problems + recorded_before_identity(starts, self.replay_dir)
+            else:
+                self._contract = load(self.contract_name)
+        return self._contract
+
+    def replay_evidence(self) -> list[evidence_mod.Evidence]:
+        from .. import session
+
+        assert self.replay_dir is not None
+        if self._evidence is None:
+            self._evidence = session.load_run(self.replay_dir)
+        return self._evidence
+
+    def say(self, message: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        with capman.global_and_fixture_disabled() if capman else nullcontext():
+            reporter.write_line(f"b70lab: {message}")
+
+
+STATE = pytest.StashKey[LabState]()
+
+
+def lab_errors() -> tuple[type[Exception], ...]:
+    """A bad contract or evidence file: what the fixtures turn into one clear message (imported on demand)."""
+    from ..contract import ContractError
+    from ..evidence import EvidenceError
+
+    return ContractError, EvidenceError
+
+
+def ini_path(config: pytest.Config, name: str) -> Path | None:
+    value = str(config.getini(name) or "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (config.inipath.parent if config.inipath else config.rootpath) / path
+
+
+def runs_root(config: pytest.Config) -> Path:
+    """Where each session makes its <timestamp> run folder (and where `--b70-baseline last` looks)."""
+    return ini_path(config, "b70_runs_dir") or Path(config.rootpath) / "data" / "runs"
+
+
+def contract_setting(config: pytest.Config) -> str | None:
+    """--b70-contract, else the ini's b70_contract (a TOML path there is relative to the ini file)."""
+    if config.getoption("--b70-contract") is not None:
+        return config.getoption("--b70-contract")
+    value = str(config.getini("b70_contract") or "").strip()
+    if value.endswith(".toml"):
+        return str(ini_path(config, "b70_contract"))
+    return value or None
+
+
+def declared_gates(config: pytest.Config) -> dict[str, str]:
+    from .. import gates
+
+    declared: dict[str, str] = {}
+    for answer in config.hook.pytest_b70lab_gates(config=config):
+        for name, scope in dict(answer or {}).items():
+            if name in gates.SCOPES:
+                problem = f"{name!r} is a gate of the catalogue already"
+            elif scope not in gates.SCOPE_NAMES:
+                problem = f"gate {name!r} has scope {scope!r}; a scope is one of {', '.join(gates.SCOPE_NAMES)}"
+            elif declared.get(name, scope) != scope:
+                problem = f"gate {name!r} is declared with two scopes, {declared[name]!r} and {scope!r}"
+            else:
+                declared[name] = scope
+                continue
+            pytest.exit(f"b70lab: a plugin's pytest_b70lab_gates: {problem}", returncode=pytest.ExitCode.USAGE_ERROR)
+    return declared
+
+
+def contract_or_usage_error(config: pytest.Config) -> contract_mod.Contract:
+    try:
+        return config.stash[STATE].contract
+    except lab_errors() as e:
+        config.stash[STATE].stop_reason = str(e)
+        raise pytest.UsageError(str(e)) from e
+
+
+def contract_or_exit(config: pytest.Config) -> contract_mod.Contract:
+    """During collection a UsageError would become a collection traceback: end the run with the message."""
+    try:
+        return config.stash[STATE].contract
+    except lab_errors() as e:
+        config.stash[STATE].stop_reason = str(e)
+        pytest.exit(f"b70lab: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def prompt_set(config: pytest.Config, contract: contract_mod.Contract) -> list[contract_mod.Prompt]:
+    """The contract's prompt set (never the evidence's requests: a prompt missing there must still be
+    judged). A replayed run folder carries a copy, checked against the same pinned sha256."""
+    state = config.stash[STATE]
+    from .. import contract as contract_mod
+    from .. import session
+
+    copy = state.replay_dir / session.PROMPTS_COPY if state.replay_dir is not None else None
+    return contract_mod.load_prompts(contract, fallback=copy)
+
+
+class NoQuality(Exception):
+    """The contract cannot judge gate 8 (no [quality] table, or its prompt set is missing or changed)."""
+
+
+def quality_set(contract: contract_mod.Contract) -> list:
+    from .. import contract as contract_mod
+    from ..quality import samples
+
+    if contract.quality is None:
+        raise NoQuality(f"contract {contract.name} has no [quality] table: gate 8 (-m quality) needs its quality "
+                         f"prompt set and tolerances")
+    q = contract.quality
+    try:
+        return samples.load(contract_mod.repo_path(q.file), q.sha256, q.count)
+    except samples.QualityPromptError as e:
+        raise NoQuality(f"contract {contract.name}, field quality.file: {e}") from e
+
+
+def quality_samples(contract: contract_mod.Contract) -> list:
+    try:
+        return quality_set(contract)
+    except NoQuality as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def quality_keys(contract: contract_mod.Contract) -> dict:
+    """Figures to parametrize by. Collection never stops here: a contract that cannot judge quality gets one
+    placeholder figure that fails with the reason if it is selected (`-m gates` deselects it quietly)."""
+    from ..quality import judge
+
+    try:
+        return judge.keys_by_figure(quality_set(contract))
+    except NoQuality:
+        return {NO_QUALITY: []}
+
+
+def updating_snapshots(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "update_snapshots", False))
+
+
+def quality_for(state: LabState, contract: contract_mod.Contract) -> list | None:
+    """The samples a start must also ask: only when a selected test judges quality."""
+    if not state.wants_quality or contract.quality is None:
+        return None
+    try:
+        return quality_set(contract)
+    except NoQuality:
+        return None  # the quality tests fail with the reason; the gate evidence is collected as always
+
+
+def model_errors() -> tuple[type[Exception], ...]:
+    """What stops a start before it begins besides a bad contract: the model, the preflight probe, the
+    capability preflight."""
+    from ..capability import CapabilityError
+    from ..mini import MiniModelError
+    from ..probe import ProbeError
+
+    return MiniModelError, ProbeError, CapabilityError
+
+
+def probe_options(config: pytest.Config):
+    from ..session import ProbeOptions
+
+    return ProbeOptions(enabled=not config.getoption("--b70-no-probe"),
+                        deadline_s=config.getoption("--b70-probe-deadline"),
+                        stall_rank=config.getoption("--b70-probe-stall"))
