@@ -44,6 +44,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .errors import LabError
+
 PARTS = ("import", "replay", "audit", "start", "decode", "overhead", "reproduction", "steadiness")
 DEFAULT_PARTS = PARTS[:-2]
 REPO = Path(__file__).resolve().parent.parent
@@ -87,7 +89,7 @@ def _checked(done: subprocess.CompletedProcess, what: str, ok: Sequence[int] = (
         raise BenchError(f"{what} exited with {done.returncode}:\n{tail}")
 
 
-class BenchError(RuntimeError):
+class BenchError(LabError, RuntimeError):
     """A part could not be measured (the command it times failed); the message says which and why."""
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from . import contract as contract_mod
 from . import host, vllm_cpu_emulation
+from .errors import LabError
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -95,7 +96,7 @@ class Problem:
         return f"{self.check}: needs {self.needs}; has {self.has}; fix: {self.fix}"
 
 
-class CapabilityError(RuntimeError):
+class CapabilityError(LabError, RuntimeError):
     """The capability preflight found problems; the message has one line per problem."""
 
     def __init__(self, problems: Iterable[Problem]):

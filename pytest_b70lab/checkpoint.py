@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from .digests import canonical_json, file_sha256, kv_scale_digest, moments, sha256_canonical
+from .errors import LabError
 
 TABLE_FORMAT = 1
 CACHE_FORMAT = 1
@@ -70,7 +71,7 @@ _KV_SCALE_NAMES = (
 )
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LabError, RuntimeError):
     """A checkpoint that cannot give a tensor table; the message names the file and what is wrong."""
 
 

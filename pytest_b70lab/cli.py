@@ -222,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     derive_p.set_defaults(func=_contract_derive)
 
     from .bench import BUNDLE, DEFAULT_PARTS, PARTS  # stdlib-only module: cheap
+    from .defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
 
     bench_p = sub.add_parser("bench", help="what the harness costs and whether its decode figure agrees with the "
                                            "server and `vllm bench serve` (a table of ratios; never a test)")
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_p.add_argument("--compile-cache", choices=("warm", "empty"), default="warm",
                          help="reproduction part: keep vLLM's compile cache (both starts load) or empty it before "
                               "each session (start-1 compiles, start-2 loads)")
-    bench_p.add_argument("--contract", default="mini-laguna-cpu", help="contract for the engine parts")
+    bench_p.add_argument("--contract", default=DEFAULT_CONTRACT, help="contract for the engine parts")
     bench_p.add_argument("--replay", type=Path, default=BUNDLE, help="run folder the replay part times "
                                                                     "(default: the recorded evidence bundle)")
     bench_p.add_argument("--out", type=Path, default=None, help="output folder (default: data/bench/harness-<time>); "
@@ -249,9 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     coll_p = probe_sub.add_parser("collectives", help="the contract's rank count as plain processes: one all_reduce "
                                                       "with a known answer through the engine's TP communicator; "
                                                       "per rank: entered, completed, right sum, torn down clean")
-    coll_p.add_argument("--contract", default="mini-laguna-cpu", help="contract name or TOML path (its rank count "
+    coll_p.add_argument("--contract", default=DEFAULT_CONTRACT, help="contract name or TOML path (its rank count "
                                                                        "and device)")
-    coll_p.add_argument("--deadline", type=float, default=180.0, help="seconds for the whole probe (default: 180)")
+    coll_p.add_argument("--deadline", type=float, default=PROBE_DEADLINE_S,
+                        help=f"seconds for the whole probe (default: {PROBE_DEADLINE_S:.0f})")
     coll_p.add_argument("--collective-deadline", type=float, default=20.0,
                         help="seconds for the all_reduce from the first rank entering it (default: 20)")
     coll_p.add_argument("--stall-rank", type=int, default=None, help="inject the seed's stall: this rank never "
@@ -264,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "in milliseconds, starting nothing: the FP8 attention path, "
                                                     "memory, /dev/shm, page sizes, the vLLM build, XPU devices, "
                                                     "checkpoints. One line per problem; exit 1 when there is any")
-    cap_p.add_argument("--contract", default="mini-laguna-cpu", help="contract name or TOML path")
+    cap_p.add_argument("--contract", default=DEFAULT_CONTRACT, help="contract name or TOML path")
     cap_p.set_defaults(func=_probe_capability)
 
     report_p = sub.add_parser("report", help="a run folder as one self-contained HTML page: verdict, gate matrix, "
@@ -291,13 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .bench import BenchError
-    from .checkpoint import CheckpointError
-    from .compare import CompareError
-    from .contract import ContractError
-    from .launch import EngineStartError
-    from .mini import MiniModelError
-    from .report import ReportError
+    from .errors import LabError
 
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -305,8 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args, rest) if getattr(args, "passthrough", False) else args.func(args)
-    except (MiniModelError, ContractError, CheckpointError, BenchError, EngineStartError, CompareError,
-            ReportError) as e:
+    except LabError as e:
         print(f"b70lab: {e}", file=sys.stderr)
         return 2
 

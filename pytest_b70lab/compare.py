@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import evidence, host, throughput
+from .errors import LabError
 from .evidence import Evidence
 
 PROMOTION = evidence.PROMOTION
@@ -29,7 +30,7 @@ _ABSENT = "(absent)"
 CONTEXT_CHARS = 30
 
 
-class CompareError(ValueError):
+class CompareError(LabError, ValueError):
     """A run folder cannot be compared: missing, without starts, or with a corrupted file (named)."""
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import project
+from .errors import LabError
 
 SCHEMA_VERSION = 1
 CONTRACTS = "fixtures/contracts"
@@ -36,7 +37,7 @@ def _stays_in_the_repository(value: str) -> str:
 REPO_PATH = Annotated[str, AfterValidator(_stays_in_the_repository)]
 
 
-class ContractError(ValueError):
+class ContractError(LabError, ValueError):
     """A contract or its prompt set is missing or invalid; the message names the file and the field."""
 
 

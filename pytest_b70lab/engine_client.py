@@ -11,10 +11,11 @@ from typing import Any
 import httpx
 
 from . import throughput
+from .errors import LabError
 from .evidence import QualityRecord, Request, sha256_ids
 
 
-class EngineRequestError(RuntimeError):
+class EngineRequestError(LabError, RuntimeError):
     """A request to the engine failed or answered something this harness cannot read."""
 
 

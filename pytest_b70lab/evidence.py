@@ -16,12 +16,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .errors import LabError
+
 SCHEMA = "b70lab.evidence"
 VERSION = 1
 FILENAME = "evidence.json"
 
 
-class EvidenceError(ValueError):
+class EvidenceError(LabError, ValueError):
     """Evidence is missing, corrupted, of another schema, or does not match its own digest."""
 
 

@@ -30,6 +30,7 @@ import httpx
 import psutil
 
 from . import vllm_cpu_emulation
+from .errors import LabError
 
 # "(Worker_TP1_EP1 pid=123)", "(EngineCore pid=7)", "(APIServer pid=5)", "(Worker pid=9)", "(VllmWorker-0 pid=9)"
 RANK_TAG = re.compile(r"^\((?P<tag>[A-Za-z][\w\-]*) pid=(?P<pid>\d+)\)")
@@ -126,7 +127,7 @@ def root_cause(errors: list[str]) -> tuple[str | None, str] | None:
     return next((found[0] for found in (ranks, died, others, rest) if found), None)
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(LabError, RuntimeError):
     """The server did not become ready; the message carries the last lines of every rank."""
 
 

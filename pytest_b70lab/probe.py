@@ -26,6 +26,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .defaults import PROBE_DEADLINE_S
+from .errors import LabError
+
 TEARDOWN_GRACE_S = 10.0   # how long a rank's process group may outlive the rank before the probe fails
 STAGES = ("started", "initialized", "entered", "completed", "torn_down")
 PROBE_FILE = "probe.json"
@@ -76,7 +79,7 @@ class ProbeResult:
         return [head, *("  " + r.describe() for r in self.ranks), *("  " + p for p in self.problems)]
 
 
-class ProbeError(RuntimeError):
+class ProbeError(LabError, RuntimeError):
     """The probe did not pass: its message is the per-rank account."""
 
 
@@ -175,7 +178,7 @@ def _watch(procs: list[subprocess.Popen], out_dir: Path, world_size: int, t0: fl
         time.sleep(0.2)
 
 
-def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, deadline_s: float = 180.0,
+def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, deadline_s: float = PROBE_DEADLINE_S,
                       collective_s: float = 20.0, stall_rank: int | None = None) -> ProbeResult:
     """Run the probe; never raises for a failed probe (see ProbeResult.passed). `deadline_s` bounds the whole
     probe (imports and rendezvous included); `collective_s` bounds the all_reduce itself, from the moment

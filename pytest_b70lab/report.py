@@ -18,6 +18,7 @@ from typing import Any
 
 from . import evidence as evidence_mod
 from . import host, throughput
+from .errors import LabError
 from .evidence import Evidence, EvidenceError, ModelRef, Request
 from .gates import CATALOGUE, counter_by_label, counter_total, has_counter
 
@@ -28,7 +29,7 @@ ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 _SUBJECT = re.compile(r"^start-(\d+)(?: rank-(\d+)| prompt:(.*))?$", re.S)
 
 
-class ReportError(ValueError):
+class ReportError(LabError, ValueError):
     """The run folder cannot be reported: missing, or its evidence or verdict is corrupted."""
 
 

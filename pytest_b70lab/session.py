@@ -23,6 +23,7 @@ from typing import Any
 from . import checkpoint, engine_client, evidence, host, launch, mini
 from . import contract as contract_mod
 from .contract import Contract
+from .defaults import PROBE_DEADLINE_S
 from .quality.samples import QualitySample
 
 Progress = Callable[[str], None]
@@ -314,7 +315,7 @@ PROMPTS_COPY = "prompts.jsonl"
 @dataclass(frozen=True)
 class ProbeOptions:
     enabled: bool = True
-    deadline_s: float = 180.0
+    deadline_s: float = PROBE_DEADLINE_S
     stall_rank: int | None = None   # tests: make this rank stall before the all_reduce
 
 
@@ -341,7 +342,7 @@ def capability_preflight(contract: Contract, progress: Progress | None = None) -
 
 
 def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
-                    stall_rank: int | None = None, deadline_s: float = 180.0) -> dict:
+                    stall_rank: int | None = None, deadline_s: float = PROBE_DEADLINE_S) -> dict:
     """The collective probe before a run folder's first engine start (once per run folder: a later kind in
     the same session reuses a passed probe). Raises ProbeError, with every rank's state, when it fails."""
     from .probe import PROBE_FILE, ProbeError, probe_collectives

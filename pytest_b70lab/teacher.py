@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .contract import Contract
+from .errors import LabError
 from .evidence import Evidence, read_json, sha256_ids
 
 SNAPSHOT_TEST_FILE = "test_teacher.py"
@@ -24,7 +25,7 @@ RECORD_TEST = "test_record_teacher"
 RECORD_COMMAND = "pytest -m teacher --snapshot-update --b70-contract {name}"
 
 
-class TeacherSnapshotError(ValueError):
+class TeacherSnapshotError(LabError, ValueError):
     """A teacher snapshot is missing or unreadable."""
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 # kv_scale_digest and file_sha256 moved to digests; re-exported for the modules that still import them from here.
 from ..digests import file_sha256, kv_scale_digest, sha256_canonical
+from ..errors import LabError
 
 BUILDER_VERSION = 4
 FP8_E4M3_MAX = 448.0
@@ -37,7 +38,7 @@ WEIGHTS = "fixtures/mini"   # in the lab's repository (pytest_b70lab.project), b
 WEIGHT_FILES = ("tokenizer.json", "target.safetensors", "draft.safetensors", "recipe.json")
 
 
-class MiniModelError(RuntimeError):
+class MiniModelError(LabError, RuntimeError):
     """A mini model folder is missing, incomplete or not what its manifest says."""
 
 

@@ -15,8 +15,9 @@ from .fixtures import (b70_cache_root, b70_checkpoints, b70_contract, b70_engine
                        b70_mini_model, b70_prompt_ids, b70_quality_keys, b70_quality_samples, b70_quality_scores,
                        b70_quality_verdict, b70_reference_evidence, b70_run_dir, b70_start_evidence, b70_state,
                        b70_teacher_evidence, b70_verdict)
+from ..defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
 from .reporter import VerdictReporter
-from .state import (BLOCKED_PROPERTY, DEFAULT_CONTRACT, ENGINE_EVIDENCE, GATE_PROPERTY, GATE_TEST_PROPERTY,
+from .state import (BLOCKED_PROPERTY, ENGINE_EVIDENCE, GATE_PROPERTY, GATE_TEST_PROPERTY,
                     QUALITY_PROPERTY, STATE, SUBJECT_PROPERTY, WORKER_BLOCK_MARK, WORKER_RUN_DIR, LabState,
                     contract_or_exit, contract_or_usage_error, contract_setting, ini_path, lab_errors, prompt_set,
                     quality_keys, runs_root, updating_snapshots)
@@ -54,8 +55,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--b70-no-probe", action="store_true",
                     help="skip the preflight collective probe (an all_reduce over the contract's ranks before the "
                          "first engine start)")
-    group.addoption("--b70-probe-deadline", type=float, default=180.0, metavar="SECONDS",
-                    help="deadline of the whole preflight probe, imports and rendezvous included (default: 180)")
+    group.addoption("--b70-probe-deadline", type=float, default=PROBE_DEADLINE_S, metavar="SECONDS",
+                    help=f"deadline of the whole preflight probe, imports and rendezvous included "
+                         f"(default: {PROBE_DEADLINE_S:.0f})")
     group.addoption("--b70-probe-stall", type=int, default=None, metavar="RANK",
                     help="fault injection for the harness's own tests: RANK never enters the probe's all_reduce")
     group.addoption("--b70-baseline", default=None, metavar="RUN_DIR|last",

@@ -15,7 +15,6 @@ if TYPE_CHECKING:  # the plugin loads wherever it is installed: a run that never
     from .. import evidence as evidence_mod
 
 
-DEFAULT_CONTRACT = "mini-laguna-cpu"
 GATE_TEST_PROPERTY = "b70_gate_test"
 GATE_PROPERTY, SUBJECT_PROPERTY = "b70_gate", "b70_subject"
 # A test may state a measured finding (a kernel's rounding, its q12/q1 difference) under this property: it

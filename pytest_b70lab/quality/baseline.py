@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import LabError
 from ..evidence import read_json
 from .judge import Key, key_text
 
@@ -24,7 +25,7 @@ RECORD_COMMAND = "pytest -m quality --snapshot-update --b70-contract {name}"
 TEXT_KEPT = 1200  # characters of each answer kept for a reader; the verdict needs only passed/failed
 
 
-class QualityBaselineError(ValueError):
+class QualityBaselineError(LabError, ValueError):
     """A quality baseline is missing, edited, damaged or recorded for something else."""
 
 

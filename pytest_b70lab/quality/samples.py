@@ -21,12 +21,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..errors import LabError
+
 Family = Literal["coding", "structured", "tool_use", "repetition", "long_context"]
 FAMILIES: tuple[str, ...] = ("coding", "structured", "tool_use", "repetition", "long_context")
 POSITIONS = ("quarter", "half", "near-max")
 
 
-class QualityPromptError(ValueError):
+class QualityPromptError(LabError, ValueError):
     """A quality prompt set is missing, changed, or has a malformed line (the message names file and line)."""
 
 
