@@ -27,6 +27,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pytest_b70lab import kernels, vllm_cpu_emulation
+from pytest_b70lab.kernels import discovery
 
 pytestmark = pytest.mark.kernels
 
@@ -326,32 +327,32 @@ def test_the_q12_exactness_declaration_holds(impl, record_property) -> None:
 # --- discovery: absent is a skip, installed but broken is a failure --------------------------------------
 
 def test_an_installed_vllm_cpu_whose_ops_do_not_import_is_broken(monkeypatch) -> None:
-    monkeypatch.setattr(kernels, "_installed", lambda distribution: True)
+    monkeypatch.setattr(discovery, "_installed", lambda distribution: True)
     monkeypatch.setattr(md, "version", lambda distribution: "0.0-test")
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
-    found = kernels._vllm_cpu()
+    found = discovery._vllm_cpu()
     assert len(found) == 1 and isinstance(found[0], kernels.Broken), found
     assert "import of vllm halted" in found[0].error and "0.0-test" in found[0].error, found[0].error
 
 
 def test_vllm_cpu_not_installed_is_unavailable(monkeypatch) -> None:
-    monkeypatch.setattr(kernels, "_installed", lambda distribution: False)
-    found = kernels._vllm_cpu()
+    monkeypatch.setattr(discovery, "_installed", lambda distribution: False)
+    found = discovery._vllm_cpu()
     assert len(found) == 1 and isinstance(found[0], kernels.Unavailable), found
     assert kernels.VLLM_CPU_DISTRIBUTION in found[0].reason
 
 
 def test_a_registered_kernel_that_fails_to_load_is_broken(monkeypatch) -> None:
     missing = md.EntryPoint(name="lab-page32", value="b70lab_no_such_module:make", group=kernels.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(kernels.md, "entry_points",
+    monkeypatch.setattr(discovery.md, "entry_points",
                         lambda group: [missing] if group == kernels.ENTRY_POINT_GROUP else [])
-    found = kernels._registered()
+    found = discovery._registered()
     assert len(found) == 1 and isinstance(found[0], kernels.Broken), found
     assert "b70lab_no_such_module" in found[0].error
 
 
 def _vllm_cpu_installed() -> None:
-    if not kernels._installed(kernels.VLLM_CPU_DISTRIBUTION):
+    if not discovery._installed(kernels.VLLM_CPU_DISTRIBUTION):
         pytest.skip(f"the {kernels.VLLM_CPU_DISTRIBUTION} distribution is not installed here")
 
 
@@ -366,7 +367,7 @@ def test_without_avx512_or_amx_vllm_native_fp8_is_unavailable_and_vllm_is_not_as
     monkeypatch.setattr(cpu_attn, "_get_attn_isa", refuses)
     monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    found = kernels._vllm_cpu()
+    found = discovery._vllm_cpu()
     assert [f.name for f in found] == ["vllm-cpu-vec", "vllm-cpu-amx"], found
     for f in found:
         assert isinstance(f, kernels.Unavailable), f

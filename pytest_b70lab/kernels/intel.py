@@ -1,7 +1,7 @@
 """Kernel adapters for Intel's ops behind the B70 path: vLLM's XPU ops (vllm-xpu-kernels) and IPEX's PagedAttention.
 
 Each adapter is a `kernels.KernelImpl` written against its library's published API; `kernels.discover()`
-decides whether it is here (discovery lives there). Nothing is imported at module level: an adapter's library
+decides whether it is here (kernels/discovery.py). Nothing is imported at module level: an adapter's library
 is imported when its adapter is made.
 
 - vllm-xpu-kernels, the ops vLLM's FLASH_ATTN backend calls on XPU (vllm/v1/attention/backends/fa_utils.py):
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .kernels import E4M3, Batch, Rounding, _cumsum
+from .reference import E4M3, Batch, Rounding, cumsum
 
 
 def _paged_codes(cache: torch.Tensor, batch: Batch, seq: int, heads_first: bool) -> torch.Tensor:
@@ -90,7 +90,7 @@ class VllmXpuImpl:
         with _refusing_reference_fallback():
             out = self.flash_attn_varlen_func(  # fills `out` and returns it
                 q=query, k=key_cache, v=value_cache, out=out, max_seqlen_q=max(batch.q_lens),
-                cu_seqlens_q=torch.tensor([0, *_cumsum(batch.q_lens)], dtype=torch.int32, device=self.device),
+                cu_seqlens_q=torch.tensor([0, *cumsum(batch.q_lens)], dtype=torch.int32, device=self.device),
                 max_seqlen_k=max(batch.seq_lens),
                 seqused_k=torch.tensor(batch.seq_lens, dtype=torch.int32, device=self.device),
                 softmax_scale=batch.head_dim ** -0.5, causal=True, block_table=batch.block_table.to(self.device),
@@ -175,8 +175,8 @@ class IpexPagedImpl:
         else:
             self.ops.flash_attn_varlen_func(
                 out, query, key_cache, value_cache,
-                torch.tensor([0, *_cumsum(batch.q_lens)], dtype=i32, device=dev),
-                torch.tensor([0, *_cumsum(batch.seq_lens)], dtype=i32, device=dev),
+                torch.tensor([0, *cumsum(batch.q_lens)], dtype=i32, device=dev),
+                torch.tensor([0, *cumsum(batch.seq_lens)], dtype=i32, device=dev),
                 max(batch.q_lens), max(batch.seq_lens), scale, True, table, None, -1, -1, "fp8", k_scale, v_scale)
         return out.float().cpu()
 
