@@ -17,6 +17,7 @@ from typing import Any
 from . import evidence, host, throughput
 from .errors import LabError
 from .evidence import Evidence
+from .gates import first_difference
 
 PROMOTION = evidence.PROMOTION
 # Launch flags that name where this one start lived, not what it ran.
@@ -352,12 +353,11 @@ def _compare_prompt(pid: str, a: Run, b: Run, rate_a: float | None, rate_b: floa
     ra, rb = a.first.request(pid), b.first.request(pid)
     assert ra is not None and rb is not None
     ta, tb = ra.token_ids, rb.token_ids
-    position = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
-    if position is None and len(ta) != len(tb):
-        position = min(len(ta), len(tb))
+    position = first_difference(ta, tb)
     context_a = context_b = ""
     if position is not None or ra.text != rb.text:
-        c = next((i for i, (x, y) in enumerate(zip(ra.text, rb.text)) if x != y), min(len(ra.text), len(rb.text)))
+        c = first_difference(ra.text, rb.text)
+        c = len(ra.text) if c is None else c
         context_a, context_b = (t[max(0, c - CONTEXT_CHARS):c + CONTEXT_CHARS] for t in (ra.text, rb.text))
     return PromptComparison(
         prompt_id=pid, identical=position is None, position=position,

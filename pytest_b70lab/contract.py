@@ -7,8 +7,6 @@ artifact. The teacher is derived, never written: the same contract with speculat
 
 from __future__ import annotations
 
-import hashlib
-import json
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import project
+from .digests import bytes_sha256, sha256_canonical
 from .errors import LabError
 
 SCHEMA_VERSION = 1
@@ -244,8 +243,7 @@ class Contract(Strict):
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-                              .encode()).hexdigest()
+        return sha256_canonical(self.canonical())
 
     @property
     def output_digest(self) -> str:
@@ -253,7 +251,7 @@ class Contract(Strict):
         A teacher snapshot is keyed by this, so changing a gate tolerance does not make teachers stale."""
         c = self.canonical()
         part = {k: c[k] for k in ("target", "draft", "speculative", "engine", "prompts", "decode")}
-        return hashlib.sha256(json.dumps(part, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        return sha256_canonical(part)
 
     def teacher(self) -> Contract:
         """The same experiment without speculation: target-only, same parallel layout, KV dtype and compile
@@ -360,7 +358,7 @@ def read_pinned_jsonl(path: Path, sha256: str, count: int, model: type[BaseModel
     if not path.is_file():
         raise error(f"{where} does not exist")
     data = path.read_bytes()
-    seen = hashlib.sha256(data).hexdigest()
+    seen = bytes_sha256(data)
     if seen != sha256:
         raise error(f"{where} has sha256 {seen}, the contract pins {sha256}: {changed}")
     items = []

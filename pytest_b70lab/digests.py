@@ -16,7 +16,8 @@ from typing import Any
 # has to live there for the engine side and the checkpoint side to compute the very same thing.
 from .vllm_observe import moments
 
-__all__ = ["canonical_json", "file_sha256", "kv_scale_digest", "moments", "sha256_canonical"]
+__all__ = ["bytes_sha256", "canonical_json", "file_sha256", "kv_scale_digest", "moments", "sha256_canonical",
+           "text_sha256"]
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -26,6 +27,15 @@ def canonical_json(obj: Any) -> bytes:
 
 def sha256_canonical(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj)).hexdigest()
+
+
+def bytes_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def text_sha256(text: str) -> str:
+    """A generated text's digest (evidence, teacher snapshots): SHA-256 of its UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def file_sha256(path: Path) -> str:

@@ -3,7 +3,6 @@ per-rank audit, and /metrics."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import httpx
 
 from . import throughput
+from .digests import text_sha256
 from .errors import LabError
 from .evidence import QualityRecord, Request, sha256_ids
 
@@ -83,7 +83,7 @@ def stream_completion(client: httpx.Client, model: str, prompt: str, max_tokens:
                    finish_reason=finish, usage=usage, chunk_times=times, chunk_tokens=per_chunk,
                    cached_tokens=details.get("cached_tokens"),
                    token_ids_sha256=sha256_ids(token_ids),
-                   text_sha256=hashlib.sha256(full_text.encode("utf-8")).hexdigest(), decode_rate=rate)
+                   text_sha256=text_sha256(full_text), decode_rate=rate)
 
 
 def audit(client: httpx.Client, timeout_s: float = 120.0) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ machine. A failed start writes its evidence too (status "failed", the failure an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -16,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .digests import sha256_canonical, text_sha256
 from .errors import LabError
 
 SCHEMA = "b70lab.evidence"
@@ -58,7 +58,7 @@ class EngineInfo(Loose):
 
 def sha256_ids(ids: list[int]) -> str:
     """The token-ID hash of a request (and of a teacher snapshot): SHA-256 of the compact JSON list."""
-    return hashlib.sha256(json.dumps(list(ids), separators=(",", ":")).encode()).hexdigest()
+    return sha256_canonical(list(ids))
 
 
 class Request(Loose):
@@ -167,7 +167,7 @@ class Evidence(Loose):
         if self.failure is not None and not self.failure.first_errors:
             exclude["failure"] = {"first_errors": True}
         body = self.model_dump(mode="json", by_alias=True, exclude=exclude)
-        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        return sha256_canonical(body)
 
     def request(self, prompt_id: str) -> Request | None:
         return next((r for r in self.requests if r.prompt_id == prompt_id), None)
@@ -288,7 +288,7 @@ def rederive(record: Evidence) -> Evidence:
 
     for r in record.requests:
         r.token_ids_sha256 = sha256_ids(r.token_ids)
-        r.text_sha256 = hashlib.sha256(r.text.encode("utf-8")).hexdigest()
+        r.text_sha256 = text_sha256(r.text)
         try:
             r.decode_rate = throughput.decode_rate(r.chunk_times, r.chunk_tokens)
         except ValueError:
@@ -317,7 +317,7 @@ def contradictions(evidence: Evidence) -> list[str]:
         if r.token_ids_sha256 != sha256_ids(r.token_ids):
             out.append(f"{at}.token_ids_sha256 {r.token_ids_sha256[:16]}... is not the hash of its token_ids "
                        f"({sha256_ids(r.token_ids)[:16]}...)")
-        if r.text_sha256 != hashlib.sha256(r.text.encode("utf-8")).hexdigest():
+        if r.text_sha256 != text_sha256(r.text):
             out.append(f"{at}.text_sha256 is not the hash of its text")
         try:
             rate: float | None = throughput.decode_rate(r.chunk_times, r.chunk_tokens)

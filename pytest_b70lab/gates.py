@@ -7,7 +7,6 @@ any machine. Each verdict carries the observed values, which the tests attach as
 from __future__ import annotations
 
 import fnmatch
-import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -16,8 +15,9 @@ from typing import Any
 
 from . import throughput
 from .contract import Contract
-from .evidence import Evidence, sha256_ids
 from .digests import kv_scale_digest
+from .evidence import Evidence, sha256_ids
+from .metrics import counter_by_label, counter_total, has_counter, info_labels
 
 # Every gate a promotion needs, and what it is judged per: each (start, rank), (start, prompt), start, or
 # the run as a whole. The verdict derives the required (gate, subject) pairs from this and the contract.
@@ -456,7 +456,7 @@ def metrics_agree(start: Evidence, contract: Contract) -> Verdict:
     c = _Check("metrics-agree", subject(start.start_index))
     if not _started(c, start):
         return c.done()
-    labels = _info_labels(start.metrics_after, "vllm:cache_config_info")
+    labels = info_labels(start.metrics_after, "vllm:cache_config_info")
     c.observe(cache_config_info=labels)
     if not c.expect(labels is not None, "/metrics has no vllm:cache_config_info"):
         return c.done()
@@ -467,53 +467,6 @@ def metrics_agree(start: Evidence, contract: Contract) -> Verdict:
     c.expect(labels.get("enable_prefix_caching") == "False",
              f"/metrics enable_prefix_caching={labels.get('enable_prefix_caching')!r}, expected False")
     return c.done()
-
-
-# --- metrics helpers ---------------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=16)
-def _families(text: str | None) -> tuple:
-    """One parse per /metrics text: every per-prompt and per-start gate reads the same two texts of a start."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return tuple(text_string_to_metric_families(text or ""))
-
-
-def _info_labels(text: str | None, name: str) -> dict[str, str] | None:
-    for family in _families(text):
-        for sample in family.samples:
-            if sample.name in (name, name.removesuffix("_info")) or family.name in (name, name.removesuffix("_info")):
-                return dict(sample.labels)
-    return None
-
-
-def has_counter(text: str | None, name: str) -> bool:
-    """Whether /metrics carries the counter at all (an absent counter is not a zero one)."""
-    return any(f.name == name.removesuffix("_total") and any(s.name.endswith("_total") for s in f.samples)
-               for f in _families(text))
-
-
-def counter_total(text: str | None, name: str, **labels: str) -> float:
-    """Sum of a counter's samples (its `_total` series) whose labels include `labels`."""
-    total = 0.0
-    for family in _families(text):
-        if family.name != name.removesuffix("_total"):
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
-
-
-def counter_by_label(text: str | None, name: str, label: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for family in _families(text):
-        if family.name != name.removesuffix("_total"):
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_total") and label in sample.labels:
-                out[sample.labels[label]] = out.get(sample.labels[label], 0.0) + sample.value
-    return out
 
 
 # --- 5. cold prompts ---------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from . import evidence as evidence_mod
 from . import host, throughput
 from .errors import LabError
 from .evidence import Evidence, EvidenceError, ModelRef, Request
-from .gates import CATALOGUE, counter_by_label, counter_total, has_counter
+from .gates import CATALOGUE
+from .metrics import counter_by_label, counter_total, has_counter
 
 FILENAME = "report.html"
 PROMOTION = evidence_mod.PROMOTION

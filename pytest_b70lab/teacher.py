@@ -11,12 +11,12 @@ never rewrites them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from .contract import Contract
+from .digests import text_sha256
 from .errors import LabError
 from .evidence import Evidence, read_json, sha256_ids
 
@@ -94,7 +94,7 @@ def read(path: Path) -> dict[str, Any]:
             raise TeacherSnapshotError(f"teacher snapshot {path}: its token_ids do not match its token_ids_sha256 "
                                        f"and token_count: the snapshot was edited after it was recorded")
     if text is not None and (not isinstance(text, str)
-                             or hashlib.sha256(text.encode()).hexdigest() != data["text_sha256"]):
+                             or text_sha256(text) != data["text_sha256"]):
         raise TeacherSnapshotError(f"teacher snapshot {path}: its text does not match its text_sha256: the snapshot "
                                    f"was edited after it was recorded")
     return data

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .metrics import histogram_mean
+
 
 def token_arrival_times(chunk_times: Sequence[float], chunk_tokens: Sequence[int]) -> list[float]:
     """t_k for every token k: a chunk that carries several tokens (a speculative step) delivers them
@@ -102,31 +104,12 @@ def paired_ratio(rates_a: Mapping[str, float], rates_b: Mapping[str, float], *, 
     return PairedRatio(float(np.exp(logs.mean())), float(low), float(high), len(logs), confidence, resamples)
 
 
-def _histogram_mean(before: str | None, after: str | None, name: str) -> float | None:
-    """Mean of what a vLLM histogram observed between two /metrics texts (sum and count deltas)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    def totals(text: str | None) -> tuple[float, float]:
-        s = c = 0.0
-        for family in text_string_to_metric_families(text or ""):
-            if family.name == name:
-                for sample in family.samples:
-                    if sample.name.endswith("_sum"):
-                        s += sample.value
-                    elif sample.name.endswith("_count"):
-                        c += sample.value
-        return s, c
-
-    (s0, c0), (s1, c1) = totals(before), totals(after)
-    return (s1 - s0) / (c1 - c0) if c1 - c0 > 0 else None
-
-
 def server_decode_figures(before: str | None, after: str | None) -> tuple[float | None, float | None, float | None]:
     """(mean seconds between engine steps, mean seconds per output token, tokens per second), vLLM's own.
 
     `inter_token_latency_seconds` is observed once per engine step, not per token: with accepted drafts a
     step carries several tokens, so its inverse is a step rate. The per-token figure is
     `request_time_per_output_token_seconds` (each request's decode time over its output tokens)."""
-    step = _histogram_mean(before, after, "vllm:inter_token_latency_seconds")
-    per_token = _histogram_mean(before, after, "vllm:request_time_per_output_token_seconds")
+    step = histogram_mean(before, after, "vllm:inter_token_latency_seconds")
+    per_token = histogram_mean(before, after, "vllm:request_time_per_output_token_seconds")
     return step, per_token, (1.0 / per_token if per_token else None)

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_b70lab import contract, engine_client, gates, launch, mini, throughput
+from pytest_b70lab import contract, engine_client, launch, metrics, mini, throughput
 
 PROMPTS = [p.prompt for p in contract.load_prompts(contract.load("mini-laguna-cpu"))]
 SPEC = "vllm:spec_decode_num_"
@@ -27,13 +27,13 @@ SPEC = "vllm:spec_decode_num_"
 def acceptance(before: str, after: str) -> dict:
     """vLLM's speculative counters over the measured requests: accepted tokens per draft, per position."""
     def delta(name: str) -> float:
-        return gates.counter_total(after, SPEC + name) - gates.counter_total(before, SPEC + name)
+        return metrics.counter_total(after, SPEC + name) - metrics.counter_total(before, SPEC + name)
 
     drafts = delta("drafts_total")
     if not drafts:
         return {}
-    by_pos_before = gates.counter_by_label(before, SPEC + "accepted_tokens_per_pos_total", "position")
-    by_pos = gates.counter_by_label(after, SPEC + "accepted_tokens_per_pos_total", "position")
+    by_pos_before = metrics.counter_by_label(before, SPEC + "accepted_tokens_per_pos_total", "position")
+    by_pos = metrics.counter_by_label(after, SPEC + "accepted_tokens_per_pos_total", "position")
     per_pos = [(by_pos[p] - by_pos_before.get(p, 0.0)) / drafts for p in sorted(by_pos, key=int)]
     return {"drafts": drafts, "accepted": delta("accepted_tokens_total"),
             "accepted_per_draft": round(delta("accepted_tokens_total") / drafts, 3),

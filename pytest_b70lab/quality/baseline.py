@@ -9,11 +9,10 @@ matches its digest and fails closed, as does one whose figures disagree with its
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
+from ..digests import sha256_canonical
 from ..errors import LabError
 from ..evidence import read_json
 from .judge import Key, key_text
@@ -40,7 +39,7 @@ def snapshot_path(tests_dir: Path, output_digest: str, flavour: str) -> Path:
 
 
 def _digest(body: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return sha256_canonical(body)
 
 
 def payload(identity: dict[str, Any], figures: dict[str, list[Key]], scores: dict[Key, Any],

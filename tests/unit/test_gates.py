@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import gates, session, teacher, throughput
+from pytest_b70lab import gates, metrics, session, teacher, throughput
 from pytest_b70lab.contract import Contract, load_prompts
 from pytest_b70lab.evidence import Evidence, sha256_ids
 
@@ -323,7 +323,7 @@ def metrics_say_auto(run: Run) -> None:
 
 def draft_token_count_off(run: Run) -> None:
     s = run.starts[1]
-    total = gates.counter_total(s.metrics_after, "vllm:spec_decode_num_draft_tokens_total")
+    total = metrics.counter_total(s.metrics_after, "vllm:spec_decode_num_draft_tokens_total")
     s.metrics_after = _set_metric(s.metrics_after, "vllm:spec_decode_num_draft_tokens_total", total + 1)
 
 

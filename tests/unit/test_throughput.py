@@ -57,14 +57,14 @@ def test_the_server_figure_counts_tokens_not_engine_steps() -> None:
     import json
     from pathlib import Path
 
-    from pytest_b70lab import gates, session
+    from pytest_b70lab import metrics
 
     bundle = Path(__file__).resolve().parents[2] / "fixtures" / "evidence" / "mini-laguna-cpu"
     for start in sorted(bundle.glob("start-*/evidence.json")):
         e = json.loads(start.read_text())
         step_s, per_token_s, rate = throughput.server_decode_figures(e["metrics_before"], e["metrics_after"])
         spec = "vllm:spec_decode_num_"
-        drafts, accepted = (gates.counter_total(e["metrics_after"], spec + n) - gates.counter_total(e["metrics_before"], spec + n)
+        drafts, accepted = (metrics.counter_total(e["metrics_after"], spec + n) - metrics.counter_total(e["metrics_before"], spec + n)
                             for n in ("drafts_total", "accepted_tokens_total"))
         tokens_per_step = 1 + accepted / drafts
         assert tokens_per_step > 2, f"{start}: the bundle should carry accepted runs ({tokens_per_step:.2f} tokens a step)"
