@@ -34,7 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_b70lab.mini import curriculum, train
+from pytest_b70lab.mini import curriculum
+from pytest_b70lab.mini.recipe import TRAINED_RECIPE
+from pytest_b70lab.mini.tokenizer import load_tokenizer
 from pytest_b70lab.quality.samples import QualitySample, dump_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +63,7 @@ def _largest(fits: Callable[[int], bool], high: int) -> int:
 # --- the mini -------------------------------------------------------------------------------------------
 
 def mini_samples() -> list[QualitySample]:
-    tokenizer = train.load_tokenizer(ROOT / "fixtures/mini/tokenizer.json", train.TRAINED_RECIPE)
+    tokenizer = load_tokenizer(ROOT / "fixtures/mini", TRAINED_RECIPE)
     version = f"curriculum-v{curriculum.CORPUS_VERSION}/heldout"
 
     def held_out(family: str, i: int, n_pairs: int = 20) -> curriculum.Sample:

@@ -22,69 +22,24 @@ import json
 import math
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 # kv_scale_digest and file_sha256 moved to digests; re-exported for the modules that still import them from here.
 from ..digests import file_sha256, kv_scale_digest, sha256_canonical
 from ..errors import LabError
+from .recipe import WEIGHT_FILES, DraftRecipe, MiniRecipe, TargetRecipe, draft_config, library_versions, target_config
+from .tokenizer import load_tokenizer
 
 BUILDER_VERSION = 4
 FP8_E4M3_MAX = 448.0
 MANIFEST = "manifest.json"
-SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>", "<|mask|>")
 WEIGHTS = "fixtures/mini"   # in the lab's repository (pytest_b70lab.project), beside the contracts
-WEIGHT_FILES = ("tokenizer.json", "target.safetensors", "draft.safetensors", "recipe.json")
 
 
 class MiniModelError(LabError, RuntimeError):
     """A mini model folder is missing, incomplete or not what its manifest says."""
-
-
-@dataclass(frozen=True)
-class TargetRecipe:
-    hidden_size: int = 256
-    intermediate_size: int = 512
-    heads_per_layer: tuple[int, ...] = (8, 16, 16, 8)
-    num_key_value_heads: int = 4
-    head_dim: int = 64  # the CPU FP8 attention path needs head_dim % 32 == 0
-    mlp_layer_types: tuple[str, ...] = ("dense", "sparse", "sparse", "sparse")
-    num_experts: int = 8
-    num_experts_per_tok: int = 2
-    moe_intermediate_size: int = 128
-    shared_expert_intermediate_size: int = 128
-    max_position_embeddings: int = 4096
-    init_std: float = 0.1
-    # Large enough that a bias left at zero changes which experts are chosen (and so the output).
-    router_bias_std: float = 0.3
-    seed: int = 1234
-
-
-@dataclass(frozen=True)
-class DraftRecipe:
-    layers: int = 2
-    heads: int = 8
-    num_key_value_heads: int = 4
-    head_dim: int = 64
-    intermediate_size: int = 512
-    target_layer_ids: tuple[int, ...] = (1, 3)
-    block_size: int = 12  # DFlash verification width: num_speculative_tokens = block_size - 1
-    init_std: float = 0.1
-    seed: int = 4321
-
-
-@dataclass(frozen=True)
-class MiniRecipe:
-    vocab_size: int = 1024
-    target: TargetRecipe = field(default_factory=TargetRecipe)
-    draft: DraftRecipe = field(default_factory=DraftRecipe)
-    # K is stored after RoPE, which rotates pairs: |k_rot| <= sqrt(2) * amax(k before RoPE).
-    k_scale_headroom: float = math.sqrt(2.0)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.target.heads_per_layer)
 
 
 def calibration_texts() -> list[str]:
@@ -126,16 +81,6 @@ def trained_recipe(folder: Path | None = None) -> MiniRecipe:
         raise MiniModelError(f"{folder / 'recipe.json'} does not describe the mini's architecture ({e})") from e
 
 
-def library_versions() -> dict[str, str]:
-    import safetensors
-    import tokenizers
-    import torch
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__}
-
-
 def recipe_digest(recipe: MiniRecipe | None = None, versions: dict[str, str] | None = None,
                   weights: dict[str, str] | None = None) -> str:
     """Identity of a build: the trained weights, the recipe, the builder and the libraries whose numerics
@@ -158,32 +103,6 @@ def default_cache_root() -> Path:
 
 
 # --- building blocks ---------------------------------------------------------------------------------
-
-def load_tokenizer(folder: Path, recipe: MiniRecipe):
-    from .train import load_tokenizer as load
-
-    return load(folder / "tokenizer.json", recipe)
-
-
-def target_config(recipe: MiniRecipe, tok):
-    from transformers import LagunaConfig
-
-    t = recipe.target
-    n = recipe.num_layers
-    cfg = LagunaConfig(
-        vocab_size=len(tok), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-        num_hidden_layers=n, num_attention_heads=t.heads_per_layer[0],
-        num_attention_heads_per_layer=list(t.heads_per_layer), num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim, max_position_embeddings=t.max_position_embeddings, num_experts=t.num_experts,
-        num_experts_per_tok=t.num_experts_per_tok, moe_intermediate_size=t.moe_intermediate_size,
-        shared_expert_intermediate_size=t.shared_expert_intermediate_size,
-        mlp_layer_types=list(t.mlp_layer_types), layer_types=["full_attention"] * n, gating=True,
-        moe_routed_scaling_factor=1.0, initializer_range=t.init_std, tie_word_embeddings=False,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )
-    cfg.architectures = ["LagunaForCausalLM"]
-    return cfg
-
 
 def load_target_model(folder: Path, recipe: MiniRecipe, tok):
     """The trained target in fp32 (its bf16 weights upcast: the fp32 engine holds the same values)."""
@@ -267,23 +186,6 @@ def write_target(reference_dir: Path, target_dir: Path, tok, scales: dict[int, t
         if (reference_dir / extra).exists():
             shutil.copy(reference_dir / extra, target_dir / extra)
     tok.save_pretrained(str(target_dir))
-
-
-def draft_config(recipe: MiniRecipe, tok) -> dict[str, Any]:
-    """The DFlash draft's config.json: the target's config with the draft's layers and `dflash_config`."""
-    d = recipe.draft
-    target = target_config(recipe, tok).to_dict()
-    draft_cfg = dict(target)
-    draft_cfg.update(
-        architectures=["DFlashLagunaForCausalLM"], num_hidden_layers=d.layers, num_attention_heads=d.heads,
-        num_attention_heads_per_layer=[d.heads] * d.layers, num_key_value_heads=d.num_key_value_heads,
-        head_dim=d.head_dim, intermediate_size=d.intermediate_size, mlp_layer_types=["dense"] * d.layers,
-        layer_types=["full_attention"] * d.layers, draft_vocab_size=target["vocab_size"], block_size=d.block_size,
-        dflash_config={"target_layer_ids": list(d.target_layer_ids), "mask_token_id": tok.mask_token_id},
-        rope_parameters=target["rope_parameters"],
-    )
-    draft_cfg.pop("quantization_config", None)
-    return draft_cfg
 
 
 def write_draft(recipe: MiniRecipe, weights: Path, draft_dir: Path, tok) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from ..digests import file_sha256
 from . import curriculum
-from .build import MiniRecipe, draft_config
-from .train import (DRAFT_WEIGHTS, LOG_FILE, TARGET_WEIGHTS, TOKENIZER_FILE, TRAINED_RECIPE, Log, TargetTraining,
-                    encode, load_tokenizer, new_target, pick_device, schedule, write_recipe)
+from .recipe import DRAFT_WEIGHTS, LOG_FILE, TARGET_WEIGHTS, TRAINED_RECIPE, MiniRecipe, draft_config
+from .tokenizer import load_tokenizer
+from .training import Log, TargetTraining, encode, new_target, pick_device, schedule, write_recipe
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def load_target(out: Path, recipe: MiniRecipe, device: str):
     import torch
     from safetensors.torch import load_file
 
-    tok = load_tokenizer(out / TOKENIZER_FILE, recipe)
+    tok = load_tokenizer(out, recipe)
     model = new_target(recipe, tok, TargetTraining())
     model.load_state_dict({k: v.float() for k, v in load_file(str(out / TARGET_WEIGHTS)).items()})
     return model.to(device, torch.float32).eval(), tok

@@ -8,47 +8,18 @@ ten-minute window ends on schedule with its learning rate annealed.
 
 from __future__ import annotations
 
-import json
-import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from . import curriculum
 from ..digests import file_sha256
-from .build import SPECIAL_TOKENS, MiniRecipe, target_config
-
-TOKENIZER_FILE = "tokenizer.json"
-TARGET_WEIGHTS = "target.safetensors"
-DRAFT_WEIGHTS = "draft.safetensors"
-RECIPE_FILE = "recipe.json"
-LOG_FILE = "training-log.jsonl"
-IGNORE = -100
-# Letters are never merged (train_tokenizer): the vocabulary is the byte alphabet, the markers, and the
-# whitespace and punctuation runs of the curriculum seen at least twice, which this size leaves room for.
-TRAINED_RECIPE = MiniRecipe(vocab_size=288)
-
-
-@dataclass(frozen=True)
-class TargetTraining:
-    steps: int = 6000
-    batch: int = 16
-    seqlen: int = 2048
-    lr: float = 1e-3
-    warmup: int = 200
-    init_std: float = 0.02
-    router_bias_std: float = 0.3  # fixed (never trained): a dropped bias must still change the output
-    seed: int = 0
-    time_budget_s: float | None = None
-    log_every: int = 100
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch < 1 or self.seqlen < 64:
-            raise ValueError(f"target training needs steps >= 1, batch >= 1, seqlen >= 64 (got {self})")
-
+from . import curriculum
+from .recipe import LOG_FILE, SPECIAL_TOKENS, TARGET_WEIGHTS, TOKENIZER_FILE, TRAINED_RECIPE, MiniRecipe
+from .tokenizer import load_tokenizer
+from .training import IGNORE, Log, TargetTraining, encode, new_target, pick_device, schedule, write_recipe
 
 # --- tokenizer -----------------------------------------------------------------------------------------
 
@@ -83,29 +54,7 @@ def train_tokenizer(recipe: MiniRecipe, seed: int):
     return tok
 
 
-def load_tokenizer(path: Path, recipe: MiniRecipe):
-    """The committed tokenizer as transformers (and so vLLM) load it, chat template included."""
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  unk_token="<unk>", mask_token="<|mask|>",
-                                  model_max_length=recipe.target.max_position_embeddings)
-    tok.chat_template = curriculum.CHAT_TEMPLATE
-    return tok
-
-
 # --- data ----------------------------------------------------------------------------------------------
-
-def encode(tok, sample: curriculum.Sample) -> tuple[list[int], list[int]]:
-    """Prompt and completion tokenized apart, as the engine sees them (it tokenizes the prompt alone and
-    generates the rest), `<s>` in front unless the prompt carries it; a retrieval context is not a target."""
-    prompt = tok(sample.prompt, add_special_tokens=False)["input_ids"]
-    if not sample.prompt.startswith(curriculum.BOS):
-        prompt = [tok.bos_token_id] + prompt
-    completion = tok(sample.completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    prompt_labels = [IGNORE] * len(prompt) if sample.family == "retrieval" else list(prompt)
-    return prompt + completion, prompt_labels + completion
-
 
 def tokens_per_pair(tok) -> float:
     probe = curriculum.retrieval(curriculum._Draw("train", 0, 0, "retrieval"), 50)
@@ -170,47 +119,6 @@ def batches(tok, cfg: TargetTraining, start: int, device: str) -> Iterator[tuple
 
 # --- the target ------------------------------------------------------------------------------------------
 
-def new_target(recipe: MiniRecipe, tok, cfg: TargetTraining):
-    import torch
-    from transformers import LagunaForCausalLM
-
-    torch.manual_seed(cfg.seed)
-    config = target_config(recipe, tok)
-    config.initializer_range = cfg.init_std
-    model = LagunaForCausalLM(config)
-    g = torch.Generator().manual_seed(cfg.seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):
-                p.copy_(cfg.router_bias_std * torch.randn(p.shape, generator=g))
-    return model
-
-
-def schedule(cfg_lr: float, warmup: int, progress: float, step: int) -> float:
-    return cfg_lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-class Log:
-    """One JSON object a line, echoed to stdout for whoever watches the run."""
-
-    def __init__(self, path: Path | None, echo: Callable[[str], None] | None = print):
-        self.path, self.echo = path, echo
-
-    def __call__(self, **record: Any) -> None:  # noqa: D102
-        line = json.dumps(record, sort_keys=True)
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(line + "\n")
-        if self.echo:
-            self.echo(line)
-
-
-def pick_device(device: str = "auto") -> str:
-    import torch
-
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-
-
 def train_target(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: TargetTraining = TargetTraining(),
                  device: str = "auto", log: Log | None = None, init: Path | None = None, evaluate_n: int = 0):
     """Tokenizer and target from nothing into `out` (tokenizer.json, target.safetensors, recipe.json, log)."""
@@ -222,7 +130,7 @@ def train_target(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: TargetT
     if init is None or not (out / TOKENIZER_FILE).is_file():
         train_tokenizer(recipe, cfg.seed).save(str(out / TOKENIZER_FILE))
     # else: continuing from `init`, whose token ids are those of the tokenizer already in `out`
-    tok = load_tokenizer(out / TOKENIZER_FILE, recipe)
+    tok = load_tokenizer(out, recipe)
     if len(tok) != recipe.vocab_size:
         raise RuntimeError(f"tokenizer has {len(tok)} tokens, the recipe asks for {recipe.vocab_size}")
     model = new_target(recipe, tok, cfg)
@@ -283,21 +191,6 @@ def save_weights(state: dict[str, Any], path: Path) -> None:
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() if v.is_floating_point() else v.contiguous()
                for k, v in sorted(state.items())}
     save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def write_recipe(out: Path, recipe: MiniRecipe, phase: str, cfg: Any, **run: Any) -> None:
-    """recipe.json: the architecture, each phase's latest settings, and the history of every training run
-    into this folder (a continued run adds to it), each with the digest of the corpus it saw."""
-    from .build import library_versions
-
-    path = out / RECIPE_FILE
-    data = json.loads(path.read_text()) if path.exists() else {}
-    digest = curriculum.corpus_digest(cfg.seed)
-    data.update(architecture=asdict(recipe), corpus_version=curriculum.CORPUS_VERSION, corpus_digest=digest,
-                versions=library_versions())
-    data[phase] = asdict(cfg)
-    data.setdefault("history", []).append({"phase": phase, "corpus_digest": digest, **asdict(cfg), **run})
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 # --- command line (also `b70lab mini train`); runs where only torch + transformers are installed -------------

@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
-from pytest_b70lab.mini import curriculum, evaluate, train
+from pytest_b70lab.mini import curriculum, evaluate
+from pytest_b70lab.mini.recipe import TRAINED_RECIPE
+from pytest_b70lab.mini.tokenizer import load_tokenizer
 from pytest_b70lab.mini.curriculum import Sample
 
 WEIGHTS = Path(__file__).resolve().parents[2] / "fixtures" / "mini"
@@ -158,7 +160,7 @@ def test_held_out_constants_are_never_training_constants(family: str) -> None:
 @pytest.fixture(scope="module")
 def tok():
     """The committed tokenizer as vLLM loads it (transformers), carrying the mini's chat template."""
-    return train.load_tokenizer(WEIGHTS / "tokenizer.json", train.TRAINED_RECIPE)
+    return load_tokenizer(WEIGHTS, TRAINED_RECIPE)
 
 
 def _tool_samples(split: str, n: int) -> list[Sample]:

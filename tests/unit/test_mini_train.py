@@ -16,6 +16,8 @@ import pytest
 
 from pytest_b70lab import cli, mini
 from pytest_b70lab.mini import distil, train
+from pytest_b70lab.mini import recipe as recipe_mod
+from pytest_b70lab.mini.tokenizer import load_tokenizer
 
 COMMITTED = Path(__file__).resolve().parents[2] / "fixtures" / "mini"
 
@@ -50,7 +52,7 @@ def test_a_few_steps_on_cpu_train_weights_the_build_serves(tmp_path: Path, one_t
     train.train_target(out, cfg=target_cfg, device="cpu")
     distil.train_draft(out, cfg=draft_cfg, device="cpu")
 
-    events = [json.loads(line) for line in (out / train.LOG_FILE).read_text().splitlines()]
+    events = [json.loads(line) for line in (out / recipe_mod.LOG_FILE).read_text().splitlines()]
     by_phase = {phase: [e for e in events if e["phase"] == phase] for phase in ("target", "draft")}
     for phase, cfg in (("target", target_cfg), ("draft", draft_cfg)):
         kinds = [e["event"] for e in by_phase[phase]]
@@ -62,22 +64,22 @@ def test_a_few_steps_on_cpu_train_weights_the_build_serves(tmp_path: Path, one_t
     assert start["device"] == "cpu" and start["config"] == asdict(target_cfg)
     assert [e["event"] for e in by_phase["target"]][0] == "start"
     # The draft's run opens with its rollouts and closes with held-out acceptance, one value a draft position.
-    committed = json.loads((COMMITTED / train.RECIPE_FILE).read_text())
+    committed = json.loads((COMMITTED / recipe_mod.RECIPE_FILE).read_text())
     rollouts = next(e for e in by_phase["draft"] if e["event"] == "rollouts")
     assert rollouts["count"] == draft_cfg.rollouts and rollouts["tokens"] == draft_cfg.rollout_tokens
     acceptance = next(e for e in by_phase["draft"] if e["event"] == "eval")["per_position_acceptance"]
     assert len(acceptance) == committed["architecture"]["draft"]["block_size"] - 1
     assert all(0.0 <= a <= 1.0 for a in acceptance)
 
-    recipe = json.loads((out / train.RECIPE_FILE).read_text())
+    recipe = json.loads((out / recipe_mod.RECIPE_FILE).read_text())
     assert recipe["target"] == asdict(target_cfg) and recipe["draft"] == asdict(draft_cfg)
     assert recipe["corpus_digest"] == start["corpus_digest"], "the recipe pins the corpus the run drew"
     assert recipe["architecture"] == committed["architecture"], "the smoke run trains the committed architecture"
     assert set(recipe["versions"]) == set(committed["versions"])
 
-    tok = train.load_tokenizer(out / train.TOKENIZER_FILE, train.TRAINED_RECIPE)
+    tok = load_tokenizer(out, recipe_mod.TRAINED_RECIPE)
     assert len(tok) == committed["architecture"]["vocab_size"]
-    for name in (train.TARGET_WEIGHTS, train.DRAFT_WEIGHTS):
+    for name in (recipe_mod.TARGET_WEIGHTS, recipe_mod.DRAFT_WEIGHTS):
         assert _tensor_table(out / name) == _tensor_table(COMMITTED / name), \
             f"{name}: tensor names, dtypes or shapes differ from the committed weights"
 

@@ -20,7 +20,8 @@ from types import ModuleType
 import jsonschema
 import pytest
 
-from pytest_b70lab.mini import train
+from pytest_b70lab.mini.recipe import TRAINED_RECIPE
+from pytest_b70lab.mini.tokenizer import load_tokenizer
 from pytest_b70lab.quality import samples
 from pytest_b70lab.quality.samples import QualitySample
 
@@ -120,7 +121,7 @@ def test_humaneval_canonical_solutions_pass(sets: dict[Path, list[QualitySample]
 
 def test_mini_needles_are_counted_with_the_tokenizer_and_sized_to_their_position(
         sets: dict[Path, list[QualitySample]]) -> None:
-    tokenizer = train.load_tokenizer(ROOT / "fixtures" / "mini" / "tokenizer.json", train.TRAINED_RECIPE)
+    tokenizer = load_tokenizer(ROOT / "fixtures" / "mini", TRAINED_RECIPE)
     needles = [s for s in sets[MINI] if s.family == "long_context"]
     assert Counter(s.position for s in needles) == {"quarter": 8, "half": 8, "near-max": 8}
     for s in needles:
