@@ -1,0 +1,176 @@
+"""The package's walls, read from its imports (an AST walk of every module, lazy imports included): what runs
+inside vLLM's processes imports nothing of the harness, the data modules never reach pytest, an engine or
+judgement, judgement never starts an engine, nothing imports a pytest or command-line surface, and there is
+no import cycle. Each rule is checked on the tree as it is, and shown to fail on a planted import.
+
+Written here rather than with import-linter: its contracts are per layer of one package, and these rules
+also name third-party libraries (only syrupy through snapshots.py; in the engine, only vLLM, torch, psutil).
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pytest_b70lab"
+# Modules vLLM loads into its own processes (the launch command, the worker extension, the general plugins).
+IN_ENGINE = {"vllm_entry", "worker_ext", "vllm_observe", "vllm_fixes", "vllm_dflash_fix", "vllm_draft_capture",
+             "vllm_faults", "vllm_portable_fp8", "vllm_cpu_emulation"}
+# What they may import besides the standard library and each other. psutil: a rank's audit reports its own
+# process creation time, gate 7's evidence that a start is fresh.
+IN_ENGINE_LIBRARIES = {"vllm", "torch", "psutil"}
+DATA = {"contract", "evidence", "digests", "metrics", "checkpoint", "throughput", "project", "defaults", "errors",
+        "host"}
+JUDGEMENT = {"gates", "teacher", "snapshots", "verdict", "replay", "quality.judge", "quality.scoring",
+             "quality.checks", "quality.baseline", "quality.samples"}
+ENGINE = {"launch", "session", "engine_client", "probe", "capability"}
+SURFACES = {"plugin", "cli", "bench"}
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module `name` imports: the package's own by their names inside it ("" is the package itself),
+    anything else as "ext:" and its top-level name. The importer's own parent packages are left out: they
+    are imported before it whatever it does, so they make no cycle."""
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    parents = {".".join(name.split(".")[:i]) for i in range(len(name.split(".")))}
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            imported = [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1]
+                module = ".".join(["pytest_b70lab", *base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            imported = [(module, [a.name for a in node.names])]
+        else:
+            continue
+        for module, names in imported:
+            if module != "pytest_b70lab" and not module.startswith("pytest_b70lab."):
+                found.add("ext:" + module.split(".")[0])
+                continue
+            inner = module.removeprefix("pytest_b70lab").lstrip(".")
+            for t in [inner, *(f"{inner}.{n}".lstrip(".") for n in names)]:
+                if t in known and t != name and t not in parents:
+                    found.add(t)
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    names = module_names(root)
+    return {n: imports_of(n, p, set(names)) for n, p in names.items()}
+
+
+def _in(module: str, group: set[str]) -> bool:
+    return any(module == g or module.startswith(g + ".") for g in group)
+
+
+def breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that crosses a wall, as 'importer -> imported: the rule'."""
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    out = []
+    for module, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            ext = t.removeprefix("ext:") if t.startswith("ext:") else None
+            rule = None
+            if module in IN_ENGINE:
+                if ext is not None and ext not in stdlib and ext not in IN_ENGINE_LIBRARIES:
+                    rule = "in-engine modules import only the standard library, vLLM, torch and psutil"
+                elif ext is None and t not in IN_ENGINE and t not in ("", "errors"):
+                    rule = "in-engine modules import no other module of the harness"
+            elif _in(module, DATA):
+                if ext in ("pytest", "syrupy") or (ext is None and _in(t, ENGINE | JUDGEMENT | SURFACES | {"mini", "quality"})):
+                    rule = "data modules import no pytest, syrupy, engine, judgement, mini or surface"
+            elif _in(module, JUDGEMENT):
+                if ext == "pytest" or (ext is None and _in(t, ENGINE | SURFACES | {"mini"})):
+                    rule = "judgement imports no pytest, engine, mini or surface"
+            if rule is None and ext == "syrupy" and module != "snapshots":
+                rule = "syrupy is imported through snapshots.py alone"
+            if rule is None and ext is None and _in(t, SURFACES) and t.split(".")[0] != module.split(".")[0] \
+                    and module != "cli":  # the command line dispatches to the bench
+                rule = "nothing imports a surface"
+            if rule:
+                out.append(f"{module} -> {t.removeprefix('ext:')}: {rule}")
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w.startswith("ext:") or w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_keeps_its_walls() -> None:
+    graph = import_graph(PACKAGE)
+    assert {m for m in IN_ENGINE | DATA | JUDGEMENT | ENGINE if m not in graph} == set(), \
+        "a module the walls name is gone: move the name with it"
+    assert breaches(graph) == []
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("module, planted, rule", [
+    ("vllm_observe", "from . import gates", "in-engine modules import no other module of the harness"),
+    ("worker_ext", "import numpy", "in-engine modules import only the standard library, vLLM, torch and psutil"),
+    ("evidence", "import pytest", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
+    ("throughput", "from . import launch", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
+    ("gates", "from .session import load_run", "judgement imports no pytest, engine, mini or surface"),
+    ("verdict", "import syrupy", "syrupy is imported through snapshots.py alone"),
+    ("session", "from .plugin import state", "nothing imports a surface"),
+])
+def test_a_planted_forbidden_import_is_named(tmp_path: Path, module: str, planted: str, rule: str) -> None:
+    tree = tmp_path / "pytest_b70lab"
+    shutil.copytree(PACKAGE, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    path = tree / f"{module.replace('.', '/')}.py"
+    path.write_text(path.read_text() + f"\n\ndef planted():\n    {planted}\n")
+    found = breaches(import_graph(tree))
+    assert [b for b in found if b.startswith(f"{module} -> ")] and all(rule in b for b in found), found
+
+
+def test_a_planted_cycle_is_found(tmp_path: Path) -> None:
+    tree = tmp_path / "pytest_b70lab"
+    shutil.copytree(PACKAGE, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "digests.py").write_text((tree / "digests.py").read_text() + "\nfrom . import checkpoint\n")
+    assert {"digests", "checkpoint"} in cycles(import_graph(tree))
