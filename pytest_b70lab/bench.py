@@ -393,10 +393,6 @@ class SessionDrift:
     paired_high: float
     graphs: tuple[str, ...]    # per start: compiled, loaded, mixed (some of each) or unknown
 
-    @property
-    def paired_drift(self) -> float:
-        return abs(self.paired - 1)
-
 
 def _graph_source(start) -> str:
     sources = {m.get("source") for a in start.audits for m in (a.get("compiled_modules") or [])
@@ -502,22 +498,18 @@ class PassDrift:
     median_ratio: float
     steal: tuple[float, float]   # share of the machine's time stolen during pass 1, pass 2
 
-    @property
-    def paired_drift(self) -> float:
-        return abs(self.paired - 1)
-
 
 def _measured_pass(client, model: str, prompts, tokens: int, timeout_s: float) -> tuple[dict[str, float], float]:
+    """Each prompt's decode rate, recomputed from its arrival times as gate 7 does, and the pass's steal."""
     from . import engine_client, throughput
 
     steal0, total0 = cpu_ticks()
-    rates = {}
-    for p in prompts:
-        req = engine_client.stream_completion(client, model, p.prompt, tokens, prompt_id=p.id, timeout_s=timeout_s)
-        rate = throughput.decode_rate(req.chunk_times, req.chunk_tokens)
-        if rate:
-            rates[p.id] = rate
+    requests = [engine_client.stream_completion(client, model, p.prompt, tokens, prompt_id=p.id, timeout_s=timeout_s)
+                for p in prompts]
     steal1, total1 = cpu_ticks()
+    rates, problems = throughput.arrival_rates(requests)
+    if problems:
+        raise BenchError("steadiness pass: " + "; ".join(f"{k}: {v}" for k, v in problems.items()))
     return rates, (steal1 - steal0) / max(total1 - total0, 1)
 
 
