@@ -161,7 +161,7 @@ def audit_rate(megabytes: int = 1024, repeats: int = 3) -> Figure:
     on an XPU rank each 64 MiB chunk is first copied to the host, so this is an upper bound there."""
     import torch
 
-    from .worker_ext import _tensor_sha256
+    from .in_engine.worker_ext import _tensor_sha256
 
     t = torch.ones(megabytes << 20, dtype=torch.uint8)
     rates = []
@@ -241,7 +241,7 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
                 say(f"decode round {r}: client {client_rates[-1]:.1f} tok/s, server {server_rates[-1]:.1f}; "
                     "vllm bench serve on the same prompts")
                 result = f"vllm-bench-serve-{r}.json"
-                cmd = [sys.executable, "-m", "pytest_b70lab.vllm_entry", "bench", "serve", "--backend", "vllm",
+                cmd = [sys.executable, "-m", launch.ENTRY_MODULE, "bench", "serve", "--backend", "vllm",
                        "--base-url", tcp.base_url, "--endpoint", "/v1/completions", "--model", model,
                        "--tokenizer", str(config.model_ref), "--dataset-name", "sharegpt",
                        "--dataset-path", str(dataset), "--sharegpt-output-len", str(tokens),

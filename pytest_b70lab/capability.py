@@ -25,6 +25,7 @@ Data level: imports no pytest, syrupy, gates, plugin or vLLM; torch only inside 
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -32,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import contract as contract_mod
-from . import host, vllm_cpu_emulation
+from . import host
+from .in_engine import cpu_emulation
 from .errors import LabError
 
 GIB = 1 << 30
@@ -71,10 +73,10 @@ SHM_TP_BROADCAST_RING = 4 * MIB * 6
 PAGE_MULTIPLE = {("cpu", "CPU_ATTN"): 32, ("xpu", "FLASH_ATTN"): 64, ("xpu", "TRITON_ATTN"): 16}
 PAGE_NOTE = {("xpu", "FLASH_ATTN"): "notes/2026-11-30-xpu-flash-attn-needs-page-64.md"}
 
-# --- FP8 attention (see host and vllm_portable_fp8, which the engine processes read) -------------------------
+# --- FP8 attention (see host and in_engine.portable_fp8, which the engine processes read) -------------------------
 FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 FP8_FORCE_VAR = host.PORTABLE_ENV
-FP8_FORCE_VALUES = ("auto", "portable")  # vllm_portable_fp8.FORCE_VALUES
+FP8_FORCE_VALUES = ("auto", "portable")  # portable_fp8.FORCE_VALUES
 NATIVE, PORTABLE, EITHER = "native", "portable", "either"
 
 # --- vLLM builds ------------------------------------------------------------------------------------------
@@ -226,11 +228,11 @@ def _environment(contract: contract_mod.Contract, environ: Mapping[str, str]) ->
         return []
     problems = []
     try:
-        vllm_cpu_emulation.requested(environ)
-    except vllm_cpu_emulation.EmulationError as e:
+        cpu_emulation.requested(environ)
+    except cpu_emulation.EmulationError as e:
         problems.append(Problem("environment", "a CPU emulation the engine knows", str(e),
-                                f"unset {vllm_cpu_emulation.ENV_EMULATE} or set it to "
-                                f"{' or '.join(vllm_cpu_emulation.EMULATIONS)}"))
+                                f"unset {cpu_emulation.ENV_EMULATE} or set it to "
+                                f"{' or '.join(cpu_emulation.EMULATIONS)}"))
     try:
         _forced_portable(environ)
     except ValueError as e:
@@ -246,7 +248,7 @@ def _fp8_attention(contract: contract_mod.Contract, machine: Machine, environ: M
         return []
     try:
         path = fp8_path(machine, environ)
-    except (ValueError, vllm_cpu_emulation.EmulationError):
+    except (ValueError, cpu_emulation.EmulationError):
         return []   # _environment has said it
     if path == accepts:
         return []
@@ -259,9 +261,9 @@ def _fp8_attention(contract: contract_mod.Contract, machine: Machine, environ: M
             reasons.append(f"{FP8_FORCE_VAR}=portable, which forces the package's portable FP8 attention")
             fixes.append(f"unset {FP8_FORCE_VAR}")
         if identity.get("emulated"):
-            reasons.append(f"{vllm_cpu_emulation.ENV_EMULATE}={identity['emulated']}, which emulates an AVX2-only "
+            reasons.append(f"{cpu_emulation.ENV_EMULATE}={identity['emulated']}, which emulates an AVX2-only "
                            f"CPU on {cpu} (vLLM loads _C_AVX2 and refuses an FP8 KV cache)")
-            fixes.append(f"unset {vllm_cpu_emulation.ENV_EMULATE}")
+            fixes.append(f"unset {cpu_emulation.ENV_EMULATE}")
         if not (identity.get("avx512") or identity.get("amx")):
             reasons.append(f"{cpu} without AVX-512 (avx512f) or AMX (amx_tile), where vLLM 0.32 refuses an FP8 KV "
                            f"cache (cpu_attn.py _get_attn_isa) and its _C_AVX2 ops have no FP8 attention")
@@ -434,6 +436,36 @@ def _checkpoints(contract: contract_mod.Contract, environ: Mapping[str, str]) ->
     return problems
 
 
+# --- the package's own entry points ------------------------------------------------------------------------
+PACKAGE_DISTRIBUTION = "pytest-b70lab"
+ENTRY_POINT_GROUPS = ("vllm.general_plugins", "pytest11", "console_scripts")
+STALE_FIX = "run make setup (the installed package's metadata is older than the tree)"
+
+
+def entry_point_problems(entry_points: Iterable[md.EntryPoint] | None = None) -> list[Problem]:
+    """Each of the package's entry points whose target does not load. vLLM logs "Failed to load plugin" for a
+    stale target and carries on without it (no fixes, no observed moments, no fault), so a module that moved
+    since the last install must stop the session here, before an engine starts without it."""
+    if entry_points is None:
+        try:
+            dist = md.distribution(PACKAGE_DISTRIBUTION)
+        except md.PackageNotFoundError:
+            return [Problem("entry points", f"{PACKAGE_DISTRIBUTION} installed", "no such distribution", STALE_FIX)]
+        entry_points = [ep for ep in dist.entry_points if ep.group in ENTRY_POINT_GROUPS]
+    problems = []
+    for ep in entry_points:
+        try:
+            if ep.group == "console_scripts":  # found, not imported: vllm_entry patches importlib.metadata
+                if importlib.util.find_spec(ep.module) is None:
+                    raise ModuleNotFoundError(f"No module named '{ep.module}'")
+            else:
+                ep.load()
+        except Exception as e:  # whatever the import raised is the reason
+            problems.append(Problem("entry points", f"{ep.group} {ep.name} = {ep.value} to load",
+                                    f"{type(e).__name__}: {e}", STALE_FIX))
+    return problems
+
+
 def preflight(contract: contract_mod.Contract, environ: Mapping[str, str] = os.environ,
               cpu: Iterable[str] | None = None, machine: Machine | None = None) -> list[Problem]:
     """Everything this machine would refuse for `contract`, one Problem each (empty: nothing found).
@@ -444,7 +476,7 @@ def preflight(contract: contract_mod.Contract, environ: Mapping[str, str] = os.e
         machine = replace(machine, cpu_flags=frozenset(cpu))
     return [*_environment(contract, environ), *_page_size(contract), *_fp8_attention(contract, machine, environ),
             *_vllm_build(contract, machine), *_xpu_devices_problem(contract, machine), *_memory(contract, machine),
-            *_shm(contract, machine), *_checkpoints(contract, environ)]
+            *_shm(contract, machine), *_checkpoints(contract, environ), *entry_point_problems()]
 
 
 def summary(contract: contract_mod.Contract, machine: Machine, environ: Mapping[str, str] = os.environ) -> str:
@@ -455,6 +487,6 @@ def summary(contract: contract_mod.Contract, machine: Machine, environ: Mapping[
         try:
             line += (f"; FP8 attention here: {fp8_path(machine, environ)}, the contract accepts "
                      f"{accepted_fp8_attention(contract)}")
-        except (ValueError, vllm_cpu_emulation.EmulationError):
+        except (ValueError, cpu_emulation.EmulationError):
             pass
     return line

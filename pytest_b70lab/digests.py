@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-# Tensor moments (float64 sum, sum of squares, element count) are defined in vllm_observe and only re-exported
+# Tensor moments (float64 sum, sum of squares, element count) are defined in in_engine.observe and only re-exported
 # here: that module runs inside vLLM's processes and imports nothing else of the package, so the definition
 # has to live there for the engine side and the checkpoint side to compute the very same thing.
-from .vllm_observe import moments
+from .in_engine.observe import moments
 
 __all__ = ["bytes_sha256", "canonical_json", "file_sha256", "kv_scale_digest", "moments", "sha256_canonical",
            "text_sha256"]

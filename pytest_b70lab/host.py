@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import vllm_cpu_emulation
+from .in_engine import cpu_emulation
 
 CPUINFO = Path("/proc/cpuinfo")
 # The flags that matter to vLLM's CPU build and to torch's kernels, in the kernel's spelling.
@@ -44,7 +44,7 @@ def cpu_identity(cpuinfo: str | None = None, environ=os.environ) -> dict[str, An
     flags = cpu_flags(text)
     present = [f for f in RELEVANT_FLAGS if f in flags]
     return {"model": model, "flags": present, "avx512": "avx512f" in flags, "amx": "amx_tile" in flags,
-            "emulated": vllm_cpu_emulation.requested(environ)}
+            "emulated": cpu_emulation.requested(environ)}
 
 
 def native_fp8_possible(identity: dict[str, Any]) -> bool:
@@ -61,7 +61,7 @@ def describe(identity: dict[str, Any]) -> str:
     return text + (f", emulating {identity['emulated'].upper()}" if identity.get("emulated") else "")
 
 
-PORTABLE_ENV = "B70LAB_FP8_ATTENTION"  # vllm_portable_fp8.ENV_FORCE; not imported: that module loads torch
+PORTABLE_ENV = "B70LAB_FP8_ATTENTION"  # portable_fp8.ENV_FORCE; not imported: that module loads torch
 
 
 def fp8_path(device: str, kv_cache_dtype: str, identity: dict[str, Any], environ=os.environ) -> tuple[str, str]:

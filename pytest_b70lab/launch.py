@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from . import vllm_cpu_emulation
+from .in_engine import cpu_emulation
 from .errors import LabError
 
 # "(Worker_TP1_EP1 pid=123)", "(EngineCore pid=7)", "(APIServer pid=5)", "(Worker pid=9)", "(VllmWorker-0 pid=9)"
@@ -256,7 +256,7 @@ def engine_environment(state_dir: Path, world_size: int, extra: dict[str, str] |
     if offline:  # a hub model keeps the caller's HF_HOME: that is where its weights are
         caches["HF_HOME"] = "hf"
     state_dir = Path(state_dir).resolve() if materialize else Path(state_dir)
-    emulation = vllm_cpu_emulation.requested() if device == "cpu" else None
+    emulation = cpu_emulation.requested() if device == "cpu" else None
     if emulation:  # compiled code of the real CPU must never be loaded into the emulated one, nor the reverse
         state_dir = state_dir / f"emulate-{emulation}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TORCHINDUCTOR_"))}
@@ -272,22 +272,28 @@ def engine_environment(state_dir: Path, world_size: int, extra: dict[str, str] |
     if device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": thread_binding(world_size)})
         if ranks_need_blocking_allreduce(world_size):
-            env["VLLM_CPU_SHM_ALLREDUCE"] = "0"  # vllm_fixes (patch 0006) reads it
+            env["VLLM_CPU_SHM_ALLREDUCE"] = "0"  # in_engine.fixes (patch 0006) reads it
     elif device == "xpu":
         for var in XPU_PER_RANK_VARIABLES:
             env.pop(var, None)
         env.update(xpu_environment(world_size))
-    if emulation:  # read by torch, oneDNN and Inductor as they load: the in-process part is vllm_cpu_emulation's
-        env.update(vllm_cpu_emulation.EMULATION_ENVIRONMENT[emulation])
+    if emulation:  # read by torch, oneDNN and Inductor as they load: the in-process part is in_engine.cpu_emulation's
+        env.update(cpu_emulation.EMULATION_ENVIRONMENT[emulation])
     if os.environ.get("B70LAB_VLLM_FIXES"):
         env["B70LAB_VLLM_FIXES"] = os.environ["B70LAB_VLLM_FIXES"]
     env.update(extra or {})
     return env
 
 
+# The engine command's two module paths, recorded in every start's evidence: thin modules keep them
+# (in_engine/ has the code), and tests that find engine processes by their command line use these names.
+ENTRY_MODULE = "pytest_b70lab.vllm_entry"
+EXTENSION_CLASS = "pytest_b70lab.worker_ext.AuditExtension"
+
+
 def vllm_serve_command(model: str, socket_path: Path, args: Iterable[str], tcp: TcpListen | None = None) -> list[str]:
     where = ["--host", LOOPBACK, "--port", str(tcp.port)] if tcp else ["--uds", str(socket_path)]
-    return [sys.executable, "-m", "pytest_b70lab.vllm_entry", "serve", model, *where, *args]
+    return [sys.executable, "-m", ENTRY_MODULE, "serve", model, *where, *args]
 
 
 LOOPBACK = "127.0.0.1"
@@ -359,7 +365,7 @@ class ServeConfig:
                  "--max-num-seqs", "1", "--max-model-len", str(self.max_model_len),
                  "--enable-prompt-tokens-details", "--seed", str(self.seed),
                  "--tensor-parallel-size", str(self.tensor_parallel),
-                 "--worker-extension-cls", "pytest_b70lab.worker_ext.AuditExtension"]
+                 "--worker-extension-cls", EXTENSION_CLASS]
         if self.expert_parallel:
             args.append("--enable-expert-parallel")
         if self.device == "xpu" and self.tensor_parallel > 1:

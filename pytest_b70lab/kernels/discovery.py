@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import vllm_cpu_emulation, vllm_portable_fp8
+from ..in_engine import cpu_emulation, portable_fp8
 from .cpu import PortableImpl, VllmCpuImpl
 from .reference import ENTRY_POINT_GROUP, KernelImpl, ReferenceImpl
 
@@ -54,9 +54,9 @@ def no_native_fp8_reason() -> str:
     from .. import host
 
     model = host.cpu_identity().get("model") or "unknown model"
-    emulation = vllm_cpu_emulation.applied()
-    library = vllm_cpu_emulation.loaded_op_library()
-    emulated = f" ({emulation.upper()} emulation on: {vllm_cpu_emulation.ENV_EMULATE}={emulation})" if emulation else ""
+    emulation = cpu_emulation.applied()
+    library = cpu_emulation.loaded_op_library()
+    emulated = f" ({emulation.upper()} emulation on: {cpu_emulation.ENV_EMULATE}={emulation})" if emulation else ""
     loaded = f"; vLLM loaded its op library {library}" if library else ""
     return f"vLLM's native FP8 CPU attention needs AVX-512 or AMX; this CPU ({model}) has neither{emulated}{loaded}"
 
@@ -65,7 +65,7 @@ def _vllm_cpu() -> list[Found]:
     if not _installed(VLLM_CPU_DISTRIBUTION):
         return [Unavailable("vllm-cpu", f"the {VLLM_CPU_DISTRIBUTION} distribution is not installed here")]
     # B70LAB_EMULATE_CPU: torch.cpu answers as that CPU would, before vLLM picks its op library by it
-    vllm_cpu_emulation.apply_from_environment()
+    cpu_emulation.apply_from_environment()
     try:
         import vllm  # noqa: F401  (loads vllm._C and its ops)
         from vllm import _custom_ops  # noqa: F401
@@ -74,7 +74,7 @@ def _vllm_cpu() -> list[Found]:
         # Asked as vLLM asks (torch.cpu, which the emulation answers), before vLLM is: without AVX-512 or AMX
         # its _get_attn_isa refuses an FP8 cache and its AVX2 op library has no FP8 attention. Absent, not
         # broken: the portable implementation serves this machine.
-        if not vllm_portable_fp8.native_fp8_supported():
+        if not portable_fp8.native_fp8_supported():
             reason = no_native_fp8_reason()
             return [Unavailable(f"vllm-cpu-{isa}", reason) for isa in ("vec", "amx")]
 

@@ -10,7 +10,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from .. import vllm_portable_fp8
+from ..in_engine import portable_fp8
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -26,10 +26,10 @@ def e4m3_codes(x: torch.Tensor, scale: float, rounding: Rounding) -> torch.Tenso
     - "rne": x / scale rounded to nearest even (torch's float8 cast; the GPU kernels' convention);
     - "rtz": vLLM's CPU write, toward zero of x * fp32(1 / scale), with its subnormal and signed-zero
       behaviour (notes/2026-11-30-cpu-fp8-cache-write-truncates.md). Its one home is the portable FP8 path
-      (vllm_portable_fp8), which writes vLLM's cache with it; the lane holds both to the oracle and to the
+      (in_engine.portable_fp8), which writes vLLM's cache with it; the lane holds both to the oracle and to the
       native bytes."""
     if rounding == "rtz":
-        return vllm_portable_fp8.e4m3_codes_toward_zero(x, scale)
+        return portable_fp8.e4m3_codes_toward_zero(x, scale)
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(torch.uint8)
 
 

@@ -31,7 +31,7 @@ MARKERS = {
     "kernels": "page-32 FP8 paged-attention and cache-update component tests",
     "quality": "coding / structured output / tool use / repetition / long-context checks",
     "bench": "benchmarks: report medians and ratios, never assert on time",
-    "faults": "the fault matrix: real faults injected into real engine starts (vllm_faults), one session each",
+    "faults": "the fault matrix: real faults injected into real engine starts (in_engine.faults), one session each",
     "b70_gate": "b70_gate(name): the catalogue gate this test judges; its subject is its b70_start / b70_rank / "
                 "b70_prompt parameters, and the verdict requires every (gate, subject) pair of the contract",
 }
@@ -79,12 +79,13 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from .. import project, vllm_cpu_emulation
+    from .. import project
 
     # B70LAB_EMULATE_CPU=avx2: this process too runs as on an AVX2-only CPU (the kernel lane calls vLLM's ops
+    from ..in_engine import cpu_emulation
     # here), before anything loads torch or vLLM. Unset, nothing is imported.
-    if vllm_cpu_emulation.requested():
-        vllm_cpu_emulation.apply_from_environment()
+    if cpu_emulation.requested():
+        cpu_emulation.apply_from_environment()
 
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")

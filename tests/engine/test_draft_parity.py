@@ -20,7 +20,7 @@ import torch
 
 from pytest_b70lab import contract, engine_client, launch, mini
 from pytest_b70lab.mini.draft_model import DFlashDraft, target_aux_hidden
-from pytest_b70lab.vllm_draft_capture import ENV_CAPTURE
+from pytest_b70lab.in_engine.draft_capture import ENV_CAPTURE
 
 pytestmark = pytest.mark.engine
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pytest_b70lab import engine_client, launch, vllm_fixes
+from pytest_b70lab import engine_client, launch
+from pytest_b70lab.in_engine import fixes
 
 pytestmark = pytest.mark.engine
 
@@ -68,9 +69,9 @@ def vllm_greedy(b70_engine, b70_mini_model: Path):
 
 @pytest.fixture(scope="module")
 def vllm_without_bias_fix(b70_engine, b70_mini_model: Path):
-    others = ",".join(n for n in vllm_fixes.FIX_NAMES if n != "moe_router_bias_load")
+    others = ",".join(n for n in fixes.FIX_NAMES if n != "moe_router_bias_load")
     return _serve_reference(b70_engine, b70_mini_model, "parity-no-bias-fix",
-                            {vllm_fixes.ENV_SELECT: others}, enforce_eager=True)
+                            {fixes.ENV_SELECT: others}, enforce_eager=True)
 
 
 def checkpoint_router_bias(model_dir: Path) -> dict[int, list[float]]:

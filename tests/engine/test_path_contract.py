@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import checkpoint, contract, host, session, vllm_portable_fp8
+from pytest_b70lab import checkpoint, contract, host, session
+from pytest_b70lab.in_engine import portable_fp8
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ def test_a_path_checkpoint_is_promotable_on_the_portable_path_with_full_load_aud
         for audit in start.audits:
             path = audit["fp8_attention"]
             assert (path["implementation"], path["op_library"], path["torch_cpu_capability"]) == \
-                (vllm_portable_fp8.IMPLEMENTATION, "_C_AVX2", "AVX2"), f"start-{start.start_index}: {path}"
+                (portable_fp8.IMPLEMENTATION, "_C_AVX2", "AVX2"), f"start-{start.start_index}: {path}"
     # The tables came from reading the exported folders, not from a manifest.
     folders = {part: session.model_folder(getattr(contract.load(CONTRACT), part)) for part in ("target", "draft")}
     assert not any((f / "manifest.json").exists() for f in folders.values())

@@ -1,4 +1,4 @@
-"""The fault matrix: real faults injected into real engine starts (pytest_b70lab/vllm_faults.py, armed by
+"""The fault matrix: real faults injected into real engine starts (pytest_b70lab/faults.py, armed by
 B70LAB_FAULT), and pytest itself interrupted, each in its own gates session run as a user runs it.
 
 Every row asserts the same four things: the session ends within its start deadline plus 30 s; the verdict is

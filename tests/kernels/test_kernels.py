@@ -26,7 +26,9 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pytest_b70lab import kernels, vllm_cpu_emulation
+from pytest_b70lab import kernels
+
+from pytest_b70lab.in_engine import cpu_emulation
 from pytest_b70lab.kernels import discovery
 
 pytestmark = pytest.mark.kernels
@@ -378,20 +380,20 @@ def test_without_avx512_or_amx_vllm_native_fp8_is_unavailable_and_vllm_is_not_as
 # Discovery in a fresh process as on an AVX2-only CPU: the emulation applied before vLLM imports its ops.
 EMULATED_DISCOVERY = textwrap.dedent("""
     import json
-    from pytest_b70lab import vllm_cpu_emulation
-    vllm_cpu_emulation.apply_from_environment()
+    from pytest_b70lab.in_engine import cpu_emulation
+    cpu_emulation.apply_from_environment()
     from pytest_b70lab import kernels
     found = kernels.discover()
     print(json.dumps({"found": [{"name": f.name, "kind": type(f).__name__, "reason": getattr(f, "reason", None)}
                                 for f in found],
-                      "op_library": vllm_cpu_emulation.loaded_op_library()}))
+                      "op_library": cpu_emulation.loaded_op_library()}))
 """)
 
 
 def test_under_the_avx2_emulation_vllm_native_fp8_is_unavailable_and_the_portable_path_is_found() -> None:
     _vllm_cpu_installed()
-    env = {**os.environ, vllm_cpu_emulation.ENV_EMULATE: "avx2",
-           **vllm_cpu_emulation.EMULATION_ENVIRONMENT["avx2"]}
+    env = {**os.environ, cpu_emulation.ENV_EMULATE: "avx2",
+           **cpu_emulation.EMULATION_ENVIRONMENT["avx2"]}
     run = subprocess.run([sys.executable, "-c", EMULATED_DISCOVERY], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -408,12 +410,12 @@ def test_under_the_avx2_emulation_vllm_native_fp8_is_unavailable_and_the_portabl
 
 def test_a_requested_cpu_emulation_took_effect_before_vllm_loaded() -> None:
     """Under B70LAB_EMULATE_CPU this lane's own discovery (FOUND, at import) ran as on that CPU."""
-    emulation = vllm_cpu_emulation.requested()
+    emulation = cpu_emulation.requested()
     if emulation is None:
-        pytest.skip(f"{vllm_cpu_emulation.ENV_EMULATE} is not set: the CPU as it is")
+        pytest.skip(f"{cpu_emulation.ENV_EMULATE} is not set: the CPU as it is")
     _vllm_cpu_installed()
-    assert vllm_cpu_emulation.applied() == emulation
-    assert vllm_cpu_emulation.loaded_op_library() == "_C_AVX2", vllm_cpu_emulation.loaded_op_library()
+    assert cpu_emulation.applied() == emulation
+    assert cpu_emulation.loaded_op_library() == "_C_AVX2", cpu_emulation.loaded_op_library()
     native = {f.name: f for f in FOUND}["vllm-cpu-vec"]
     assert isinstance(native, kernels.Unavailable) and "AVX2 emulation on" in native.reason, native
 

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_b70lab import worker_ext  # noqa: E402
+from pytest_b70lab.in_engine import worker_ext  # noqa: E402
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 1000, 1 << 26])

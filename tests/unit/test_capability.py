@@ -188,9 +188,9 @@ def test_a_value_the_engine_does_not_know_is_flagged() -> None:
 
 
 def test_the_forcing_variable_is_the_engine_s() -> None:
-    from pytest_b70lab import vllm_portable_fp8
+    from pytest_b70lab.in_engine import portable_fp8
 
-    assert (vllm_portable_fp8.ENV_FORCE, vllm_portable_fp8.FORCE_VALUES) == \
+    assert (portable_fp8.ENV_FORCE, portable_fp8.FORCE_VALUES) == \
         (capability.FP8_FORCE_VAR, capability.FP8_FORCE_VALUES)
 
 
@@ -332,3 +332,19 @@ def test_the_production_gates_session_on_this_machine_is_that_verdict(pytester: 
     blocked = json.loads((run / "promotion.json").read_text())["blocked"]
     assert blocked.startswith("start-1 could not begin: capability preflight: page size:"), blocked
     assert not (run / "start-1").exists() and not (run / "probe").exists()
+
+
+def test_every_entry_point_of_the_installed_package_loads() -> None:
+    assert capability.entry_point_problems() == []
+
+
+def test_an_entry_point_left_at_a_moved_module_stops_the_session_with_the_fix() -> None:
+    """What an install from before a module moved holds: vLLM would log "Failed to load plugin" and serve
+    without the fixes; the preflight names the entry point and says to run make setup."""
+    import importlib.metadata as md
+
+    stale = md.EntryPoint(name="b70lab_cpu_fixes", value="pytest_b70lab.vllm_fixes:register",
+                          group="vllm.general_plugins")
+    (problem,) = capability.entry_point_problems([stale])
+    assert "b70lab_cpu_fixes = pytest_b70lab.vllm_fixes:register" in str(problem)
+    assert "ModuleNotFoundError" in problem.has and "run make setup" in problem.fix

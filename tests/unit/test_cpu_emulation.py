@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from pytest_b70lab import host, launch, vllm_cpu_emulation
+from pytest_b70lab import host, launch
+from pytest_b70lab.in_engine import cpu_emulation
 
 pytest.importorskip("vllm")
 
@@ -19,13 +20,14 @@ import pytest_b70lab.vllm_entry  # an engine process's first code
 import torch
 import vllm._custom_ops  # vLLM picks and loads its CPU op library here
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-from pytest_b70lab import vllm_cpu_emulation
+from pytest_b70lab.in_engine import cpu_emulation
+
 try:
     refusal = None
     _get_attn_isa(torch.float32, 32, 64, "fp8")
 except NotImplementedError as e:
     refusal = str(e)
-print(json.dumps({"library": vllm_cpu_emulation.loaded_op_library(), "applied": vllm_cpu_emulation.applied(),
+print(json.dumps({"library": cpu_emulation.loaded_op_library(), "applied": cpu_emulation.applied(),
                   "capability": torch.backends.cpu.get_cpu_capability(), "refusal": refusal}))
 """
 
@@ -38,7 +40,7 @@ def _probe(environ: dict[str, str]) -> dict:
 
 def test_the_avx2_emulation_loads_vllms_avx2_library_and_refuses_native_fp8(tmp_path) -> None:
     env = {**launch.engine_environment(tmp_path, 1, materialize=False), "B70LAB_EMULATE_CPU": "avx2",
-           **vllm_cpu_emulation.EMULATION_ENVIRONMENT["avx2"]}
+           **cpu_emulation.EMULATION_ENVIRONMENT["avx2"]}
     seen = _probe(env)
     assert seen == {"library": "_C_AVX2", "applied": "avx2", "capability": "AVX2",
                     "refusal": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."}
@@ -62,5 +64,5 @@ def test_the_launch_sets_torchs_isa_and_keeps_compiled_code_apart(tmp_path, monk
     assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "emulate-avx2"))
     monkeypatch.setenv("B70LAB_EMULATE_CPU", "avx9")
-    with pytest.raises(vllm_cpu_emulation.EmulationError, match="known emulations are avx2"):
+    with pytest.raises(cpu_emulation.EmulationError, match="known emulations are avx2"):
         launch.engine_environment(tmp_path, 1, materialize=False)

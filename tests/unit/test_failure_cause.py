@@ -77,7 +77,7 @@ def test_evidence_written_before_exception_lines_were_kept_still_names_the_dead_
 @pytest.mark.parametrize("body", [
     f"NotImplementedError: {REAL}",
     "torch.OutOfMemoryError: out of memory",
-    "pytest_b70lab.vllm_faults.InjectedFault: b70lab fault injected: rank 1 cannot load its weights",
+    "pytest_b70lab.in_engine.faults.InjectedFault: b70lab fault injected: rank 1 cannot load its weights",
     "SomeException:",
     "AssertionError",
     "KeyboardInterrupt",

@@ -16,13 +16,13 @@ TOUCHED = re.compile(r"^diff --git a/(\S+) b/", re.M)
 
 
 def test_there_is_one_patch_per_runtime_fix_plus_the_cli() -> None:
-    from pytest_b70lab import vllm_dflash_fix
-    from pytest_b70lab.vllm_fixes import FIX_NAMES
+    from pytest_b70lab.in_engine import dflash_fix
+    from pytest_b70lab.in_engine.fixes import FIX_NAMES
 
-    # The DFlash fix is its own plugin until it is folded into vllm_fixes; then it is one of FIX_NAMES
+    # The DFlash fix is its own plugin until it is folded into in_engine.fixes; then it is one of FIX_NAMES
     # and must stop being counted here.
-    assert vllm_dflash_fix.FIX_NAME not in FIX_NAMES
-    runtime_fixes = [*FIX_NAMES, vllm_dflash_fix.FIX_NAME]
+    assert dflash_fix.FIX_NAME not in FIX_NAMES
+    runtime_fixes = [*FIX_NAMES, dflash_fix.FIX_NAME]
     assert len(PATCHES) == len(runtime_fixes) + 1, [p.name for p in PATCHES]
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 from torch import nn  # noqa: E402
 from vllm.model_executor.models import laguna_dflash, qwen3_dflash  # noqa: E402
 
-from pytest_b70lab import vllm_dflash_fix  # noqa: E402
+from pytest_b70lab.in_engine import dflash_fix  # noqa: E402
 
 LAYERS, CTX, HIDDEN, KV_HEADS, HEAD_DIM, EPS = 3, 5, 64, 2, 32, 1e-6
 
@@ -24,7 +24,7 @@ LAYERS, CTX, HIDDEN, KV_HEADS, HEAD_DIM, EPS = 3, 5, 64, 2, 32, 1e-6
 def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
     for module in (laguna_dflash, qwen3_dflash):
         monkeypatch.setattr(module, "ops", module.ops)
-    monkeypatch.setattr(vllm_dflash_fix, "_status", None)
+    monkeypatch.setattr(dflash_fix, "_status", None)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -45,7 +45,7 @@ def _shell() -> laguna_dflash.DFlashLagunaModel:
 
 def test_installed_cpu_kernel_ignores_grouped_weights() -> None:
     """If this fails, vLLM fixed the kernel: retire this fix."""
-    assert vllm_dflash_fix.grouped_weights_ignored()
+    assert dflash_fix.grouped_weights_ignored()
 
 
 def test_context_k_norm_uses_layer_zero_weight_without_the_fix_and_each_layer_with_it() -> None:
@@ -55,14 +55,14 @@ def test_context_k_norm_uses_layer_zero_weight_without_the_fix_and_each_layer_wi
     broken = model._normalize_context_k(k)
     torch.testing.assert_close(broken[0], want[0])
     assert not torch.allclose(broken[1:], want[1:])
-    assert vllm_dflash_fix.apply() == list(vllm_dflash_fix.MODULES)
+    assert dflash_fix.apply() == list(dflash_fix.MODULES)
     torch.testing.assert_close(model._normalize_context_k(k), want)
 
 
 def test_context_kv_projection_normalises_with_each_layers_input_norm_with_the_fix() -> None:
     model = _shell()
     states = torch.randn(CTX, HIDDEN, generator=torch.Generator().manual_seed(2))
-    vllm_dflash_fix.apply()
+    dflash_fix.apply()
     k, v = model._project_context_kv(states, CTX, LAYERS, KV_HEADS, HEAD_DIM)
     for i in range(LAYERS):
         kv = (_rms(states, model._input_layernorm_weights[i]) @ model._kv_weights[i].T).view(CTX, 2, KV_HEADS,
@@ -77,12 +77,12 @@ def test_context_kv_projection_normalises_with_each_layers_input_norm_with_the_f
 
 
 def test_register_applies_once_and_honours_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(vllm_dflash_fix.ENV_SWITCH, "off")
-    assert vllm_dflash_fix.register() == "disabled"
-    assert not isinstance(laguna_dflash.ops, vllm_dflash_fix.GroupedRmsNormOps)
-    monkeypatch.setattr(vllm_dflash_fix, "_status", None)
-    monkeypatch.delenv(vllm_dflash_fix.ENV_SWITCH)
+    monkeypatch.setenv(dflash_fix.ENV_SWITCH, "off")
+    assert dflash_fix.register() == "disabled"
+    assert not isinstance(laguna_dflash.ops, dflash_fix.GroupedRmsNormOps)
+    monkeypatch.setattr(dflash_fix, "_status", None)
+    monkeypatch.delenv(dflash_fix.ENV_SWITCH)
     monkeypatch.delenv("B70LAB_VLLM_FIXES", raising=False)
-    assert vllm_dflash_fix.register() == "applied"
-    assert isinstance(laguna_dflash.ops, vllm_dflash_fix.GroupedRmsNormOps)
-    assert vllm_dflash_fix.apply() == [], "a second apply wraps nothing twice"
+    assert dflash_fix.register() == "applied"
+    assert isinstance(laguna_dflash.ops, dflash_fix.GroupedRmsNormOps)
+    assert dflash_fix.apply() == [], "a second apply wraps nothing twice"

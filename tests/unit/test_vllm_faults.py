@@ -5,29 +5,29 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_b70lab import vllm_faults
+from pytest_b70lab.in_engine import faults
 
 
 def test_unset_means_no_fault(monkeypatch) -> None:
-    monkeypatch.delenv(vllm_faults.ENV, raising=False)
-    assert vllm_faults.parse(None) is None and vllm_faults.parse("") is None
-    monkeypatch.setattr(vllm_faults, "_installed", None)
-    vllm_faults.register()
-    assert vllm_faults._installed is None
+    monkeypatch.delenv(faults.ENV, raising=False)
+    assert faults.parse(None) is None and faults.parse("") is None
+    monkeypatch.setattr(faults, "_installed", None)
+    faults.register()
+    assert faults._installed is None
 
 
 @pytest.mark.parametrize("spec, fault", [
-    ("collective-stall:1", vllm_faults.Fault("collective-stall", 1, None)),
-    ("die-decode:1:30", vllm_faults.Fault("die-decode", 1, 30)),
-    ("raise-loading:1", vllm_faults.Fault("raise-loading", 1, None)),
-    ("raise-kv-cache:0", vllm_faults.Fault("raise-kv-cache", 0, None)),
-    ("engine-core-exit:7", vllm_faults.Fault("engine-core-exit", None, 7)),
-    ("stream-cut", vllm_faults.Fault("stream-cut", None, None)),
-    ("slow-decode:0:25", vllm_faults.Fault("slow-decode", 0, 25, None)),
-    ("slow-decode:1:25:2", vllm_faults.Fault("slow-decode", 1, 25, 2)),
+    ("collective-stall:1", faults.Fault("collective-stall", 1, None)),
+    ("die-decode:1:30", faults.Fault("die-decode", 1, 30)),
+    ("raise-loading:1", faults.Fault("raise-loading", 1, None)),
+    ("raise-kv-cache:0", faults.Fault("raise-kv-cache", 0, None)),
+    ("engine-core-exit:7", faults.Fault("engine-core-exit", None, 7)),
+    ("stream-cut", faults.Fault("stream-cut", None, None)),
+    ("slow-decode:0:25", faults.Fault("slow-decode", 0, 25, None)),
+    ("slow-decode:1:25:2", faults.Fault("slow-decode", 1, 25, 2)),
 ])
 def test_a_fault_names_its_rank_and_moment(spec: str, fault) -> None:
-    assert vllm_faults.parse(spec) == fault
+    assert faults.parse(spec) == fault
 
 
 @pytest.mark.parametrize("spec, message", [("die-loadin:1", "unknown fault 'die-loadin'"),
@@ -37,7 +37,7 @@ def test_a_fault_names_its_rank_and_moment(spec: str, fault) -> None:
                                            ("slow-decode:0:0", "needs a rank and a positive percentage")])
 def test_a_misspelt_fault_is_an_error(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        vllm_faults.parse(spec)
+        faults.parse(spec)
 
 
 @pytest.mark.parametrize("folder, start", [("start-2", 2), ("start-1", 1), ("probe", None), ("start-x", None),
@@ -45,13 +45,13 @@ def test_a_misspelt_fault_is_an_error(spec: str, message: str) -> None:
 def test_a_start_is_known_by_its_folder(folder: str, start, tmp_path, monkeypatch) -> None:
     (tmp_path / folder).mkdir()
     monkeypatch.chdir(tmp_path / folder)
-    assert vllm_faults.this_start() == start
+    assert faults.this_start() == start
 
 
 def test_a_fault_for_another_start_is_not_armed(tmp_path, monkeypatch) -> None:
     (tmp_path / "start-1").mkdir()
     monkeypatch.chdir(tmp_path / "start-1")
-    monkeypatch.setenv(vllm_faults.ENV, "slow-decode:0:25:2")
-    monkeypatch.setattr(vllm_faults, "_installed", None)
-    vllm_faults.register()
-    assert vllm_faults._installed is None
+    monkeypatch.setenv(faults.ENV, "slow-decode:0:25:2")
+    monkeypatch.setattr(faults, "_installed", None)
+    faults.register()
+    assert faults._installed is None

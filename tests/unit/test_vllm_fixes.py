@@ -23,7 +23,7 @@ from vllm.distributed.device_communicators import cpu_communicator  # noqa: E402
 from vllm.compilation import decorators  # noqa: E402
 from vllm.v1.attention.backends import cpu_attn  # noqa: E402
 
-from pytest_b70lab import vllm_fixes, vllm_portable_fp8  # noqa: E402
+from pytest_b70lab.in_engine import fixes, portable_fp8  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -35,17 +35,17 @@ def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(cpu_communicator.CpuCommunicator, "_all_group_ranks_share_shm_group_name",
                         cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name)
     monkeypatch.setattr(decorators, "_try_load_aot_compiled_fn", decorators._try_load_aot_compiled_fn)
-    monkeypatch.setattr(vllm_fixes, "_registered", None)
+    monkeypatch.setattr(fixes, "_registered", None)
     monkeypatch.setattr(cpu_attn, "_get_attn_isa", cpu_attn._get_attn_isa)
     monkeypatch.setattr(cpu_attn, "ops", cpu_attn.ops)
-    monkeypatch.setattr(vllm_portable_fp8, "_state", dict(vllm_portable_fp8._state))
+    monkeypatch.setattr(portable_fp8, "_state", dict(portable_fp8._state))
 
 
 def test_installed_vllm_has_all_the_defects(monkeypatch) -> None:
     """If this fails, vLLM changed: re-check which fixes are still needed (patches/README.md)."""
-    monkeypatch.setenv(vllm_fixes.SHM_ALLREDUCE_ENV, "0")
-    monkeypatch.setenv(vllm_portable_fp8.ENV_FORCE, "portable")  # on a CPU with AVX-512 the FP8 refusal is absent
-    assert [f.name for f in vllm_fixes.FIXES if f.defect_present()] == list(vllm_fixes.FIX_NAMES)
+    monkeypatch.setenv(fixes.SHM_ALLREDUCE_ENV, "0")
+    monkeypatch.setenv(portable_fp8.ENV_FORCE, "portable")  # on a CPU with AVX-512 the FP8 refusal is absent
+    assert [f.name for f in fixes.FIXES if f.defect_present()] == list(fixes.FIX_NAMES)
 
 
 # --- 1. sigmoid routing ------------------------------------------------------------------------------------
@@ -71,9 +71,9 @@ def test_router_rejects_sigmoid_without_the_fix_and_routes_it_with_it() -> None:
                                   e_score_correction_bias=bias)
     with pytest.raises(AssertionError):
         router._compute_routing(torch.zeros(16, 4), logits, None)
-    assert vllm_fixes._router_rejects_sigmoid()
+    assert fixes._router_rejects_sigmoid()
 
-    vllm_fixes._fix_router_sigmoid()
+    fixes._fix_router_sigmoid()
     weights, ids = router._compute_routing(torch.zeros(16, 4), logits, None)
     ref_w, ref_ids = reference_biased_sigmoid_topk(logits, bias, 2)
     got_w, got_ids = _sorted_by_expert(weights, ids)
@@ -82,14 +82,14 @@ def test_router_rejects_sigmoid_without_the_fix_and_routes_it_with_it() -> None:
     torch.testing.assert_close(got_w, want_w)
     # The bias must matter on this input, or the test would not tell a dropped bias from a used one.
     assert not torch.equal(_sorted_by_expert(*reference_biased_sigmoid_topk(logits, bias * 0, 2))[1], want_ids)
-    assert not vllm_fixes._router_rejects_sigmoid()
+    assert not fixes._router_rejects_sigmoid()
 
 
 def test_router_fix_leaves_softmax_routing_alone() -> None:
     logits = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     router = cpu_router.CPURouter(top_k=2, global_num_experts=8)
     before = router._compute_routing(torch.zeros(4, 4), logits, None)
-    vllm_fixes._fix_router_sigmoid()
+    fixes._fix_router_sigmoid()
     after = router._compute_routing(torch.zeros(4, 4), logits, None)
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
 
@@ -145,12 +145,12 @@ def test_experts_ignore_expert_map_without_the_fix_and_honour_it_with_it() -> No
     # Only experts 0..3, none of them on this rank: the right answer is zero. Ids stay < LOCAL_EXPERTS so
     # the unfixed kernel reads in bounds (ids >= 4 would index past the local weights and may crash).
     remote_ids = torch.tensor([[0, 1], [2, 3], [1, 3], [0, 2], [3, 0], [2, 1]], dtype=torch.int32)
-    assert vllm_fixes._experts_ignore_expert_map()
+    assert fixes._experts_ignore_expert_map()
     unfixed = _run(experts, packed, x, weights, remote_ids, expert_map)
     assert unfixed.abs().max() > 1e-3, "without the fix the kernel applies local experts 0..3 as if global"
 
-    vllm_fixes._fix_experts_expert_map()
-    assert not vllm_fixes._experts_ignore_expert_map()
+    fixes._fix_experts_expert_map()
+    assert not fixes._experts_ignore_expert_map()
     assert _run(experts, packed, x, weights, remote_ids, expert_map).abs().max() == 0
 
     mixed_ids = torch.tensor([[0, 5], [4, 7], [6, 2], [7, 1], [5, 6], [3, 4]], dtype=torch.int32)
@@ -165,7 +165,7 @@ def test_experts_ignore_expert_map_without_the_fix_and_honour_it_with_it() -> No
 
 def test_localize_expert_ids_maps_and_masks() -> None:
     expert_map = torch.tensor([-1, -1, 0, 1], dtype=torch.int32)
-    ids, weights = vllm_fixes.localize_expert_ids(torch.tensor([[0, 2], [3, 1]], dtype=torch.int32),
+    ids, weights = fixes.localize_expert_ids(torch.tensor([[0, 2], [3, 1]], dtype=torch.int32),
                                                   torch.tensor([[0.5, 0.25], [0.75, 1.0]]), expert_map)
     assert ids.tolist() == [[0, 0], [1, 0]]
     assert weights.tolist() == [[0.0, 0.25], [0.75, 0.0]]
@@ -175,41 +175,41 @@ def test_localize_expert_ids_maps_and_masks() -> None:
 # --- 3. the router bias (loader side) ---------------------------------------------------------------------
 
 def test_neither_loader_knows_the_router_bias() -> None:
-    assert vllm_fixes._runner_drops_router_bias()
-    vllm_fixes._fix_runner_router_bias()
-    assert not vllm_fixes._runner_drops_router_bias()
+    assert fixes._runner_drops_router_bias()
+    fixes._fix_runner_router_bias()
+    assert not fixes._runner_drops_router_bias()
     assert "e_score_correction_bias" not in __import__("inspect").getsource(RoutedExperts.load_weights)
 
 
 # --- selection and registration ---------------------------------------------------------------------------
 
 def test_selection_spec() -> None:
-    assert [f.name for f in vllm_fixes.selected_fixes(None)] == list(vllm_fixes.FIX_NAMES)
-    assert vllm_fixes.selected_fixes("none") == ()
-    assert [f.name for f in vllm_fixes.selected_fixes(" moe_router_bias_load ,cpu_router_sigmoid")] == \
+    assert [f.name for f in fixes.selected_fixes(None)] == list(fixes.FIX_NAMES)
+    assert fixes.selected_fixes("none") == ()
+    assert [f.name for f in fixes.selected_fixes(" moe_router_bias_load ,cpu_router_sigmoid")] == \
         ["cpu_router_sigmoid", "moe_router_bias_load"]
     with pytest.raises(ValueError, match="unknown fix router_typo; known: all, none, cpu_router_sigmoid"):
-        vllm_fixes.selected_fixes("router_typo")
+        fixes.selected_fixes("router_typo")
 
 
 def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog) -> None:
-    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_router_sigmoid")
-    with caplog.at_level("INFO", logger=vllm_fixes.log.name):
-        status = vllm_fixes.register()
+    monkeypatch.setenv(fixes.ENV_SELECT, "cpu_router_sigmoid")
+    with caplog.at_level("INFO", logger=fixes.log.name):
+        status = fixes.register()
     assert status == {"cpu_router_sigmoid": "applied", "cpu_experts_expert_map": "disabled",
                       "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "disabled",
                       "aot_load_plain_function": "disabled", "cpu_fp8_portable_attention": "disabled"}
-    assert getattr(cpu_router.CPURouter._compute_routing, vllm_fixes.PATCHED_MARK, False)
-    assert not getattr(cpu_moe.CPUUnquantizedExperts.apply, vllm_fixes.PATCHED_MARK, False)
+    assert getattr(cpu_router.CPURouter._compute_routing, fixes.PATCHED_MARK, False)
+    assert not getattr(cpu_moe.CPUUnquantizedExperts.apply, fixes.PATCHED_MARK, False)
     lines = [r.getMessage() for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]
     assert len(lines) == 1 and "cpu_router_sigmoid applied" in lines[0]
     # a second call in the same process changes nothing and logs nothing
-    assert vllm_fixes.register() is status
+    assert fixes.register() is status
     assert len([r for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]) == 1
 
-    monkeypatch.setattr(vllm_fixes, "_registered", None)
-    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "all")
-    status = vllm_fixes.register()
+    monkeypatch.setattr(fixes, "_registered", None)
+    monkeypatch.setenv(fixes.ENV_SELECT, "all")
+    status = fixes.register()
     assert status["cpu_router_sigmoid"] == "not needed", "a fixed router must be left alone"
     assert status["cpu_experts_expert_map"] == "applied"
 
@@ -220,18 +220,18 @@ def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -
     """Unset (a machine with a core per rank): vLLM keeps its SHM all-reduce. At 0 (launch sets it when the
     ranks and the engine core outnumber the cores): every rank skips the SHM path, before the group-name
     collective that would otherwise decide it."""
-    monkeypatch.delenv(vllm_fixes.SHM_ALLREDUCE_ENV, raising=False)
-    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_shm_allreduce_switch")
-    assert vllm_fixes.register() == {"cpu_router_sigmoid": "disabled", "cpu_experts_expert_map": "disabled",
+    monkeypatch.delenv(fixes.SHM_ALLREDUCE_ENV, raising=False)
+    monkeypatch.setenv(fixes.ENV_SELECT, "cpu_shm_allreduce_switch")
+    assert fixes.register() == {"cpu_router_sigmoid": "disabled", "cpu_experts_expert_map": "disabled",
                                      "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "not needed",
                                      "aot_load_plain_function": "disabled",
                                      "cpu_fp8_portable_attention": "disabled"}
     assert not getattr(cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name,
-                       vllm_fixes.PATCHED_MARK, False)
+                       fixes.PATCHED_MARK, False)
 
-    monkeypatch.setattr(vllm_fixes, "_registered", None)
-    monkeypatch.setenv(vllm_fixes.SHM_ALLREDUCE_ENV, "0")
-    assert vllm_fixes.register()["cpu_shm_allreduce_switch"] == "applied"
+    monkeypatch.setattr(fixes, "_registered", None)
+    monkeypatch.setenv(fixes.SHM_ALLREDUCE_ENV, "0")
+    assert fixes.register()["cpu_shm_allreduce_switch"] == "applied"
     assert cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name(object()) is False
 
 
@@ -257,11 +257,11 @@ def test_aot_cache_of_a_torch_backend_loads_only_with_the_fix(tmp_path, monkeypa
     config = VllmConfig()
     owner = type("Owner", (), {"vllm_config": config, "compilation_config": config.compilation_config,
                                "_is_encoder": False, "forward": module.forward})()
-    assert vllm_fixes._aot_load_requires_vllm_function()
+    assert fixes._aot_load_requires_vllm_function()
     assert decorators._try_load_aot_compiled_fn(owner, str(tmp_path / "model")) is None
 
-    vllm_fixes._fix_aot_load_plain_function()
-    assert not vllm_fixes._aot_load_requires_vllm_function(), "a fixed loader must be left alone"
+    fixes._fix_aot_load_plain_function()
+    assert not fixes._aot_load_requires_vllm_function(), "a fixed loader must be left alone"
     loaded = decorators._try_load_aot_compiled_fn(owner, str(tmp_path / "model"))
     assert loaded is not None
     torch.testing.assert_close(loaded(module, x), module(x))
@@ -275,29 +275,29 @@ def test_fp8_cache_is_refused_without_avx512_and_served_portably_with_the_fix(mo
     calls go to the portable path while every other op stays vLLM's."""
     monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    monkeypatch.delenv(vllm_portable_fp8.ENV_FORCE, raising=False)
+    monkeypatch.delenv(portable_fp8.ENV_FORCE, raising=False)
     with pytest.raises(NotImplementedError, match="FP8 KV cache on CPU requires x86 with AVX-512 or AMX"):
         cpu_attn._get_attn_isa(torch.float32, 32, 64, "fp8")
-    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_fp8_portable_attention")
-    assert vllm_fixes.register()["cpu_fp8_portable_attention"] == "applied"
+    monkeypatch.setenv(fixes.ENV_SELECT, "cpu_fp8_portable_attention")
+    assert fixes.register()["cpu_fp8_portable_attention"] == "applied"
     assert cpu_attn._get_attn_isa(torch.float32, 64, 64, "fp8") == "vec"
     assert cpu_attn._get_attn_isa(torch.float32, 32, 64, "auto") == "vec", "an unquantized cache keeps vLLM's answer"
     with pytest.raises(NotImplementedError, match="multiple of 32"):
         cpu_attn._get_attn_isa(torch.float32, 48, 64, "fp8")
-    assert isinstance(cpu_attn.ops, vllm_portable_fp8.PortableFp8Ops)
+    assert isinstance(cpu_attn.ops, portable_fp8.PortableFp8Ops)
     assert cpu_attn.ops.cpu_attn_get_scheduler_metadata is not None  # any other name: vLLM's own op
-    assert vllm_portable_fp8.state() == {"implementation": vllm_portable_fp8.IMPLEMENTATION, "portable": True,
+    assert portable_fp8.state() == {"implementation": portable_fp8.IMPLEMENTATION, "portable": True,
                                          "reason": "this CPU has neither AVX-512 nor AMX (as vLLM sees it)"}
 
 
 def test_portable_path_stays_out_where_the_native_one_runs(monkeypatch) -> None:
-    if not vllm_portable_fp8.native_fp8_supported():
+    if not portable_fp8.native_fp8_supported():
         pytest.skip("this CPU has neither AVX-512 nor AMX: the native FP8 path cannot run here")
-    monkeypatch.delenv(vllm_portable_fp8.ENV_FORCE, raising=False)
-    monkeypatch.setenv(vllm_fixes.ENV_SELECT, "cpu_fp8_portable_attention")
-    assert vllm_fixes.register()["cpu_fp8_portable_attention"] == "not needed"
-    assert not isinstance(cpu_attn.ops, vllm_portable_fp8.PortableFp8Ops)
-    monkeypatch.setattr(vllm_fixes, "_registered", None)
-    monkeypatch.setenv(vllm_portable_fp8.ENV_FORCE, "portable")
-    assert vllm_fixes.register()["cpu_fp8_portable_attention"] == "applied"
-    assert vllm_portable_fp8.state()["reason"] == f"{vllm_portable_fp8.ENV_FORCE}=portable"
+    monkeypatch.delenv(portable_fp8.ENV_FORCE, raising=False)
+    monkeypatch.setenv(fixes.ENV_SELECT, "cpu_fp8_portable_attention")
+    assert fixes.register()["cpu_fp8_portable_attention"] == "not needed"
+    assert not isinstance(cpu_attn.ops, portable_fp8.PortableFp8Ops)
+    monkeypatch.setattr(fixes, "_registered", None)
+    monkeypatch.setenv(portable_fp8.ENV_FORCE, "portable")
+    assert fixes.register()["cpu_fp8_portable_attention"] == "applied"
+    assert portable_fp8.state()["reason"] == f"{portable_fp8.ENV_FORCE}=portable"

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pytest_b70lab"
-# Modules vLLM loads into its own processes (the launch command, the worker extension, the general plugins).
-IN_ENGINE = {"vllm_entry", "worker_ext", "vllm_observe", "vllm_fixes", "vllm_dflash_fix", "vllm_draft_capture",
-             "vllm_faults", "vllm_portable_fp8", "vllm_cpu_emulation"}
+# Modules vLLM loads into its own processes: the in_engine folder, and the two thin modules at the paths the
+# engine command records (the launch command's module, the worker extension).
+IN_ENGINE = {"in_engine", "vllm_entry", "worker_ext"}
 # What they may import besides the standard library and each other. psutil: a rank's audit reports its own
 # process creation time, gate 7's evidence that a start is fresh.
 IN_ENGINE_LIBRARIES = {"vllm", "torch", "psutil"}
@@ -88,10 +88,10 @@ def breaches(graph: dict[str, set[str]]) -> list[str]:
         for t in sorted(targets):
             ext = t.removeprefix("ext:") if t.startswith("ext:") else None
             rule = None
-            if module in IN_ENGINE:
+            if _in(module, IN_ENGINE):
                 if ext is not None and ext not in stdlib and ext not in IN_ENGINE_LIBRARIES:
                     rule = "in-engine modules import only the standard library, vLLM, torch and psutil"
-                elif ext is None and t not in IN_ENGINE and t not in ("", "errors"):
+                elif ext is None and not _in(t, IN_ENGINE) and t not in ("", "errors"):
                     rule = "in-engine modules import no other module of the harness"
             elif _in(module, DATA):
                 if ext in ("pytest", "syrupy") or (ext is None and _in(t, ENGINE | JUDGEMENT | SURFACES | {"mini", "quality"})):
@@ -151,9 +151,15 @@ def test_the_package_keeps_its_walls() -> None:
     assert cycles(graph) == []
 
 
+def test_the_in_engine_package_imports_nothing() -> None:
+    """digests imports in_engine.observe for its moments: a replay must not load vLLM or torch through the
+    package's __init__."""
+    assert import_graph(PACKAGE)["in_engine"] == set()
+
+
 @pytest.mark.parametrize("module, planted, rule", [
-    ("vllm_observe", "from . import gates", "in-engine modules import no other module of the harness"),
-    ("worker_ext", "import numpy", "in-engine modules import only the standard library, vLLM, torch and psutil"),
+    ("in_engine.observe", "from .. import gates", "in-engine modules import no other module of the harness"),
+    ("in_engine.worker_ext", "import numpy", "in-engine modules import only the standard library, vLLM, torch and psutil"),
     ("evidence", "import pytest", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
     ("throughput", "from . import launch", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
     ("gates", "from .session import load_run", "judgement imports no pytest, engine, mini or surface"),

@@ -7,7 +7,7 @@ torch's own kernels follow `ATEN_CPU_CAPABILITY`, oneDNN's `ONEDNN_MAX_CPU_ISA`,
 `ATEN_CPU_CAPABILITY` too: those are read when torch loads, so the launcher sets them in the engine's
 environment (`launch.engine_environment`). What is read in-process is answered here, before vLLM imports its
 ops: from the engine entry module at import (the first code of every engine process, spawned ones included)
-and again from the vLLM plugin (`vllm_fixes.register`); the pytest plugin applies it to the test process too,
+and again from the vLLM plugin (`fixes.register`); the pytest plugin applies it to the test process too,
 so that `B70LAB_EMULATE_CPU=avx2 make test` runs the whole suite as an AVX2-only machine would.
 
 `B70LAB_EMULATE_CPU=avx2` turns it on. Runs inside vLLM's processes: imports only the standard library and

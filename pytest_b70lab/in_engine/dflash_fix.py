@@ -9,7 +9,7 @@ every draft layer after the first gets its context K/V from memory past the cont
 garbage). The draft then proposes nothing the target accepts. This fix routes a grouped call (2-D weight)
 through one kernel call per layer, which is what the grouped kernel computes.
 
-Kept apart from `vllm_fixes` (whose tests pin its three fixes) until it is folded in there with a patch.
+Kept apart from `fixes` (whose tests pin its three fixes) until it is folded in there with a patch.
 It probes the installed kernel first and stays out when grouped weights already work (or when the CPU op
 is not there to probe). `B70LAB_DFLASH_CPU_FIX=off` or `B70LAB_VLLM_FIXES=none` leaves vLLM as installed.
 

@@ -19,7 +19,7 @@ and the AOT compile cache; so the backend's FP8 call sites are redirected rather
 `_get_attn_isa` answers `vec` instead of refusing, and the backend module's three op calls (scheduler
 metadata, cache write, attention) go to this module for an FP8 cache. Everything else is untouched.
 
-Installed by the vLLM plugin (`vllm_fixes`, fix `cpu_fp8_portable_attention`) where the native path cannot
+Installed by the vLLM plugin (`fixes`, fix `cpu_fp8_portable_attention`) where the native path cannot
 run, or everywhere with `B70LAB_FP8_ATTENTION=portable`. Runs inside vLLM's processes: imports only the
 standard library, torch and vLLM. The patch in `patches/` is the same change as a source delta.
 """

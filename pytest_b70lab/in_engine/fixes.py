@@ -230,23 +230,23 @@ def _nothing_to_finalize(vllm_config) -> None:
 # --- 6. CPU attention: an FP8 cache needs AVX-512 or AMX ---------------------------------------------------
 # vLLM 0.32's CPU attention refuses an FP8 KV cache without AVX-512 or AMX ("FP8 KV cache on CPU requires x86
 # with AVX-512 or AMX."), and the AVX2 op library it loads there has no FP8 attention. The portable path
-# (vllm_portable_fp8) serves the same cache bytes in plain PyTorch; B70LAB_FP8_ATTENTION=portable forces it
+# (portable_fp8) serves the same cache bytes in plain PyTorch; B70LAB_FP8_ATTENTION=portable forces it
 # where the native one runs. Which path each rank ran is in its audit, and gate 3 judges it.
 
 def _native_fp8_attention_unavailable() -> bool:
     from vllm.platforms import current_platform
 
-    from . import vllm_portable_fp8
+    from . import portable_fp8
 
     if not current_platform.is_cpu():  # the B70's XPU attention is another backend: nothing to serve here
         return False
-    return vllm_portable_fp8.forced() or not vllm_portable_fp8.native_fp8_supported()
+    return portable_fp8.forced() or not portable_fp8.native_fp8_supported()
 
 
 def _fix_cpu_fp8_portable_attention() -> None:
-    from . import vllm_portable_fp8
+    from . import portable_fp8
 
-    vllm_portable_fp8.install(f"{vllm_portable_fp8.ENV_FORCE}=portable" if vllm_portable_fp8.forced()
+    portable_fp8.install(f"{portable_fp8.ENV_FORCE}=portable" if portable_fp8.forced()
                               else "this CPU has neither AVX-512 nor AMX (as vLLM sees it)")
 
 
@@ -290,9 +290,9 @@ def register() -> dict[str, str]:
     global _registered
     if _registered is not None:
         return _registered
-    from . import vllm_cpu_emulation
+    from . import cpu_emulation
 
-    emulation = vllm_cpu_emulation.apply_from_environment()  # before any fix asks torch.cpu about the CPU
+    emulation = cpu_emulation.apply_from_environment()  # before any fix asks torch.cpu about the CPU
     chosen = {f.name for f in selected_fixes(os.environ.get(ENV_SELECT))}
     status: dict[str, str] = {}
     for fix in FIXES:
