@@ -198,13 +198,17 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
     those requests), then `vllm bench serve` sends the same prompts. Client and server are compared on the
     same requests; client and `vllm bench serve` on medians over rounds, as they cannot share a request."""
     from . import contract as contract_mod
-    from . import engine_client, launch, session, throughput
+    from . import throughput
+    from .engine.client import metrics_text, served_model, stream_completion
+    from .engine.command import ENTRY_MODULE, TcpListen
+    from .engine.server import start_engine
+    from .engine.starts import resolve_models, serve_config
 
     c = contract_mod.load(contract_name)
     prompts = contract_mod.load_prompts(c)
-    models = session.resolve_models(c, cache_root)
-    config = session.serve_config(c, models)
-    tcp = launch.TcpListen.fresh()
+    models = resolve_models(c, cache_root)
+    config = serve_config(c, models)
+    tcp = TcpListen.fresh()
     tokens = c.decode.tokens_per_request
     phases: dict[str, float] = {}
 
@@ -220,28 +224,28 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
     dataset.write_text(json.dumps([{"conversations": [{"from": "human", "value": p.prompt},
                                                       {"from": "gpt", "value": "-"}]} for p in prompts]))
     env = {**os.environ, "OPENAI_API_KEY": tcp.api_key, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    server = launch.start_engine(config, work, cache_root / "engine-state", tcp=tcp,
+    server = start_engine(config, work, cache_root / "engine-state", tcp=tcp,
                                  deadline_s=c.deadlines.start_s, on_progress=progress)
     client_rates, server_rates, bench_rates, endpoint_medians = [], [], [], []
     try:
         with server.client(timeout=c.deadlines.request_s) as client:
-            model = engine_client.served_model(client)
-            engine_client.stream_completion(client, model, "warm up", 8, prompt_id="warm-up")
+            model = served_model(client)
+            stream_completion(client, model, "warm up", 8, prompt_id="warm-up")
             for r in range(1, rounds + 1):
-                before = engine_client.metrics_text(client)
+                before = metrics_text(client)
                 rates = []
                 for p in prompts:
-                    req = engine_client.stream_completion(client, model, p.prompt, tokens, prompt_id=p.id,
+                    req = stream_completion(client, model, p.prompt, tokens, prompt_id=p.id,
                                                           timeout_s=c.deadlines.request_s)
                     rates.append(throughput.decode_rate(req.chunk_times, req.chunk_tokens))
-                _step_s, per_token_s, _rate = throughput.server_decode_figures(before, engine_client.metrics_text(client))
+                _step_s, per_token_s, _rate = throughput.server_decode_figures(before, metrics_text(client))
                 client_rates.append(per_token_rate([1 / x for x in rates]))
                 server_rates.append(1 / per_token_s if per_token_s else float("nan"))
                 endpoint_medians.append(throughput.endpoint_median(rates))
                 say(f"decode round {r}: client {client_rates[-1]:.1f} tok/s, server {server_rates[-1]:.1f}; "
                     "vllm bench serve on the same prompts")
                 result = f"vllm-bench-serve-{r}.json"
-                cmd = [sys.executable, "-m", launch.ENTRY_MODULE, "bench", "serve", "--backend", "vllm",
+                cmd = [sys.executable, "-m", ENTRY_MODULE, "bench", "serve", "--backend", "vllm",
                        "--base-url", tcp.base_url, "--endpoint", "/v1/completions", "--model", model,
                        "--tokenizer", str(config.model_ref), "--dataset-name", "sharegpt",
                        "--dataset-path", str(dataset), "--sharegpt-output-len", str(tokens),
@@ -303,10 +307,11 @@ def compile_reuse(contract_name: str, cache_root: Path, out_dir: Path,
     """Two starts sharing an engine-state folder that starts empty: the first compiles and saves vLLM's AOT
     artifacts, the second should load them. Whether it did is read from the ranks' logs, not assumed."""
     from . import contract as contract_mod
-    from . import launch, session
+    from .engine.server import start_engine
+    from .engine.starts import resolve_models, serve_config
 
     c = contract_mod.load(contract_name)
-    config = session.serve_config(c, session.resolve_models(c, cache_root))
+    config = serve_config(c, resolve_models(c, cache_root))
     state = out_dir / "start-state"
     shutil.rmtree(state, ignore_errors=True)
     phases: list[dict[str, float]] = []
@@ -319,7 +324,7 @@ def compile_reuse(contract_name: str, cache_root: Path, out_dir: Path,
             say(f"start {index}: {phase} ({seconds:.0f} s)")
 
         work = out_dir / "starts" / f"start-{index}"
-        launch.start_engine(config, work, state, deadline_s=c.deadlines.start_s, on_progress=progress).stop()
+        start_engine(config, work, state, deadline_s=c.deadlines.start_s, on_progress=progress).stop()
         phases.append(seen)
         # The ranks' own logs only: server.log repeats their lines.
         loaded.append(sum(p.read_text(errors="replace").count(AOT_LOADED) for p in work.glob("ranks/*.log")))
@@ -340,21 +345,23 @@ def bare_starts(contract_name: str, cache_root: Path, out_dir: Path, say: Callab
     """The gates' engine work and nothing else: the contract's fresh starts, each streaming every prompt
     once, no audit, no metrics, no evidence. Returns the wall time in seconds."""
     from . import contract as contract_mod
-    from . import engine_client, launch, session
+    from .engine.client import served_model, stream_completion
+    from .engine.server import start_engine
+    from .engine.starts import resolve_models, serve_config
 
     t0 = time.perf_counter()
     c = contract_mod.load(contract_name)
     prompts = contract_mod.load_prompts(c)
-    config = session.serve_config(c, session.resolve_models(c, cache_root))
+    config = serve_config(c, resolve_models(c, cache_root))
     for index in range(1, c.reproduction.fresh_starts + 1):
-        server = launch.start_engine(config, out_dir / "bare" / f"start-{index}", cache_root / "engine-state",
+        server = start_engine(config, out_dir / "bare" / f"start-{index}", cache_root / "engine-state",
                                      deadline_s=c.deadlines.start_s,
                                      on_progress=lambda ph, t, i=index: say(f"bare start-{i}: {ph} ({t:.0f} s)"))
         try:
             with server.client(timeout=c.deadlines.request_s) as client:
-                model = engine_client.served_model(client)
+                model = served_model(client)
                 for p in prompts:
-                    engine_client.stream_completion(client, model, p.prompt, c.decode.tokens_per_request,
+                    stream_completion(client, model, p.prompt, c.decode.tokens_per_request,
                                                     prompt_id=p.id, timeout_s=c.deadlines.request_s)
         finally:
             server.stop()
@@ -402,10 +409,11 @@ def _graph_source(start) -> str:
 
 def session_drift(run_dir: Path) -> SessionDrift:
     """start-2 / start-1 of a run folder; a run without two completed starts with decode rates is an error."""
-    from . import evidence, session, throughput
+    from . import evidence, throughput
+    from .engine.starts import load_run
 
     try:
-        starts = session.load_run(run_dir)
+        starts = load_run(run_dir)
     except evidence.EvidenceError as e:
         raise BenchError(f"{run_dir}: {e}") from None
     if len(starts) < 2 or any(s.status != "ok" for s in starts[:2]):
@@ -501,10 +509,11 @@ class PassDrift:
 
 def _measured_pass(client, model: str, prompts, tokens: int, timeout_s: float) -> tuple[dict[str, float], float]:
     """Each prompt's decode rate, recomputed from its arrival times as gate 7 does, and the pass's steal."""
-    from . import engine_client, throughput
+    from . import throughput
+    from .engine.client import stream_completion
 
     steal0, total0 = cpu_ticks()
-    requests = [engine_client.stream_completion(client, model, p.prompt, tokens, prompt_id=p.id, timeout_s=timeout_s)
+    requests = [stream_completion(client, model, p.prompt, tokens, prompt_id=p.id, timeout_s=timeout_s)
                 for p in prompts]
     steal1, total1 = cpu_ticks()
     rates, problems = throughput.arrival_rates(requests)
@@ -518,19 +527,21 @@ def steadiness_sessions(contract_name: str, cache_root: Path, out_dir: Path, ses
     """`sessions` starts, each measuring the gate prompts twice `gap_s` apart, as a gates start measures them
     (no warm-up request, the contract's tokens per request)."""
     from . import contract as contract_mod
-    from . import engine_client, launch, session
+    from .engine.client import served_model
+    from .engine.server import start_engine
+    from .engine.starts import resolve_models, serve_config
 
     c = contract_mod.load(contract_name)
     prompts = contract_mod.load_prompts(c)
-    config = session.serve_config(c, session.resolve_models(c, cache_root))
+    config = serve_config(c, resolve_models(c, cache_root))
     drifts: list[PassDrift] = []
     for n in range(1, sessions + 1):
         work = out_dir / "steadiness" / f"{n:02d}"
         say(f"steadiness: session {n}/{sessions} -> {work}")
-        server = launch.start_engine(config, work, cache_root / "engine-state", deadline_s=c.deadlines.start_s)
+        server = start_engine(config, work, cache_root / "engine-state", deadline_s=c.deadlines.start_s)
         try:
             with server.client(timeout=c.deadlines.request_s) as client:
-                model = engine_client.served_model(client)
+                model = served_model(client)
                 first, steal_1 = _measured_pass(client, model, prompts, c.decode.tokens_per_request,
                                                 c.deadlines.request_s)
                 time.sleep(gap_s)

@@ -83,10 +83,11 @@ def _contract_derive(args: argparse.Namespace) -> int:
 
 
 def _contract_show(args: argparse.Namespace) -> int:
-    from . import contract, mini, session
+    from . import contract, mini
+    from .engine.starts import describe
 
     c = contract.load(args.name)
-    print(session.describe(c.teacher() if args.teacher else c, args.cache_dir or mini.default_cache_root()))
+    print(describe(c.teacher() if args.teacher else c, args.cache_dir or mini.default_cache_root()))
     return 0
 
 
@@ -123,14 +124,15 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _probe_collectives(args: argparse.Namespace) -> int:
-    from . import contract, mini, session
-    from .probe import probe_collectives
+    from . import contract, mini
+    from .engine.starts import probe_environment
+    from .engine.probe import probe_collectives
 
     c = contract.load(args.contract)
     world = c.engine.tensor_parallel
     cache = (args.cache_dir or mini.default_cache_root()).resolve()
     out = (args.out or Path("data") / "probe" / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    env = session.probe_environment(c, cache)
+    env = probe_environment(c, cache)
     print(f"b70lab: probing {world} ranks of {c.name} ({out})", file=sys.stderr, flush=True)
     result = probe_collectives(world, out, env, deadline_s=args.deadline, collective_s=args.collective_deadline,
                                stall_rank=args.stall_rank)

@@ -18,7 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_b70lab import contract, engine_client, launch, metrics, mini, throughput
+from pytest_b70lab import contract, metrics, mini, throughput
+from pytest_b70lab.engine import command
+from pytest_b70lab.engine.client import metrics_text, served_model, stream_completion
+from pytest_b70lab.engine.server import start_engine
 
 PROMPTS = [p.prompt for p in contract.load_prompts(contract.load("mini-laguna-cpu"))]
 SPEC = "vllm:spec_decode_num_"
@@ -51,22 +54,22 @@ def run_layout(name: str, model_dir: Path, out_dir: Path, tokens: int, niceness:
                env_extra: dict[str, str] | None = None) -> dict:
     spec = dict(LAYOUTS[name])
     speculative = spec.pop("speculative", False)
-    config = launch.ServeConfig(model=model_dir / "target", draft=model_dir / "draft" if speculative else None,
+    config = command.ServeConfig(model=model_dir / "target", draft=model_dir / "draft" if speculative else None,
                                 **spec)
     t0 = time.monotonic()
-    server = launch.start_engine(config, out_dir / name, out_dir / "state", niceness=niceness, env_extra=env_extra,
+    server = start_engine(config, out_dir / name, out_dir / "state", niceness=niceness, env_extra=env_extra,
                                  on_progress=lambda ph, t: print(f"  {name}: [{t:6.1f} s] {ph}", flush=True))
     try:
         start_s = time.monotonic() - t0
         with server.client() as client:
-            model = engine_client.served_model(client)
-            engine_client.stream_completion(client, model, "warm up", 8, prompt_id="warm-up")
-            before = engine_client.metrics_text(client)
+            model = served_model(client)
+            stream_completion(client, model, "warm up", 8, prompt_id="warm-up")
+            before = metrics_text(client)
             rates = []
             for i, prompt in enumerate(PROMPTS):
-                c = engine_client.stream_completion(client, model, prompt, tokens, prompt_id=str(i))
+                c = stream_completion(client, model, prompt, tokens, prompt_id=str(i))
                 rates.append(throughput.decode_rate(c.chunk_times, c.chunk_tokens))
-            spec = acceptance(before, engine_client.metrics_text(client))
+            spec = acceptance(before, metrics_text(client))
     finally:
         report = server.stop()
     return {"layout": name, "niceness": niceness, "env_extra": env_extra or {},
@@ -83,10 +86,10 @@ def main() -> int:
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--out", type=Path, default=Path("data/bench"))
     ap.add_argument("--niceness", type=int, default=0, help="run the engine at this nice level (client stays at 0)")
-    ap.add_argument("--bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND instead of launch.thread_binding's "
+    ap.add_argument("--bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND instead of environment.thread_binding's "
                                                  "(e.g. 0|0), to compare bindings")
     ap.add_argument("--allreduce", choices=("auto", "shm", "gloo"), default="auto",
-                    help="vLLM's SHM all-reduce or gloo (auto: launch.ranks_need_blocking_allreduce decides)")
+                    help="vLLM's SHM all-reduce or gloo (auto: environment.ranks_need_blocking_allreduce decides)")
     args = ap.parse_args()
     env_extra = {**({"VLLM_CPU_OMP_THREADS_BIND": args.bind} if args.bind else {}),
                  **({"VLLM_CPU_SHM_ALLREDUCE": "1" if args.allreduce == "shm" else "0"}

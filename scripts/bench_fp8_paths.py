@@ -21,7 +21,10 @@ import time
 from pathlib import Path
 
 from pytest_b70lab import contract as contract_mod
-from pytest_b70lab import engine_client, host, launch, session, throughput
+from pytest_b70lab.engine.starts import resolve_models, serve_config
+from pytest_b70lab.engine.client import audit, served_model, stream_completion
+from pytest_b70lab.engine.server import start_engine
+from pytest_b70lab import host, throughput
 from pytest_b70lab.quality import samples as quality_samples
 
 PATHS = {"native": {}, "portable": {"B70LAB_FP8_ATTENTION": "portable"}, "avx2": {"B70LAB_EMULATE_CPU": "avx2"}}
@@ -33,20 +36,20 @@ def one_start(c, models, path: str, out: Path, cache_root: Path, needles) -> dic
     for name in SWITCHES:
         os.environ.pop(name, None)
     os.environ.update(PATHS[path])
-    config = session.serve_config(c, models)
+    config = serve_config(c, models)
     t0 = time.monotonic()
-    server = launch.start_engine(config, out, cache_root / "engine-state", deadline_s=c.deadlines.start_s)
+    server = start_engine(config, out, cache_root / "engine-state", deadline_s=c.deadlines.start_s)
     rates, long_rates, prompt_tokens = [], [], []
     try:
         with server.client(timeout=c.deadlines.request_s) as client:
-            audits = engine_client.audit(client)
-            model = engine_client.served_model(client)
+            audits = audit(client)
+            model = served_model(client)
             for p in contract_mod.load_prompts(c):
-                r = engine_client.stream_completion(client, model, p.prompt, c.decode.tokens_per_request,
+                r = stream_completion(client, model, p.prompt, c.decode.tokens_per_request,
                                                     prompt_id=p.id, timeout_s=c.deadlines.request_s)
                 rates.append(throughput.decode_rate(r.chunk_times, r.chunk_tokens))
             for sample in needles:
-                r = engine_client.stream_completion(client, model, sample.prompt, NEEDLE_TOKENS, prompt_id=sample.id,
+                r = stream_completion(client, model, sample.prompt, NEEDLE_TOKENS, prompt_id=sample.id,
                                                     timeout_s=c.deadlines.request_s)
                 long_rates.append(throughput.decode_rate(r.chunk_times, r.chunk_tokens))
                 prompt_tokens.append(len(r.prompt_token_ids))
@@ -66,7 +69,7 @@ def main() -> int:
     args = parser.parse_args()
     cache_root = Path(os.environ.get("B70LAB_CACHE_DIR", "data/cache"))
     c = contract_mod.load(args.contract)
-    models = session.resolve_models(c, cache_root)
+    models = resolve_models(c, cache_root)
     q = c.quality
     samples = [s for s in quality_samples.load(contract_mod.repo_path(q.file), q.sha256, q.count)
                if s.family == "long_context"]

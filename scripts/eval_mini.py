@@ -21,7 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_b70lab import contract, engine_client, launch, mini
+from pytest_b70lab import contract, mini
+from pytest_b70lab.engine.client import served_model
+from pytest_b70lab.engine import command
+from pytest_b70lab.engine.server import start_engine
 from pytest_b70lab.mini import curriculum, evaluate
 
 SEED = 0
@@ -56,14 +59,14 @@ def tool_calls(client, model: str, sample: curriculum.Sample) -> list[dict]:
 
 def run(kv: str, folder: Path, out: Path, n: int, max_model_len: int, tok) -> dict:
     part = "target" if kv == "fp8" else "reference"
-    config = launch.ServeConfig(model=folder / part, kv_cache_dtype=kv, max_model_len=max_model_len,
+    config = command.ServeConfig(model=folder / part, kv_cache_dtype=kv, max_model_len=max_model_len,
                                 tool_call_parser="poolside_v1")
-    server = launch.start_engine(config, out / kv, out / "state",
+    server = start_engine(config, out / kv, out / "state",
                                  on_progress=lambda ph, t: print(f"  {kv}: [{t:6.1f} s] {ph}", flush=True))
     results: dict = {"kv_cache_dtype": kv, "model": part}
     try:
         with server.client(timeout=300) as client:
-            model = engine_client.served_model(client)
+            model = served_model(client)
             pairs = longest_needle(tok, max_model_len)
             plan = [("retrieval", "heldout", 8), ("code", "heldout", 128), ("code", "unseen", 128)]
             for family, split, max_tokens in plan:

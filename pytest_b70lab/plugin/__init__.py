@@ -174,12 +174,12 @@ def pytest_collection(session: pytest.Session) -> None:
     config = session.config
     if not config.getoption("--b70-dry-run") or hasattr(config, "workerinput"):
         return
-    from .. import session as session_mod
+    from ..engine.starts import describe
     from ..contract import ContractError
 
     state = config.stash[STATE]
     try:
-        text = session_mod.describe(state.contract, state.cache_root)
+        text = describe(state.contract, state.cache_root)
     except ContractError as e:
         raise pytest.UsageError(str(e)) from e
     reporter = config.pluginmanager.get_plugin("terminalreporter")

@@ -76,7 +76,7 @@ def collect_or_block(request: pytest.FixtureRequest, state: LabState, label: str
                       collect: Callable[[], list[evidence_mod.Evidence]]) -> list[evidence_mod.Evidence]:
     """The starts' evidence, or one failure that names the start, the cause and where to look: a start
     that could not begin (a model that fails its manifest, a missing checkpoint), or one that failed."""
-    from ..session import kind_dir
+    from ..engine.starts import kind_dir
 
     cause = None
     try:
@@ -108,7 +108,7 @@ def headline(failure: evidence_mod.Failure) -> str:
     """A failure's first line, and the cause the engine's output names (launch.root_cause over the error lines
     the launcher saw: the exception a rank raised, else the line naming a dead process, ...) with the process
     that wrote it: `...; cause on Worker_TP1_EP1: NotImplementedError: FP8 KV cache on CPU requires ...`."""
-    from ..launch import root_cause
+    from ..engine.logs import root_cause
 
     first = next((line.strip() for line in failure.message.strip().splitlines()), "") or "no cause recorded"
     found = root_cause(failure.first_errors)
@@ -123,14 +123,14 @@ def b70_evidence(request: pytest.FixtureRequest, b70_state: LabState,
                  b70_contract: contract_mod.Contract) -> list[evidence_mod.Evidence]:
     """Evidence of every fresh start of the contract: launched once per session (once across xdist
     workers), or read from --b70-evidence."""
-    from .. import session
+    from ..engine.starts import run_starts_once
 
     def collect() -> list[evidence_mod.Evidence]:
         if b70_state.replay_dir is not None:
             return b70_state.replay_evidence()
         b70_state.run_dir.mkdir(parents=True, exist_ok=True)
         b70_state.say(f"run folder {b70_state.run_dir}")
-        return session.collect_once(b70_contract, b70_state.run_dir, b70_state.cache_root, b70_state.say,
+        return run_starts_once(b70_contract, b70_state.run_dir, b70_state.cache_root, b70_state.say,
                                     quality=quality_for(b70_state, b70_contract),
                                     probe=probe_options(b70_state.config))
 
@@ -161,11 +161,11 @@ def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidenc
     """The checkpoint tables of the served target and draft (tensor moments, calibrated KV scales): the
     run folder's copy (so after `b70_evidence` has collected), else read from the checkpoints themselves. A
     part that cannot be read is None, with the reason under "problems" (its gates then fail closed)."""
-    from .. import session
+    from ..engine.starts import checkpoint_tables
     from ..evidence import EvidenceError
 
     try:
-        return session.checkpoint_tables(b70_state.run_dir, b70_contract, b70_state.cache_root)
+        return checkpoint_tables(b70_state.run_dir, b70_contract, b70_state.cache_root)
     except EvidenceError as e:
         pytest.fail(str(e), pytrace=False)
 
@@ -174,15 +174,15 @@ def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidenc
 def b70_teacher_evidence(request: pytest.FixtureRequest, b70_state: LabState,
                          b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
     """One start of the contract's teacher (target only), launched once per session."""
-    from .. import session
+    from ..engine.starts import run_starts_once, load_run
 
     teacher = b70_contract.teacher()
     if b70_state.replay_dir is not None:
         try:
-            return session.load_run(b70_state.replay_dir, kind="teacher")[0]
+            return load_run(b70_state.replay_dir, kind="teacher")[0]
         except lab_errors() as e:
             pytest.fail(str(e), pytrace=False)
-    return collect_or_block(request, b70_state, "teacher ", lambda: session.collect_once(
+    return collect_or_block(request, b70_state, "teacher ", lambda: run_starts_once(
         teacher, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
         quality=quality_for(b70_state, teacher), probe=probe_options(b70_state.config)))[0]
 
@@ -192,15 +192,15 @@ def b70_reference_evidence(request: pytest.FixtureRequest, b70_state: LabState,
                            b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
     """One start of the contract's unquantized-KV reference (target without its KV scheme, KV dtype auto),
     with the quality samples."""
-    from .. import session
+    from ..engine.starts import run_starts_once, load_run
 
     try:
         reference = b70_contract.unquantized_kv_reference()
         if b70_state.replay_dir is not None:
-            return session.load_run(b70_state.replay_dir, kind="reference")[0]
+            return load_run(b70_state.replay_dir, kind="reference")[0]
     except lab_errors() as e:
         pytest.fail(str(e), pytrace=False)
-    return collect_or_block(request, b70_state, "reference ", lambda: session.collect_once(
+    return collect_or_block(request, b70_state, "reference ", lambda: run_starts_once(
         reference, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
         quality=quality_samples(b70_contract), probe=probe_options(b70_state.config)))[0]
 
@@ -292,17 +292,18 @@ def b70_engine(b70_state: LabState, b70_run_dir: Path) -> Iterator[Callable[...,
     """Factory for tests that need an engine of their own: `b70_engine(config, name, env_extra=None)`
     returns a ready server in RUN/<name>. Servers a test does not stop are stopped at session end, and
     the session fails if any engine process outlives its teardown."""
-    from .. import launch
+    from ..engine.command import ServeConfig
+    from ..engine.server import EngineServer, EngineStartError, start_engine
 
-    started: list[launch.EngineServer] = []
+    started: list[EngineServer] = []
 
-    def start(config: launch.ServeConfig, name: str, env_extra: dict[str, str] | None = None,
+    def start(config: ServeConfig, name: str, env_extra: dict[str, str] | None = None,
               deadline_s: float = 900.0):
         try:
-            server = launch.start_engine(config, b70_run_dir / name, b70_state.cache_root / "engine-state",
+            server = start_engine(config, b70_run_dir / name, b70_state.cache_root / "engine-state",
                                          deadline_s=deadline_s, env_extra=env_extra,
                                          on_progress=lambda ph, t: b70_state.say(f"engine {name}: {ph} ({t:.0f} s)"))
-        except launch.EngineStartError as e:
+        except EngineStartError as e:
             pytest.fail(f"engine {name} did not start:\n{e}", pytrace=False)
         started.append(server)
         return server

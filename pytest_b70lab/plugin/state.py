@@ -88,11 +88,11 @@ class LabState:
         return self._contract
 
     def replay_evidence(self) -> list[evidence_mod.Evidence]:
-        from .. import session
+        from ..engine.starts import load_run
 
         assert self.replay_dir is not None
         if self._evidence is None:
-            self._evidence = session.load_run(self.replay_dir)
+            self._evidence = load_run(self.replay_dir)
         return self._evidence
 
     def say(self, message: str) -> None:
@@ -179,9 +179,9 @@ def prompt_set(config: pytest.Config, contract: contract_mod.Contract) -> list[c
     judged). A replayed run folder carries a copy, checked against the same pinned sha256."""
     state = config.stash[STATE]
     from .. import contract as contract_mod
-    from .. import session
+    from ..engine.starts import PROMPTS_COPY
 
-    copy = state.replay_dir / session.PROMPTS_COPY if state.replay_dir is not None else None
+    copy = state.replay_dir / PROMPTS_COPY if state.replay_dir is not None else None
     return contract_mod.load_prompts(contract, fallback=copy)
 
 
@@ -240,13 +240,13 @@ def model_errors() -> tuple[type[Exception], ...]:
     capability preflight."""
     from ..capability import CapabilityError
     from ..mini import MiniModelError
-    from ..probe import ProbeError
+    from ..engine.probe import ProbeError
 
     return MiniModelError, ProbeError, CapabilityError
 
 
 def probe_options(config: pytest.Config):
-    from ..session import ProbeOptions
+    from ..engine.starts import ProbeOptions
 
     return ProbeOptions(enabled=not config.getoption("--b70-no-probe"),
                         deadline_s=config.getoption("--b70-probe-deadline"),

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_b70lab import contract, engine_client, launch, mini
+from pytest_b70lab import contract, mini
+from pytest_b70lab.engine.client import served_model, stream_completion
+from pytest_b70lab.engine import command
 from pytest_b70lab.mini.draft_model import DFlashDraft, target_aux_hidden
 from pytest_b70lab.in_engine.draft_capture import ENV_CAPTURE
 
@@ -72,15 +74,15 @@ def _rebuild(prompt: str, sequence: list[int], steps: list[dict[str, torch.Tenso
 def engine_capture(b70_engine, b70_mini_model: Path, tmp_path_factory) -> list[RequestSteps]:
     capture = tmp_path_factory.mktemp("draft-capture")
     manifest = mini.load_manifest(b70_mini_model)
-    config = launch.ServeConfig(model=b70_mini_model / manifest["reference"]["path"], dtype="float32",
+    config = command.ServeConfig(model=b70_mini_model / manifest["reference"]["path"], dtype="float32",
                                 kv_cache_dtype="auto", draft=b70_mini_model / manifest["draft"]["path"],
                                 num_speculative_tokens=manifest["draft"]["num_speculative_tokens"],
                                 enforce_eager=True)
     server = b70_engine(config, "draft-parity", {ENV_CAPTURE: str(capture)})
     try:
         with server.client() as client:
-            model = engine_client.served_model(client)
-            completions = {name: engine_client.stream_completion(client, model, prompt, TOKENS, prompt_id=name)
+            model = served_model(client)
+            completions = {name: stream_completion(client, model, prompt, TOKENS, prompt_id=name)
                            for name, prompt in PROMPTS.items()}
     finally:
         report = server.stop()

@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pytest_b70lab import engine_client, launch
+from pytest_b70lab.engine import command
+from pytest_b70lab.engine.client import audit, served_model, stream_completion
 from pytest_b70lab.in_engine import fixes
 
 pytestmark = pytest.mark.engine
@@ -47,14 +48,14 @@ def transformers_greedy(b70_mini_model: Path) -> dict[str, dict[str, list[int]]]
 
 
 def _serve_reference(b70_engine, model_dir: Path, name: str, env_extra=None, enforce_eager=False):
-    config = launch.ServeConfig(model=model_dir / "reference", dtype="float32", kv_cache_dtype="auto",
+    config = command.ServeConfig(model=model_dir / "reference", dtype="float32", kv_cache_dtype="auto",
                                 enforce_eager=enforce_eager)
     server = b70_engine(config, name, env_extra)
     try:
         with server.client() as client:
-            model = engine_client.served_model(client)
-            audits = engine_client.audit(client)
-            completions = {name: engine_client.stream_completion(client, model, prompt, TOKENS, prompt_id=name)
+            model = served_model(client)
+            audits = audit(client)
+            completions = {name: stream_completion(client, model, prompt, TOKENS, prompt_id=name)
                            for name, prompt in PROMPTS.items()}
     finally:
         report = server.stop()

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import checkpoint, contract, host, session
+from pytest_b70lab import checkpoint, contract, host
+from pytest_b70lab.engine.starts import TABLES_COPY, load_run, model_folder
 from pytest_b70lab.in_engine import portable_fp8
 
 pytestmark = pytest.mark.engine
@@ -51,7 +52,7 @@ def test_a_path_checkpoint_is_promotable_on_the_portable_path_with_full_load_aud
 
     verdict = json.loads((run_dir / "promotion.json").read_text())
     assert verdict["promotable"] and verdict["complete"] and verdict["contract"] == CONTRACT
-    starts = session.load_run(run_dir)
+    starts = load_run(run_dir)
     for start in starts:
         assert start.host["emulated"] == ("avx2" if emulated else None), start.host
         for audit in start.audits:
@@ -59,9 +60,9 @@ def test_a_path_checkpoint_is_promotable_on_the_portable_path_with_full_load_aud
             assert (path["implementation"], path["op_library"], path["torch_cpu_capability"]) == \
                 (portable_fp8.IMPLEMENTATION, "_C_AVX2", "AVX2"), f"start-{start.start_index}: {path}"
     # The tables came from reading the exported folders, not from a manifest.
-    folders = {part: session.model_folder(getattr(contract.load(CONTRACT), part)) for part in ("target", "draft")}
+    folders = {part: model_folder(getattr(contract.load(CONTRACT), part)) for part in ("target", "draft")}
     assert not any((f / "manifest.json").exists() for f in folders.values())
-    tables = json.loads((run_dir / session.TABLES_COPY).read_text())
+    tables = json.loads((run_dir / TABLES_COPY).read_text())
     for part, folder in folders.items():
         assert tables[part]["digest"] == checkpoint.read_table(folder)["digest"]
     audits = [g["observed"] for g in verdict["gates"] if g["gate"] == "load-audit"]

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import checkpoint, contract, evidence, session
+from pytest_b70lab import checkpoint, contract, evidence
+from pytest_b70lab.engine import starts
 from pytest_b70lab.quality import samples
 
 pytestmark = pytest.mark.engine
@@ -51,13 +52,13 @@ def test_a_scaled_down_k_scale_fails_long_context_and_nothing_else(tmp_path: Pat
     q = c.quality
     quality_set = samples.load(contract.repo_path(q.file), q.sha256, q.count)
     target = degraded_copy(b70_mini_model / "target", tmp_path / "degraded" / "target", LAYER, FACTOR)
-    models = session.resolve_models(c, b70_cache_root)
+    models = starts.resolve_models(c, b70_cache_root)
     models = replace(models, target_model=target,
                      target=evidence.ModelRef(ref=str(target), digest=checkpoint.read_table(target)["digest"]))
     run = tmp_path / "run"
-    record = session.run_start(c, models, run / "start-1", b70_cache_root / "engine-state", 1, quality=quality_set)
+    record = starts.run_start(c, models, run / "start-1", b70_cache_root / "engine-state", 1, quality=quality_set)
     assert record.status == "ok", record.failure
-    assert record.target.digest != session.resolve_models(c, b70_cache_root).target.digest
+    assert record.target.digest != starts.resolve_models(c, b70_cache_root).target.digest
 
     junit = tmp_path / "quality.xml"
     env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}

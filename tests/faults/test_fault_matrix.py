@@ -25,6 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pytest_b70lab.engine import probe
+
 pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = REPO / "fixtures" / "contracts" / "mini-laguna-cpu.toml"
@@ -136,7 +138,7 @@ def _probe_ranks(run_dir: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info.get("cmdline") or []
-        if "pytest_b70lab.probe" in cmd and any(str(run_dir) in a for a in cmd):
+        if probe.RANK_MODULE in cmd and any(str(run_dir) in a for a in cmd):
             found.append(p)
     return found
 

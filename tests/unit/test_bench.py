@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import bench, cli, evidence, session, throughput
+from pytest_b70lab import bench, cli, evidence, throughput
+from pytest_b70lab.engine.starts import load_run
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "fixtures" / "bench" / "vllm-bench-serve-detailed.json"
@@ -45,7 +46,7 @@ def test_a_sessions_drift_is_recomputed_from_its_arrival_times() -> None:
     """The committed bundle: start-2 compiled nothing (it loaded), start-1 compiled; its medians are 2.8 %
     apart upwards while the paired figure says start-2 was 5 % slower."""
     drift = bench.session_drift(BUNDLE)
-    starts = session.load_run(BUNDLE)
+    starts = load_run(BUNDLE)
     rates = [{r.prompt_id: throughput.decode_rate(r.chunk_times, r.chunk_tokens) for r in s.requests} for s in starts]
     assert drift.median_ratio == pytest.approx(statistics.median(rates[1].values()) / statistics.median(rates[0].values()))
     assert drift.paired == pytest.approx(statistics.geometric_mean([rates[1][k] / rates[0][k] for k in rates[0]]))
@@ -90,15 +91,15 @@ def test_the_reproduction_part_knows_its_compile_cache_choices(tmp_path: Path) -
         bench.reproduction_sessions("mini-laguna-cpu", tmp_path, tmp_path / "out", sessions=1, compile_cache="cold")
     assert not (tmp_path / "out").exists(), "nothing runs before the choice is checked"
     # The folder it empties is the one every engine start of that cache root compiles into.
-    from pytest_b70lab import launch
+    from pytest_b70lab.engine import environment
 
-    env = launch.engine_environment(tmp_path / "engine-state", 2, materialize=False)
+    env = environment.engine_environment(tmp_path / "engine-state", 2, materialize=False)
     assert bench.compile_cache_dir(tmp_path) == Path(env["VLLM_CACHE_ROOT"]) / "torch_compile_cache"
 
 
 def test_a_starts_two_passes_are_read_as_gate_7_reads_two_starts() -> None:
     """The steadiness control: the bundle's two starts stand in for one start's two passes."""
-    starts = session.load_run(BUNDLE)
+    starts = load_run(BUNDLE)
     rates = [throughput.arrival_rates(s.requests)[0] for s in starts]
     drift = bench.pass_drift(rates[0], rates[1], (0.0, 0.01))
     gate7 = bench.session_drift(BUNDLE)

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import capability, cli, contract, launch, session
+from pytest_b70lab import capability, cli, contract
 from pytest_b70lab.capability import GIB, MIB, CapabilityError, Machine, preflight
+from pytest_b70lab.engine import starts
+from pytest_b70lab.engine.environment import engine_environment
+from pytest_b70lab.engine.starts import ProbeOptions
 
 pytest_plugins = ["pytester"]
 
@@ -221,7 +224,7 @@ def test_too_little_memory_is_flagged_and_cores_are_not_counted() -> None:
 
 
 def test_the_kv_space_is_the_one_launch_sets(tmp_path: Path) -> None:
-    env = launch.engine_environment(tmp_path, 2, materialize=False)
+    env = engine_environment(tmp_path, 2, materialize=False)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == str(capability.KV_CACHE_SPACE_GIB)
 
 
@@ -303,15 +306,15 @@ def test_a_session_stops_at_the_capability_preflight_before_anything_else(tmp_pa
     def not_reached(*_args, **_kwargs):
         raise LookupError("resolve_models reached")
 
-    monkeypatch.setattr(session, "resolve_models", not_reached)
+    monkeypatch.setattr(starts, "resolve_models", not_reached)
     c = contract.load(PRODUCTION)
     with pytest.raises(CapabilityError) as e:
-        session.collect(c, tmp_path / "run", tmp_path / "cache", probe=session.ProbeOptions())
+        starts.run_starts(c, tmp_path / "run", tmp_path / "cache", probe=ProbeOptions())
     assert str(e.value).startswith("capability preflight: page size: needs block_size 32"), str(e.value)
     assert "page size" in _checks(e.value.problems)
     assert not (tmp_path / "run").exists()
     with pytest.raises(LookupError):
-        session.collect(c, tmp_path / "run", tmp_path / "cache", probe=session.ProbeOptions(enabled=False))
+        starts.run_starts(c, tmp_path / "run", tmp_path / "cache", probe=ProbeOptions(enabled=False))
 
 
 def test_verdict_text_has_one_line_per_problem() -> None:

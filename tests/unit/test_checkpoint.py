@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pytest_b70lab import checkpoint, cli, digests, mini
+from pytest_b70lab.engine import starts
 from pytest_b70lab.checkpoint import CheckpointError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -410,7 +411,7 @@ def test_a_stale_mini_export_is_refreshed_and_a_foreign_folder_is_not(tmp_path: 
                                                                       b70_mini_model: Path) -> None:
     """An export left by an earlier mini (its mark says it is ours) is replaced by the current mini's; a
     folder without the mark is somebody's checkpoint and is served as it is."""
-    from pytest_b70lab import contract, session
+    from pytest_b70lab import contract
 
     text = contract.resolve_path("mini-laguna-cpu-path").read_text()
     export = tmp_path / "export"
@@ -419,11 +420,11 @@ def test_a_stale_mini_export_is_refreshed_and_a_foreign_folder_is_not(tmp_path: 
     mini.export_plain(b70_mini_model, export)
     stale = export / "target" / "config.json"
     stale.write_text(stale.read_text().replace('"hidden_size"', '"hidden_size" ', 1))  # an older mini's file
-    models = session.resolve_models(contract.load(spec), b70_cache_root)
+    models = starts.resolve_models(contract.load(spec), b70_cache_root)
     assert models.tables["target"]["digest"] == checkpoint.read_table(b70_mini_model / "target", None)["digest"]
 
     (export / mini.EXPORT_MARK).unlink()  # now a plain folder the harness did not write
     stale.write_text(stale.read_text().replace('"hidden_size"', '"hidden_size" ', 1))
     edited = digests.file_sha256(stale)
-    session.resolve_models(contract.load(spec), b70_cache_root)
+    starts.resolve_models(contract.load(spec), b70_cache_root)
     assert digests.file_sha256(stale) == edited, "a folder without the export mark must never be rewritten"

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from pytest_b70lab import host, launch
+from pytest_b70lab import host
+from pytest_b70lab.engine import environment
 from pytest_b70lab.in_engine import cpu_emulation
 
 pytest.importorskip("vllm")
@@ -39,7 +40,7 @@ def _probe(environ: dict[str, str]) -> dict:
 
 
 def test_the_avx2_emulation_loads_vllms_avx2_library_and_refuses_native_fp8(tmp_path) -> None:
-    env = {**launch.engine_environment(tmp_path, 1, materialize=False), "B70LAB_EMULATE_CPU": "avx2",
+    env = {**environment.engine_environment(tmp_path, 1, materialize=False), "B70LAB_EMULATE_CPU": "avx2",
            **cpu_emulation.EMULATION_ENVIRONMENT["avx2"]}
     seen = _probe(env)
     assert seen == {"library": "_C_AVX2", "applied": "avx2", "capability": "AVX2",
@@ -47,7 +48,7 @@ def test_the_avx2_emulation_loads_vllms_avx2_library_and_refuses_native_fp8(tmp_
 
 
 def test_without_the_emulation_the_cpu_is_what_it_is(tmp_path) -> None:
-    env = {k: v for k, v in launch.engine_environment(tmp_path, 1, materialize=False).items()
+    env = {k: v for k, v in environment.engine_environment(tmp_path, 1, materialize=False).items()
            if k not in ("B70LAB_EMULATE_CPU", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
     seen = _probe(env)
     identity = host.cpu_identity(environ={})
@@ -60,9 +61,9 @@ def test_without_the_emulation_the_cpu_is_what_it_is(tmp_path) -> None:
 
 def test_the_launch_sets_torchs_isa_and_keeps_compiled_code_apart(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("B70LAB_EMULATE_CPU", "avx2")
-    env = launch.engine_environment(tmp_path, 1, materialize=False)
+    env = environment.engine_environment(tmp_path, 1, materialize=False)
     assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "emulate-avx2"))
     monkeypatch.setenv("B70LAB_EMULATE_CPU", "avx9")
     with pytest.raises(cpu_emulation.EmulationError, match="known emulations are avx2"):
-        launch.engine_environment(tmp_path, 1, materialize=False)
+        environment.engine_environment(tmp_path, 1, materialize=False)

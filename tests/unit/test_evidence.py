@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import evidence, session
+from pytest_b70lab import evidence
+from pytest_b70lab.engine import starts
 
 BUNDLE = Path(__file__).resolve().parents[2] / "fixtures" / "evidence" / "mini-laguna-cpu"
 
@@ -56,13 +57,13 @@ def test_damaged_evidence_is_a_clear_error(copy_of_start: Path, content: str, me
 
 def test_a_run_folder_without_evidence_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(evidence.EvidenceError, match="no candidate evidence under"):
-        session.load_run(tmp_path)
+        starts.load_run(tmp_path)
 
 
 def test_decode_rate_of_recorded_requests_follows_the_accounting() -> None:
     from pytest_b70lab import throughput
 
-    start = session.load_run(BUNDLE)[0]
+    start = starts.load_run(BUNDLE)[0]
     for r in start.requests:
         times = throughput.token_arrival_times(r.chunk_times, r.chunk_tokens)
         assert len(times) == len(r.token_ids)

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import evidence, launch
+from pytest_b70lab import evidence
+from pytest_b70lab.engine.logs import UNRAISABLE, TracebackEnds, is_exception_line, root_cause, split_line
+from pytest_b70lab.engine.server import EngineServer
 from pytest_b70lab.plugin import fixtures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +39,7 @@ class _Output:
 
 def _first_errors(text: str, tmp_path: Path) -> list[str]:
     """The error lines the launcher keeps of `text`, read as it reads a running server's output."""
-    server = launch.EngineServer(lambda sock: ["true"], {}, tmp_path)
+    server = EngineServer(lambda sock: ["true"], {}, tmp_path)
     try:
         (tmp_path / "ranks").mkdir(parents=True, exist_ok=True)
         server.proc = _Output(text.encode())  # type: ignore[assignment]
@@ -50,7 +52,7 @@ def _first_errors(text: str, tmp_path: Path) -> list[str]:
 def test_the_rank_that_refused_its_kv_cache_is_the_cause(tmp_path: Path) -> None:
     errors = _first_errors(LOG.read_text(encoding="utf-8"), tmp_path)
     assert not any("RecursionError" in e for e in errors), errors  # the ignored exceptions are no error lines
-    assert launch.root_cause(errors) == ("Worker_TP1_EP1", f"NotImplementedError: {INJECTED}")
+    assert root_cause(errors) == ("Worker_TP1_EP1", f"NotImplementedError: {INJECTED}")
 
 
 def test_the_headline_names_the_real_refusal_and_its_rank(tmp_path: Path) -> None:
@@ -67,8 +69,8 @@ def test_evidence_written_before_exception_lines_were_kept_still_names_the_dead_
     old = ["Traceback (most recent call last):"] * 4 + [
         "(EngineCore pid=7803) ERROR 12-01 09:15:03 [core.py:1510] RuntimeError: Worker failed with error 'x', "
         "please check the stack trace above for the root cause", DIED]
-    assert launch.root_cause(old) == ("EngineCore", DIED.split("] ", 1)[1])
-    assert launch.root_cause(["Traceback (most recent call last):"]) is None  # names nothing: never the cause
+    assert root_cause(old) == ("EngineCore", DIED.split("] ", 1)[1])
+    assert root_cause(["Traceback (most recent call last):"]) is None  # names nothing: never the cause
     failure = evidence.Failure(message="the server exited with code 1",
                                first_errors=["Traceback (most recent call last):"])
     assert fixtures.headline(failure) == "the server exited with code 1"
@@ -83,7 +85,7 @@ def test_evidence_written_before_exception_lines_were_kept_still_names_the_dead_
     "KeyboardInterrupt",
 ])
 def test_any_exception_class_is_an_exception_line(body: str) -> None:
-    assert launch.is_exception_line(body)
+    assert is_exception_line(body)
 
 
 @pytest.mark.parametrize("body", [
@@ -95,7 +97,7 @@ def test_any_exception_class_is_an_exception_line(body: str) -> None:
     "",
 ])
 def test_other_lines_are_not(body: str) -> None:
-    assert not launch.is_exception_line(body)
+    assert not is_exception_line(body)
 
 
 def test_a_chained_exception_names_the_first_one_raised() -> None:
@@ -109,10 +111,10 @@ def test_a_chained_exception_names_the_first_one_raised() -> None:
         text = "".join(traceback.format_exception(e))
     lines = [f"(Worker_TP0 pid=9) ERROR 12-01 09:15:02 [multiproc_executor.py:953] {line}"
              for line in text.splitlines()]
-    ends = launch.TracebackEnds()
-    assert [launch.split_line(line)[1] for line in lines if ends.feed(line) == ends.END] == [
+    ends = TracebackEnds()
+    assert [split_line(line)[1] for line in lines if ends.feed(line) == ends.END] == [
         "KeyError: 'kv_cache'", "RuntimeError: could not build the attention"]
-    assert launch.root_cause(lines) == ("Worker_TP0", "KeyError: 'kv_cache'")
+    assert root_cause(lines) == ("Worker_TP0", "KeyError: 'kv_cache'")
 
 
 @pytest.mark.parametrize(("errors", "cause"), [
@@ -136,19 +138,19 @@ def test_a_chained_exception_names_the_first_one_raised() -> None:
     (["Segfault encountered"], (None, "Segfault encountered")),
 ])
 def test_the_choice_of_cause(errors: list[str], cause: tuple[str | None, str]) -> None:
-    assert launch.root_cause(errors) == cause
+    assert root_cause(errors) == cause
 
 
 def test_the_log_findings_keep_raised_exceptions_and_error_records_not_ignored_tracebacks() -> None:
     """What a start's evidence keeps of this log for evidence-logs: the exception lines of the tracebacks a
     process raised (never those of the four tracebacks Python ignored while compiling), and vLLM's ERROR
     records."""
-    from pytest_b70lab import session
+    from pytest_b70lab.engine import starts
 
     lines = LOG.read_text().splitlines()
-    found = session.log_findings(lines, limit=len(lines))
-    assert set(found) == {*session.LOG_FINDINGS, session.EXCEPTION_FINDING}
-    ignored = [i + 1 for i, line in enumerate(lines) if line.startswith(launch.UNRAISABLE)]
+    found = starts.log_findings(lines, limit=len(lines))
+    assert set(found) == {*starts.LOG_FINDINGS, starts.EXCEPTION_FINDING}
+    ignored = [i + 1 for i, line in enumerate(lines) if line.startswith(UNRAISABLE)]
     assert len(ignored) == 4
     assert not [line for line in found["exception"] if "RecursionError" in line], found["exception"]
     assert any(REAL in line or INJECTED in line for line in found["exception"]), found["exception"]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import gates, metrics, session, teacher, throughput
+from pytest_b70lab import gates, metrics, teacher, throughput
+from pytest_b70lab.engine.starts import PROMPTS_COPY, checkpoint_tables, load_run
 from pytest_b70lab.contract import Contract, load_prompts
 from pytest_b70lab.evidence import Evidence, sha256_ids
 
@@ -26,9 +27,9 @@ SNAPSHOTS = REPO / "tests" / "gates"
 
 class Run:
     def __init__(self) -> None:
-        self.starts: list[Evidence] = session.load_run(BUNDLE)
+        self.starts: list[Evidence] = load_run(BUNDLE)
         self.contract = Contract.model_validate(self.starts[0].contract.canonical, strict=False)
-        self.tables: dict = session.checkpoint_tables(BUNDLE, self.contract, BUNDLE / "no-cache")
+        self.tables: dict = checkpoint_tables(BUNDLE, self.contract, BUNDLE / "no-cache")
         self.snapshots = {r.prompt_id: teacher.read(teacher.snapshot_path(SNAPSHOTS, self.contract, r.prompt_id))
                           for r in self.starts[0].requests}
         # The sizes of the run folder's rank logs, as the evidence check reads them: the committed bundle keeps
@@ -50,7 +51,7 @@ class Run:
     @property
     def prompts(self) -> list[str]:
         """The contract's prompt set (as the plugin parametrizes it), not the evidence's requests."""
-        return [p.id for p in load_prompts(self.contract, fallback=BUNDLE / session.PROMPTS_COPY)]
+        return [p.id for p in load_prompts(self.contract, fallback=BUNDLE / PROMPTS_COPY)]
 
 
 def all_verdicts(run: Run) -> list[gates.Verdict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -11,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import contract as contract_mod
-from pytest_b70lab import launch, session
+from pytest_b70lab.engine import starts
+from pytest_b70lab.engine.command import ServeConfig, TcpListen, vllm_serve_command
+from pytest_b70lab.engine.environment import (XPU_CARDS_VARIABLE, XPU_DIST_BACKEND, XPU_PER_RANK_VARIABLES,
+                                              engine_environment, ranks_need_blocking_allreduce, thread_binding,
+                                              xpu_environment)
 
 
 @pytest.mark.parametrize(("cores", "world", "expected"), [
@@ -23,8 +28,8 @@ from pytest_b70lab import launch, session
     ({2, 3, 9}, 3, "2|3|9"),
 ])
 def test_thread_binding_gives_ranks_their_own_cores_where_it_can(monkeypatch, cores, world, expected) -> None:
-    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _pid: cores)
-    assert launch.thread_binding(world) == expected
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: cores)
+    assert thread_binding(world) == expected
 
 
 @pytest.mark.parametrize(("cores", "world", "blocking"), [
@@ -36,25 +41,25 @@ def test_thread_binding_gives_ranks_their_own_cores_where_it_can(monkeypatch, co
 ])
 def test_the_spinning_shm_allreduce_is_turned_off_when_ranks_lack_cores(monkeypatch, tmp_path, cores, world,
                                                                         blocking) -> None:
-    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _pid: cores)
-    assert launch.ranks_need_blocking_allreduce(world) is blocking
-    env = launch.engine_environment(tmp_path, world, device="cpu", materialize=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: cores)
+    assert ranks_need_blocking_allreduce(world) is blocking
+    env = engine_environment(tmp_path, world, device="cpu", materialize=False)
     assert (env.get("VLLM_CPU_SHM_ALLREDUCE") == "0") is blocking
-    assert "VLLM_CPU_SHM_ALLREDUCE" not in launch.engine_environment(tmp_path, world, device="xpu",
+    assert "VLLM_CPU_SHM_ALLREDUCE" not in engine_environment(tmp_path, world, device="xpu",
                                                                      materialize=False)
 
 
 def test_the_benchmark_mode_listens_on_loopback_and_keeps_its_key_off_the_command_line(tmp_path: Path) -> None:
-    tcp = launch.TcpListen.fresh()
-    assert tcp.port > 0 and len(tcp.api_key) >= 24 and tcp != launch.TcpListen.fresh()
-    cmd = launch.vllm_serve_command("m", tmp_path / "s.sock", ["--seed", "0"], tcp)
+    tcp = TcpListen.fresh()
+    assert tcp.port > 0 and len(tcp.api_key) >= 24 and tcp != TcpListen.fresh()
+    cmd = vllm_serve_command("m", tmp_path / "s.sock", ["--seed", "0"], tcp)
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == str(tcp.port)
     assert "--uds" not in cmd and tcp.api_key not in " ".join(cmd) and "--api-key" not in cmd
-    assert "--uds" in launch.vllm_serve_command("m", tmp_path / "s.sock", [])
+    assert "--uds" in vllm_serve_command("m", tmp_path / "s.sock", [])
 
 
 def test_serve_arguments_fix_the_measurement_conditions(tmp_path: Path) -> None:
-    config = launch.ServeConfig(model=tmp_path / "target", draft=tmp_path / "draft", tensor_parallel=2,
+    config = ServeConfig(model=tmp_path / "target", draft=tmp_path / "draft", tensor_parallel=2,
                                 expert_parallel=True, attention_backend="FLASH_ATTN")
     args = config.args()
     for flag in ("--no-enable-prefix-caching", "--no-async-scheduling", "--enable-prompt-tokens-details",
@@ -64,18 +69,18 @@ def test_serve_arguments_fix_the_measurement_conditions(tmp_path: Path) -> None:
     assert args[args.index("--attention-backend") + 1] == "FLASH_ATTN"
     spec = json.loads(args[args.index("--speculative-config") + 1])
     assert spec == {"method": "dflash", "model": str((tmp_path / "draft").resolve()), "num_speculative_tokens": 11}
-    cmd = launch.vllm_serve_command(config.model_ref, tmp_path / "s.sock", args)
+    cmd = vllm_serve_command(config.model_ref, tmp_path / "s.sock", args)
     assert cmd[1:5] == ["-m", "pytest_b70lab.vllm_entry", "serve", str((tmp_path / "target").resolve())]
 
 
 def test_engine_environment_keeps_caches_inside_the_state_folder(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("VLLM_SOMETHING_FROM_OUTSIDE", "x")
-    env = launch.engine_environment(tmp_path, 2, device="cpu")
+    env = engine_environment(tmp_path, 2, device="cpu")
     for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_RPC_BASE_PATH", "TMPDIR", "HF_HOME"):
         assert Path(env[var]).is_dir() and Path(env[var]).is_relative_to(tmp_path)
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
     assert "VLLM_SOMETHING_FROM_OUTSIDE" not in env, "the engine sees the contract's settings and nothing else"
-    xpu = launch.engine_environment(tmp_path / "x", 4, device="xpu", offline=False, materialize=False)
+    xpu = engine_environment(tmp_path / "x", 4, device="xpu", offline=False, materialize=False)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in xpu and "HF_HUB_OFFLINE" not in xpu
     assert not (tmp_path / "x").exists()
 
@@ -88,9 +93,9 @@ PRODUCTION = "laguna-s-2.1-int4-fp8kv-b70"
 def _dry_run(tmp_path: Path, monkeypatch) -> tuple[contract_mod.Contract, list[str], dict[str, str], str]:
     """The production contract, and the command and environment its dry run shows (read back from the text)."""
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))  # the hub models are absent: nothing is read
-    monkeypatch.delenv(launch.XPU_CARDS_VARIABLE, raising=False)
+    monkeypatch.delenv(XPU_CARDS_VARIABLE, raising=False)
     c = contract_mod.load(PRODUCTION)
-    text = session.describe(c, tmp_path / "cache")
+    text = starts.describe(c, tmp_path / "cache")
     lines = text.splitlines()
     command = shlex.split(lines[lines.index("command:") + 1])
     at = next(i for i, line in enumerate(lines) if line.startswith("environment"))
@@ -167,7 +172,7 @@ def test_the_production_dry_run_selects_four_cards_and_xccl(tmp_path: Path, monk
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert (env["CCL_ATL_TRANSPORT"], env["CCL_ZE_IPC_EXCHANGE"]) == ("ofi", "sockets")
     assert _value(command, "--distributed-executor-backend") == "mp"
-    assert f"torch.distributed backend {launch.XPU_DIST_BACKEND}" in text and launch.XPU_DIST_BACKEND == "xccl"
+    assert f"torch.distributed backend {XPU_DIST_BACKEND}" in text and XPU_DIST_BACKEND == "xccl"
     assert not [k for k in env if k.startswith("VLLM_CPU_")], "no CPU setting reaches the XPU engine"
 
 
@@ -177,21 +182,21 @@ def test_the_profiles_backend_is_the_one_vllms_xpu_platform_uses() -> None:
     if spec is None or spec.origin is None:
         pytest.skip("vLLM is not installed here")
     source = (Path(spec.origin).parent / "platforms" / "xpu.py").read_text()
-    assert re.search(rf'dist_backend: str = "{launch.XPU_DIST_BACKEND}"', source)
+    assert re.search(rf'dist_backend: str = "{XPU_DIST_BACKEND}"', source)
     assert 'device_control_env_var: str = "ZE_AFFINITY_MASK"' in source
 
 
 def test_the_xpu_profile_keeps_per_rank_variables_of_the_caller_away(tmp_path: Path, monkeypatch) -> None:
-    for var in launch.XPU_PER_RANK_VARIABLES:
+    for var in XPU_PER_RANK_VARIABLES:
         monkeypatch.setenv(var, "7")
-    env = launch.engine_environment(tmp_path, 4, device="xpu", materialize=False)
-    assert not set(launch.XPU_PER_RANK_VARIABLES) & set(env)
+    env = engine_environment(tmp_path, 4, device="xpu", materialize=False)
+    assert not set(XPU_PER_RANK_VARIABLES) & set(env)
     assert env["ZE_AFFINITY_MASK"] == "0,1,2,3"
-    assert launch.xpu_environment(2, devices=[3, 1])["ZE_AFFINITY_MASK"] == "3,1"
-    monkeypatch.setenv(launch.XPU_CARDS_VARIABLE, "1,2,3,4")  # a host whose first Level Zero GPU is not a B70
-    assert launch.engine_environment(tmp_path, 4, device="xpu", materialize=False)["ZE_AFFINITY_MASK"] == "1,2,3,4"
+    assert xpu_environment(2, devices=[3, 1])["ZE_AFFINITY_MASK"] == "3,1"
+    monkeypatch.setenv(XPU_CARDS_VARIABLE, "1,2,3,4")  # a host whose first Level Zero GPU is not a B70
+    assert engine_environment(tmp_path, 4, device="xpu", materialize=False)["ZE_AFFINITY_MASK"] == "1,2,3,4"
     for bad in ([0, 1, 2], [0, 0, 1, 2], [-1, 0, 1, 2]):
         with pytest.raises(ValueError, match="4 distinct card indices"):
-            launch.xpu_environment(4, devices=bad)
-    cpu = launch.ServeConfig(model="m", tensor_parallel=4).args()
+            xpu_environment(4, devices=bad)
+    cpu = ServeConfig(model="m", tensor_parallel=4).args()
     assert "--distributed-executor-backend" not in cpu, "the CPU launch keeps vLLM's own executor choice"

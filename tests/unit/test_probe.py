@@ -10,12 +10,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_b70lab import cli, launch
-from pytest_b70lab.probe import PROBE_FILE, ProbeResult, RankState, probe_collectives
+from pytest_b70lab import cli
+from pytest_b70lab.engine import environment
+from pytest_b70lab.engine.probe import PROBE_FILE, ProbeResult, RankState, probe_collectives
 
 
 def _env(tmp_path: Path, world: int) -> dict[str, str]:
-    return launch.engine_environment(tmp_path / "engine-state", world)
+    return environment.engine_environment(tmp_path / "engine-state", world)
 
 
 def _saved(folder: Path) -> ProbeResult:
@@ -61,3 +62,13 @@ def test_a_rank_that_never_enters_the_all_reduce_fails_in_seconds(tmp_path: Path
     assert "the all_reduce did not complete within 5 s of the first rank entering it" in result.problems
     assert result.injected == "rank 1 stalls before the all_reduce"
     _no_rank_left(result)
+
+
+def test_the_rank_module_the_fault_matrix_looks_for_is_the_probe_itself() -> None:
+    """The fault matrix finds leftover probe ranks by this name in their command lines: a move that left it
+    behind would turn that check into one that finds nothing and passes."""
+    import importlib.util
+
+    from pytest_b70lab.engine import probe
+
+    assert importlib.util.find_spec(probe.RANK_MODULE).origin == probe.__file__

@@ -27,7 +27,7 @@ DATA = {"contract", "evidence", "digests", "metrics", "checkpoint", "throughput"
         "host"}
 JUDGEMENT = {"gates", "teacher", "snapshots", "verdict", "replay", "quality.judge", "quality.scoring",
              "quality.checks", "quality.baseline", "quality.samples"}
-ENGINE = {"launch", "session", "engine_client", "probe", "capability"}
+ENGINE = {"engine", "capability"}
 SURFACES = {"plugin", "cli", "bench"}
 
 
@@ -161,10 +161,10 @@ def test_the_in_engine_package_imports_nothing() -> None:
     ("in_engine.observe", "from .. import gates", "in-engine modules import no other module of the harness"),
     ("in_engine.worker_ext", "import numpy", "in-engine modules import only the standard library, vLLM, torch and psutil"),
     ("evidence", "import pytest", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
-    ("throughput", "from . import launch", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
-    ("gates", "from .session import load_run", "judgement imports no pytest, engine, mini or surface"),
+    ("throughput", "from .engine import server", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
+    ("gates", "from .engine.starts import load_run", "judgement imports no pytest, engine, mini or surface"),
     ("verdict", "import syrupy", "syrupy is imported through snapshots.py alone"),
-    ("session", "from .plugin import state", "nothing imports a surface"),
+    ("engine.starts", "from ..plugin import state", "nothing imports a surface"),
 ])
 def test_a_planted_forbidden_import_is_named(tmp_path: Path, module: str, planted: str, rule: str) -> None:
     tree = tmp_path / "pytest_b70lab"

@@ -9,7 +9,7 @@ start gets. Each rank writes what it reached to its own file as it goes (started
 completed with the right sum, torn down), so a stall says which rank stopped where, within seconds, and
 every process is killed and checked gone at the end whatever happened.
 
-Run as `python -m pytest_b70lab.probe RANK WORLD INIT_METHOD OUT_DIR [STALL_RANK]` it is one rank.
+Run as `python -m pytest_b70lab.engine.probe RANK WORLD INIT_METHOD OUT_DIR [STALL_RANK]` it is one rank.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .defaults import PROBE_DEADLINE_S
-from .errors import LabError
+from ..defaults import PROBE_DEADLINE_S
+from ..errors import LabError
 
+# The module each rank runs as (`python -m`): what the fault matrix looks for in process command lines.
+RANK_MODULE = "pytest_b70lab.engine.probe"
 TEARDOWN_GRACE_S = 10.0   # how long a rank's process group may outlive the rank before the probe fails
 STAGES = ("started", "initialized", "entered", "completed", "torn_down")
 PROBE_FILE = "probe.json"
@@ -194,7 +196,7 @@ def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, de
     t0 = time.monotonic()
     procs = []
     for rank in range(world_size):
-        args = [sys.executable, "-m", "pytest_b70lab.probe", str(rank), str(world_size), init, str(out_dir)]
+        args = [sys.executable, "-m", RANK_MODULE, str(rank), str(world_size), init, str(out_dir)]
         if stall_rank is not None:
             args.append(str(stall_rank))
         with open(out_dir / f"rank-{rank}.log", "w") as log:

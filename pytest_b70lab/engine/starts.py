@@ -3,7 +3,7 @@
 Layout of a run folder:
     RUN/start-1/evidence.json, RUN/start-1/server.log, RUN/start-1/ranks/<tag>.log   (likewise start-2 ...)
     RUN/teacher/start-1/...                                                           (teacher runs)
-    RUN/launches.log    one line per engine launched (pytest-xdist workers share the run: see collect_once)
+    RUN/launches.log    one line per engine launched (pytest-xdist workers share the run: see run_starts_once)
 """
 
 from __future__ import annotations
@@ -20,11 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint, engine_client, evidence, host, launch, mini
-from . import contract as contract_mod
-from .contract import Contract
-from .defaults import PROBE_DEADLINE_S
-from .quality.samples import QualitySample
+from .. import checkpoint, evidence, host, mini
+from .. import contract as contract_mod
+from ..contract import Contract
+from ..defaults import PROBE_DEADLINE_S
+from ..quality.samples import QualitySample
+from .client import EngineRequestError, audit, metrics_text, quality_answer, served_model, stream_completion
+from .command import ServeConfig, vllm_serve_command
+from .environment import engine_environment, xpu_profile_summary
+from .logs import TracebackEnds
+from .server import EngineServer, EngineStartError
 
 Progress = Callable[[str], None]
 # Log lines a gate must see even though nothing else reports them (vLLM says "Cannot use X backend" once,
@@ -37,7 +42,7 @@ LOG_FINDINGS = {
     "error_record": re.compile(r"^(?:\([\w\-]+ pid=\d+\) )?(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d "),
 }
 # Also found, not by a pattern: "exception", the last line of every traceback a process printed for an
-# exception it raised (launch.TracebackEnds; the tracebacks of exceptions Python ignored are left out). What
+# exception it raised (TracebackEnds; the tracebacks of exceptions Python ignored are left out). What
 # judges each kind, or why it is only informational: gates.LOG_FINDING_KINDS.
 EXCEPTION_FINDING = "exception"
 
@@ -45,10 +50,10 @@ EXCEPTION_FINDING = "exception"
 def log_findings(lines: list[str], limit: int = 50) -> dict[str, list[str]]:
     """The lines of a start's server log that the gates judge, by kind (each kind present, empty if none)."""
     found = {kind: [line for line in lines if pattern.search(line)][:limit] for kind, pattern in LOG_FINDINGS.items()}
-    ends = launch.TracebackEnds()
+    ends = TracebackEnds()
     found[EXCEPTION_FINDING] = [line for line in lines if ends.feed(line) == ends.END][:limit]
     return found
-# ZE_, ONEAPI_ and CCL_: the XPU profile's device selection and oneCCL settings (launch.xpu_environment).
+# ZE_, ONEAPI_ and CCL_: the XPU profile's device selection and oneCCL settings (xpu_environment).
 ENV_KEYS_RECORDED = ("VLLM_", "B70LAB_", "OMP_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LD_PRELOAD",
                      "ZE_", "ONEAPI_", "CCL_", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 # Evidence and the dry run are shared and kept: a variable named like a secret shows that it was set, never
@@ -131,10 +136,10 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
     return ResolvedModels(target_ref, draft_ref, target_model, draft_model, tables)
 
 
-def serve_config(contract: Contract, models: ResolvedModels) -> launch.ServeConfig:
+def serve_config(contract: Contract, models: ResolvedModels) -> ServeConfig:
     e = contract.engine
     spec = contract.speculative
-    return launch.ServeConfig(
+    return ServeConfig(
         model=models.target_model, revision=contract.target.revision, dtype=e.dtype,
         kv_cache_dtype=e.kv_cache_dtype, block_size=e.block_size, tensor_parallel=e.tensor_parallel,
         expert_parallel=e.expert_parallel, draft=models.draft_model,
@@ -159,9 +164,9 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
         models = resolve_models(contract, cache_root)
     config = serve_config(contract, models)
     run_dir = run_dir or Path("data/runs/<timestamp>")
-    env = launch.engine_environment(Path("<cache>/engine-state"), config.world_size, **_env_kind(contract),
+    env = engine_environment(Path("<cache>/engine-state"), config.world_size, **_env_kind(contract),
                                     materialize=False)
-    cmd = launch.vllm_serve_command(config.model_ref, Path("<private 0700 dir>/engine.sock"), config.args())
+    cmd = vllm_serve_command(config.model_ref, Path("<private 0700 dir>/engine.sock"), config.args())
     shown_env = recorded_environment(env)
     lines = [
         f"contract {contract.name} ({contract.kind})",
@@ -178,7 +183,7 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
         *(f"  {k}={v}" for k, v in shown_env.items()),
     ]
     if contract.engine.device == "xpu":
-        lines.append(launch.xpu_profile_summary(config.world_size))
+        lines.append(xpu_profile_summary(config.world_size))
     return "\n".join(lines)
 
 
@@ -211,9 +216,9 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
     say = progress or (lambda _msg: None)
     prompts = contract_mod.load_prompts(contract)
     config = serve_config(contract, models)
-    env = launch.engine_environment(state_dir, config.world_size, **_env_kind(contract))
+    env = engine_environment(state_dir, config.world_size, **_env_kind(contract))
     nonce = secrets.token_hex(16)  # this start's alone: its ranks echo it in their audits
-    server = launch.EngineServer(lambda sock: launch.vllm_serve_command(config.model_ref, sock, config.args()),
+    server = EngineServer(lambda sock: vllm_serve_command(config.model_ref, sock, config.args()),
                                  {**env, evidence.START_NONCE_ENV: nonce}, start_dir,
                                  on_progress=lambda ph, t: say(f"{contract.name} start-{index}: {ph} ({t:.0f} s)"))
     created_at = dt.datetime.now(dt.timezone.utc).isoformat()
@@ -235,26 +240,26 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
         record.ready_s = server.wait_ready(contract.deadlines.start_s)
         with server.client(timeout=contract.deadlines.request_s) as client:
             server.phase = "auditing the ranks"
-            record.audits = engine_client.audit(client)
+            record.audits = audit(client)
             record.exposure = server.exposure()  # every rank is up: all their sockets are open now
-            record.metrics_before = engine_client.metrics_text(client)
-            model = engine_client.served_model(client)
+            record.metrics_before = metrics_text(client)
+            model = served_model(client)
             server.phase = "serving the gate prompts"
             for p in prompts:
-                r = engine_client.stream_completion(client, model, p.prompt, contract.decode.tokens_per_request,
+                r = stream_completion(client, model, p.prompt, contract.decode.tokens_per_request,
                                                     prompt_id=p.id, timeout_s=contract.deadlines.request_s)
                 record.requests.append(r)
                 say(f"{contract.name} start-{index}: {p.id} {len(r.token_ids)} tokens"
                     + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else ""))
-            record.metrics_after = engine_client.metrics_text(client)
+            record.metrics_after = metrics_text(client)
             if quality:
                 server.phase = "serving the quality samples"
                 _ask_quality(client, model, quality, record, contract, index, say)
         record.throughput = evidence.derived_throughput(record.requests, record.metrics_before, record.metrics_after)
         record.status = "ok"
-    except (launch.EngineStartError, engine_client.EngineRequestError, OSError, ValueError) as e:
+    except (EngineStartError, EngineRequestError, OSError, ValueError) as e:
         # A start-up failure already carries the logs' error lines; anything later gets them added.
-        message = str(e) if isinstance(e, launch.EngineStartError) else server.failure_report(str(e))
+        message = str(e) if isinstance(e, EngineStartError) else server.failure_report(str(e))
         record.failure = evidence.Failure(message=message, phase=server.phase, tails=server.tails(),
                                           first_errors=server.first_errors())
     except BaseException as e:  # Ctrl-C or a bug: still tear down and keep what was seen
@@ -268,20 +273,20 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
 
 def _ask_quality(client, model: str, samples: list[QualitySample], record: evidence.Evidence,
                  contract: Contract, index: int, say: Progress) -> None:
-    from .quality.judge import variants
+    from ..quality.judge import variants
 
     assert contract.quality is not None
     t0, failed = time.monotonic(), 0
     for sample in samples:
         for variant in variants(sample):
-            answer = engine_client.quality_answer(client, model, sample, variant, timeout_s=contract.quality.request_s)
+            answer = quality_answer(client, model, sample, variant, timeout_s=contract.quality.request_s)
             failed += answer.error is not None
             record.quality.append(answer)
     say(f"{contract.name} start-{index}: {len(record.quality)} quality answers in {time.monotonic() - t0:.0f} s"
         + (f", {failed} requests failed" if failed else ""))
 
 
-def _finish(server: launch.EngineServer, record: evidence.Evidence, start_dir: Path) -> None:
+def _finish(server: EngineServer, record: evidence.Evidence, start_dir: Path) -> None:
     report = server.stop()
     record.teardown = report.as_dict()
     record.logs = {"server": "server.log", "command": "command.txt",
@@ -325,7 +330,7 @@ PROBE_DIR = "probe"
 def probe_environment(contract: Contract, cache_root: Path) -> dict[str, str]:
     """The probe's ranks get the environment an engine start of `contract` gets (the same communicator
     switches, device selection and oneCCL settings), so that the probe exercises what the engine will."""
-    return launch.engine_environment(cache_root / "engine-state", contract.engine.tensor_parallel,
+    return engine_environment(cache_root / "engine-state", contract.engine.tensor_parallel,
                                      **_env_kind(contract))
 
 
@@ -333,7 +338,7 @@ def capability_preflight(contract: Contract, progress: Progress | None = None) -
     """What the engine would refuse on this machine for `contract` (capability.preflight: the FP8 attention
     path, memory, /dev/shm, page sizes, the vLLM build, XPU devices, checkpoints), before anything starts.
     Raises CapabilityError, one line per problem: the session's verdict."""
-    from .capability import CapabilityError, preflight
+    from ..capability import CapabilityError, preflight
 
     problems = preflight(contract)
     if problems:
@@ -367,7 +372,7 @@ def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progres
     return result.as_dict()
 
 
-def collect(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
+def run_starts(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
             starts: int | None = None, quality: list[QualitySample] | None = None,
             probe: ProbeOptions | None = None) -> list[evidence.Evidence]:
     """Every fresh start of `contract`; quality samples (if any) are asked on start-1 only: the later starts
@@ -402,7 +407,7 @@ DONE_MARK = ".collected-{kind}.json"
 
 
 
-def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
+def run_starts_once(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
                  starts: int | None = None, quality: list[QualitySample] | None = None,
                  probe: ProbeOptions | None = None) -> list[evidence.Evidence]:
     """Collect under a file lock: the first pytest-xdist worker to get it runs the engine, every other one
@@ -423,7 +428,7 @@ def collect_once(contract: Contract, run_dir: Path, cache_root: Path, progress: 
                     f"{run_dir} holds {contract.kind} evidence collected without quality samples: "
                     f"use a new --b70-run-dir to judge quality")
             return [evidence.read(run_dir / rel) for rel in done["starts"]]
-        records = collect(contract, run_dir, cache_root, progress, starts, quality, probe)
+        records = run_starts(contract, run_dir, cache_root, progress, starts, quality, probe)
         mark.write_text(json.dumps({"contract": contract.name, "contract_digest": contract.digest,
                                     "quality": bool(quality),
                                     "starts": [str(d.relative_to(run_dir))

@@ -1,0 +1,395 @@
+"""Start `vllm serve` as a child in its own process group, watch it come up, and take it down verifiably.
+
+The server listens on a Unix socket inside a private (0700) folder, so only its owner can reach it. Every
+output line is kept (`server.log`) and split by the rank tag vLLM puts in front of it (`ranks/<tag>.log`).
+Teardown escalates SIGINT -> SIGTERM -> SIGKILL on the whole group and then checks every process that was
+ever seen in the group or under the server: the report says, per process, whether it is gone."""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from ..errors import LabError
+from .command import ServeConfig, TcpListen, vllm_serve_command
+from .environment import engine_environment
+from .logs import ANSI, FATAL, RANK_TAG, TracebackEnds, is_exception_line, split_line
+
+
+# Start-up phases, recognised from vLLM's log lines; the first match of each moves the phase forward.
+PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("loading weights", re.compile(r"Starting to load model|Loading weights|Loading drafter model")),
+    ("compiling", re.compile(r"Warming up model for the compilation|Dynamo bytecode transform|Compiling model")),
+    ("allocating KV cache", re.compile(r"KV cache size|Explicitly set .* for KV cache")),
+    ("starting API server", re.compile(r"init engine .*took|Starting vLLM (API )?server")),
+    ("ready", re.compile(r"Application startup complete")),
+)
+
+
+class EngineStartError(LabError, RuntimeError):
+    """The server did not become ready; the message carries the last lines of every rank."""
+
+
+@dataclass
+class ProcessRecord:
+    pid: int
+    name: str
+    cmdline: str
+    gone: bool = False
+    how: str = ""
+
+
+@dataclass
+class TeardownReport:
+    signals_sent: list[str] = field(default_factory=list)
+    processes: list[ProcessRecord] = field(default_factory=list)
+    seconds: float = 0.0
+    # Lines of server.log read before the first signal: what vLLM logs after it (the API server's
+    # EngineDeadError once its engine core is stopped) is the shutdown's doing, not the start's.
+    log_line: int | None = None
+
+    @property
+    def clean(self) -> bool:
+        return all(p.gone for p in self.processes)
+
+    def survivors(self) -> list[ProcessRecord]:
+        return [p for p in self.processes if not p.gone]
+
+    def as_dict(self) -> dict:
+        return {"clean": self.clean, "signals_sent": self.signals_sent, "seconds": round(self.seconds, 3),
+                "log_line": self.log_line, "processes": [vars(p) for p in self.processes]}
+
+
+def start_engine(config: ServeConfig, run_dir: Path, state_dir: Path, *, deadline_s: float = 900.0,
+                 env_extra: dict[str, str] | None = None,
+                 on_progress: Callable[[str, float], None] | None = None, niceness: int = 0,
+                 tcp: TcpListen | None = None) -> EngineServer:
+    """A ready server for `config`, or EngineStartError (after verified teardown of what was started)."""
+    env = engine_environment(state_dir, config.world_size, {**(env_extra or {}),
+                                                            **({"VLLM_API_KEY": tcp.api_key} if tcp else {})},
+                             device=config.device)
+    server = EngineServer(lambda sock: vllm_serve_command(config.model_ref, sock, config.args(), tcp), env, run_dir,
+                          on_progress=on_progress, niceness=niceness, tcp=tcp)
+    server.start()
+    try:
+        server.wait_ready(deadline_s)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _child_setup(niceness: int) -> Callable[[], None]:
+    def setup() -> None:
+        _die_with_parent()
+        if niceness:
+            os.nice(niceness)
+    return setup
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: own process group, and SIGTERM when the parent dies (a SIGKILLed pytest
+    must not leave an engine behind)."""
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+_live: set[EngineServer] = set()
+
+
+def _stop_all_at_exit() -> None:
+    for server in list(_live):
+        server.stop()
+
+
+atexit.register(_stop_all_at_exit)
+
+
+class EngineServer:
+    """One `vllm serve` child. Use as a context manager, or call start(), wait_ready() and stop()."""
+
+    def __init__(self, command_args: Callable[[Path], list[str]], env: dict[str, str], log_dir: Path,
+                 on_progress: Callable[[str, float], None] | None = None, tail_lines: int = 40,
+                 niceness: int = 0, tcp: TcpListen | None = None):
+        self._command_args = command_args
+        self.tcp = tcp
+        self.env = env
+        self.log_dir = Path(log_dir).resolve()
+        self.on_progress = on_progress
+        self.niceness = niceness
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="b70lab-"))  # short path: AF_UNIX allows ~107 bytes
+        os.chmod(self.socket_dir, 0o700)
+        self.socket_path = self.socket_dir / "engine.sock"
+        self.command = command_args(self.socket_path)
+        self.proc: subprocess.Popen | None = None
+        self.phase = "starting"
+        self.started_at = 0.0
+        self.ready_after: float | None = None
+        self.fatal_lines: list[str] = []
+        self._traceback_ends = TracebackEnds()
+        self._tails: dict[str, collections.deque[str]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=tail_lines))
+        self._seen: dict[int, ProcessRecord] = {}
+        self._reader: threading.Thread | None = None
+        self._lines_read = 0
+        self.teardown: TeardownReport | None = None
+
+    # --- start-up -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / "ranks").mkdir(exist_ok=True)
+        (self.log_dir / "command.txt").write_text(" ".join(self.command) + "\n")
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(self.command, env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     preexec_fn=_child_setup(self.niceness), cwd=self.log_dir)
+        _live.add(self)
+        self._note_processes()
+        self._reader = threading.Thread(target=self._read_output, name="b70lab-engine-log", daemon=True)
+        self._reader.start()
+
+    def _read_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        rank_files: dict[str, object] = {}
+        with open(self.log_dir / "server.log", "w", encoding="utf-8") as server_log:
+            for raw in self.proc.stdout:
+                line = ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\n")
+                server_log.write(line + "\n")
+                server_log.flush()
+                self._lines_read += 1
+                m = RANK_TAG.match(line)
+                tag = m.group("tag") if m else "main"
+                self._tails[tag].append(line)
+                f = rank_files.get(tag)
+                if f is None:
+                    f = rank_files[tag] = open(self.log_dir / "ranks" / f"{tag}.log", "w", encoding="utf-8")
+                f.write(line + "\n")  # type: ignore[attr-defined]
+                # A traceback's exception line is an error line whatever its class (root_cause reads it); the
+                # traceback of an exception Python ignored is none.
+                seen = self._traceback_ends.feed(line)
+                ends = seen == TracebackEnds.END
+                if (FATAL.search(line) or ends) and seen != TracebackEnds.IGNORED and \
+                        len(self.fatal_lines) < (40 if ends else 20):
+                    self.fatal_lines.append(line)
+                self._advance_phase(line)
+        for f in rank_files.values():
+            f.close()  # type: ignore[attr-defined]
+
+    def _advance_phase(self, line: str) -> None:
+        names = [name for name, _ in PHASES]
+        current = names.index(self.phase) if self.phase in names else -1
+        for index, (name, pattern) in enumerate(PHASES):
+            if index > current and pattern.search(line):
+                self.phase = name
+                if self.on_progress:
+                    self.on_progress(name, time.monotonic() - self.started_at)
+                return
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def client(self, timeout: float = 60.0) -> httpx.Client:
+        if self.tcp is not None:
+            return httpx.Client(base_url=self.tcp.base_url, timeout=timeout,
+                                headers={"Authorization": f"Bearer {self.tcp.api_key}"})
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
+                            base_url="http://b70lab-engine", timeout=timeout)
+
+    def wait_ready(self, deadline_s: float) -> float:
+        """Block until /health answers; returns seconds from start. Raises EngineStartError on death or
+        on the deadline, with each rank's last lines."""
+        assert self.proc is not None, "start() first"
+        with self.client(timeout=5.0) as client:
+            while True:
+                self._note_processes()
+                if self.proc.poll() is not None:
+                    self._join_reader()
+                    raise EngineStartError(self.failure_report(
+                        f"the server exited with code {self.proc.returncode} during start-up "
+                        f"(phase: {self.phase}, {self.elapsed():.0f} s)"))
+                if self.elapsed() > deadline_s:
+                    raise EngineStartError(self.failure_report(
+                        f"the server was not ready within the {deadline_s:.0f} s start-up deadline "
+                        f"(stalled in phase: {self.phase})"))
+                if self.tcp is not None or self.socket_path.exists():
+                    try:
+                        if client.get("/health").status_code == 200:
+                            self.ready_after = self.elapsed()
+                            self._note_processes()
+                            if self.on_progress and self.phase != "ready":
+                                self.on_progress("ready", self.ready_after)
+                            self.phase = "ready"
+                            return self.ready_after
+                    except httpx.TransportError:
+                        pass
+                time.sleep(1.0)
+
+    def _join_reader(self, timeout: float = 10.0) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout)
+
+    def tails(self) -> dict[str, list[str]]:
+        return {tag: list(lines) for tag, lines in sorted(self._tails.items())}
+
+    def first_errors(self) -> list[str]:
+        """The first few error lines of the engine's output, and any later line that says which process died
+        or what a traceback raised (it can come after many ranks' tracebacks): what root_cause chooses from."""
+        later = [line for line in self.fatal_lines[8:]
+                 if "died unexpectedly" in line or is_exception_line(split_line(line)[1])]
+        return self.fatal_lines[:8] + later[:4]
+
+    def failure_report(self, headline: str) -> str:
+        parts = [headline, f"logs: {self.log_dir / 'server.log'} (per rank: {self.log_dir / 'ranks'})"]
+        if shown := self.first_errors():
+            parts.append("first error lines:\n  " + "\n  ".join(shown))
+        for tag, lines in self.tails().items():
+            parts.append(f"--- last lines of {tag} ---\n  " + "\n  ".join(lines[-12:]))
+        return "\n".join(parts)
+
+    # --- who can reach the engine ---------------------------------------------------------------------
+
+    def exposure(self) -> dict:
+        """Every socket the engine's processes listen on, seen from outside with psutil, and the mode of the
+        private socket's folder: the evidence that only its owner could reach it (the API and its
+        development endpoints on the 0700 Unix socket; the ranks' rendezvous and Gloo on loopback only)."""
+        import ipaddress
+        import stat
+
+        listening, problems = [], []
+        for proc in self._group_members():
+            try:
+                name = proc.name()
+                sockets = proc.net_connections(kind="inet")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            for sock in sockets:
+                # TCP listens; a bound UDP socket (no status, no peer) receives from anyone who can route to it.
+                if sock.status != psutil.CONN_LISTEN and not (sock.status == psutil.CONN_NONE and not sock.raddr):
+                    continue
+                ip, port = sock.laddr.ip, sock.laddr.port
+                loopback = ipaddress.ip_address(ip.split("%")[0]).is_loopback
+                kind = "tcp" if sock.type == socket.SOCK_STREAM else "udp"
+                listening.append({"pid": proc.pid, "process": name, "proto": kind, "address": ip, "port": port,
+                                  "loopback": loopback})
+                if not loopback:
+                    problems.append(f"{name} (pid {proc.pid}) listens on {kind} {ip}:{port}, not loopback")
+                elif self.tcp is None and proc.pid == self.proc.pid and kind == "tcp":
+                    problems.append(f"the API server (pid {proc.pid}) listens on {ip}:{port}: the API belongs on "
+                                    f"the private socket only")
+        mode = stat.S_IMODE(self.socket_dir.stat().st_mode) if self.socket_dir.is_dir() else None
+        if self.tcp is None and mode != 0o700:
+            problems.append(f"the socket folder {self.socket_dir} has mode {oct(mode) if mode is not None else 'gone'}"
+                            f", not 0o700")
+        return {"api": f"tcp {self.tcp.base_url}" if self.tcp else f"unix {self.socket_path}",
+                "socket_dir_mode": oct(mode) if mode is not None else None,
+                "listening": sorted(listening, key=lambda x: (x["process"], x["port"])), "problems": problems}
+
+    # --- teardown -------------------------------------------------------------------------------------
+
+    def _group_members(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
+        members: dict[int, psutil.Process] = {}
+        try:
+            root = psutil.Process(self.proc.pid)
+            members[root.pid] = root
+            for child in root.children(recursive=True):
+                members[child.pid] = child
+        except psutil.NoSuchProcess:
+            pass
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == self.proc.pid:
+                    members[p.pid] = p
+            except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+                continue
+        return list(members.values())
+
+    def _note_processes(self) -> None:
+        for p in self._group_members():
+            if p.pid not in self._seen:
+                try:
+                    self._seen[p.pid] = ProcessRecord(p.pid, p.name(), " ".join(p.cmdline())[:200])
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def stop(self, grace_s: float = 20.0) -> TeardownReport:
+        """SIGINT, then SIGTERM, then SIGKILL to the group, each with a grace period, then verify."""
+        if self.teardown is not None:
+            return self.teardown
+        report = TeardownReport()
+        t0 = time.monotonic()
+        if self.proc is not None:
+            report.log_line = self._lines_read
+            self._note_processes()
+            ended_by = {pid: "exited before teardown" for pid in self._seen if not self._alive(pid)}
+            for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+                pids = [pid for pid in self._seen if self._alive(pid)]
+                if not pids:
+                    break
+                report.signals_sent.append(sig.name)
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                for pid in pids:  # a process that left the group is still ours to end
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                end = time.monotonic() + wait
+                while time.monotonic() < end:
+                    self.proc.poll()
+                    self._note_processes()
+                    if not any(self._alive(pid) for pid in self._seen):
+                        break
+                    time.sleep(0.2)
+                for pid in self._seen:
+                    if pid not in ended_by and not self._alive(pid):
+                        ended_by[pid] = f"ended after {sig.name}"
+            self.proc.poll()
+            self._join_reader()
+            for pid, record in sorted(self._seen.items()):
+                record.gone = not self._alive(pid)
+                record.how = ended_by.get(pid, "exited") if record.gone else "STILL RUNNING"
+                report.processes.append(record)
+        report.seconds = time.monotonic() - t0
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        _live.discard(self)
+        self.teardown = report
+        return report
+
+    def __enter__(self) -> EngineServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
