@@ -192,6 +192,38 @@ def _bench_serve_tpots(result: dict) -> list[float]:
             zip(result["output_lens"], result["latencies"], result["ttfts"]) if n > 1 and latency > ttft]
 
 
+def _vllm_bench_serve(round_no: int, tcp, model: str, tokenizer: str, dataset: Path, tokens: int, count: int,
+                      work: Path, env: dict[str, str]) -> float:
+    """One `vllm bench serve` over the dataset's prompts against the running server: its decode rate."""
+    from .engine.command import ENTRY_MODULE
+
+    result = f"vllm-bench-serve-{round_no}.json"
+    cmd = [sys.executable, "-m", ENTRY_MODULE, "bench", "serve", "--backend", "vllm",
+           "--base-url", tcp.base_url, "--endpoint", "/v1/completions", "--model", model,
+           "--tokenizer", tokenizer, "--dataset-name", "sharegpt",
+           "--dataset-path", str(dataset), "--sharegpt-output-len", str(tokens),
+           "--num-prompts", str(count), "--max-concurrency", "1", "--request-rate", "inf",
+           "--ignore-eos", "--temperature", "0", "--seed", "0", "--save-result", "--save-detailed",
+           "--result-dir", str(work), "--result-filename", result]
+    _seconds, done = _wall(cmd, work, env)
+    (work / f"vllm-bench-serve-{round_no}.log").write_text(done.stdout + done.stderr)
+    _checked(done, "vllm bench serve")
+    tpots = _bench_serve_tpots(json.loads((work / result).read_text()))
+    if len(tpots) != count:
+        raise BenchError(f"vllm bench serve measured {len(tpots)} of {count} requests ({work / result})")
+    return per_token_rate(tpots)
+
+
+def _sharegpt_dataset(prompts: list, work: Path) -> Path:
+    """The prompts in ShareGPT's layout, not vLLM's "custom" JSONL: the custom loader needs pandas, which the
+    engine does not; the completion turn is a placeholder (--sharegpt-output-len fixes the output length)."""
+    work.mkdir(parents=True, exist_ok=True)
+    dataset = work / "prompts-sharegpt.json"
+    dataset.write_text(json.dumps([{"conversations": [{"from": "human", "value": p.prompt},
+                                                      {"from": "gpt", "value": "-"}]} for p in prompts]))
+    return dataset
+
+
 def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds: int = 3,
                      say: Callable[[str], None] = print) -> list[Figure]:
     """One start; `rounds` times: the client streams every prompt (the server's histograms cover exactly
@@ -200,7 +232,7 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
     from . import contract as contract_mod
     from . import throughput
     from .engine.client import metrics_text, served_model, stream_completion
-    from .engine.command import ENTRY_MODULE, TcpListen
+    from .engine.command import TcpListen
     from .engine.server import start_engine
     from .engine.starts import resolve_models, serve_config
 
@@ -217,12 +249,7 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
         say(f"decode start: {phase} ({seconds:.0f} s)")
 
     work = out_dir / "decode"
-    # ShareGPT's layout, not vLLM's "custom" JSONL: the custom loader needs pandas, which the engine does not;
-    # the completion turn is a placeholder (--sharegpt-output-len fixes the output length).
-    work.mkdir(parents=True, exist_ok=True)
-    dataset = work / "prompts-sharegpt.json"
-    dataset.write_text(json.dumps([{"conversations": [{"from": "human", "value": p.prompt},
-                                                      {"from": "gpt", "value": "-"}]} for p in prompts]))
+    dataset = _sharegpt_dataset(prompts, work)
     env = {**os.environ, "OPENAI_API_KEY": tcp.api_key, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     server = start_engine(config, work, cache_root / "engine-state", tcp=tcp,
                                  deadline_s=c.deadlines.start_s, on_progress=progress)
@@ -244,32 +271,23 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
                 endpoint_medians.append(throughput.endpoint_median(rates))
                 say(f"decode round {r}: client {client_rates[-1]:.1f} tok/s, server {server_rates[-1]:.1f}; "
                     "vllm bench serve on the same prompts")
-                result = f"vllm-bench-serve-{r}.json"
-                cmd = [sys.executable, "-m", ENTRY_MODULE, "bench", "serve", "--backend", "vllm",
-                       "--base-url", tcp.base_url, "--endpoint", "/v1/completions", "--model", model,
-                       "--tokenizer", str(config.model_ref), "--dataset-name", "sharegpt",
-                       "--dataset-path", str(dataset), "--sharegpt-output-len", str(tokens),
-                       "--num-prompts", str(len(prompts)), "--max-concurrency", "1", "--request-rate", "inf",
-                       "--ignore-eos", "--temperature", "0", "--seed", "0", "--save-result", "--save-detailed",
-                       "--result-dir", str(work), "--result-filename", result]
-                _seconds, done = _wall(cmd, work, env)
-                (work / f"vllm-bench-serve-{r}.log").write_text(done.stdout + done.stderr)
-                _checked(done, "vllm bench serve")
-                tpots = _bench_serve_tpots(json.loads((work / result).read_text()))
-                if len(tpots) != len(prompts):
-                    raise BenchError(f"vllm bench serve measured {len(tpots)} of {len(prompts)} requests "
-                                     f"({work / result})")
-                bench_rates.append(per_token_rate(tpots))
+                bench_rates.append(_vllm_bench_serve(r, tcp, model, str(config.model_ref), dataset, tokens,
+                                                     len(prompts), work, env))
                 say(f"decode round {r}: vllm bench serve {bench_rates[-1]:.1f} tok/s")
     finally:
         server.stop()
+    return [start_phases(phases), *_agreement_figures(rounds, client_rates, server_rates, bench_rates,
+                                                      endpoint_medians)]
+
+
+def _agreement_figures(rounds: int, client_rates: list[float], server_rates: list[float], bench_rates: list[float],
+                       endpoint_medians: list[float]) -> list[Figure]:
     raw = {"client": client_rates, "server": server_rates, "vllm_bench_serve": bench_rates,
            "client_endpoint_medians": endpoint_medians}
     same = [a / b for a, b in zip(client_rates, server_rates)]
     server_ratio = statistics.median(same)
     bench_ratio = statistics.median(client_rates) / statistics.median(bench_rates)
-    return [start_phases(phases),
-            Figure("decode", "client / server, same requests (1 / mean time per output token)", server_ratio, "x",
+    return [Figure("decode", "client / server, same requests (1 / mean time per output token)", server_ratio, "x",
                    "within 1 %", abs(server_ratio - 1) <= 0.01,
                    f"median over {rounds} rounds; client {statistics.median(client_rates):.1f}, server "
                    f"{statistics.median(server_rates):.1f} tok/s", raw),
@@ -410,10 +428,10 @@ def _graph_source(start) -> str:
 def session_drift(run_dir: Path) -> SessionDrift:
     """start-2 / start-1 of a run folder; a run without two completed starts with decode rates is an error."""
     from . import evidence, throughput
-    from .engine.starts import load_run
+    from .run_folder import read_starts
 
     try:
-        starts = load_run(run_dir)
+        starts = read_starts(run_dir)
     except evidence.EvidenceError as e:
         raise BenchError(f"{run_dir}: {e}") from None
     if len(starts) < 2 or any(s.status != "ok" for s in starts[:2]):

@@ -91,6 +91,24 @@ def _contract_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _contract_vary(args: argparse.Namespace) -> int:
+    """Exit 1 when this machine would refuse a variant (the capability preflight, per variant): a sweep
+    refuses it before any start."""
+    from . import capability, contract, variants
+
+    base = contract.load(args.name)
+    named = tuple(n.strip() for n in args.named.split(",") if n.strip()) if args.named else ()
+    refused = 0
+    for v in variants.grid(base, args.vary or [], extra=named):
+        changes = ", ".join(f"{k} = {val}" for k, val in v.changes.items()) or "the contract as it is"
+        print(f"{v.name}  {v.contract.digest[:16]}  {v.contract.kind}  {changes}; judged against "
+              f"{v.judged_against(base)}")
+        for problem in capability.preflight(v.contract):
+            refused += 1
+            print(f"  refused on this machine: {problem}")
+    return 1 if refused else 0
+
+
 def _contract_list(args: argparse.Namespace) -> int:
     from . import contract, project
 
@@ -181,7 +199,12 @@ def _report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="b70lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_mini, _add_contract, _add_bench, _add_probe, _add_report, _add_evidence):
+        add(sub)
+    return parser
 
+
+def _add_mini(sub: argparse._SubParsersAction) -> None:
     mini_p = sub.add_parser("mini", help="the generated tiny Laguna target + DFlash draft")
     mini_sub = mini_p.add_subparsers(dest="mini_command", required=True)
     build_p = mini_sub.add_parser("build", help="build (or reuse) the mini model; prints its folder")
@@ -205,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     train_p = mini_sub.add_parser("train", add_help=False, help=train_help, description=train_help)
     train_p.set_defaults(func=_mini_train, passthrough=True)
 
+
+def _add_contract(sub: argparse._SubParsersAction) -> None:
     contract_p = sub.add_parser("contract", help="experiment contracts (fixtures/contracts/)")
     contract_sub = contract_p.add_subparsers(dest="contract_command", required=True)
     show_p = contract_sub.add_parser("show", help="the resolved contract, its digest, launch command and environment")
@@ -222,9 +247,19 @@ def build_parser() -> argparse.ArgumentParser:
                                "or ~/.cache/b70lab)")
     derive_p.add_argument("--json", action="store_true", help="print the whole tensor table as JSON")
     derive_p.set_defaults(func=_contract_derive)
+    vary_p = contract_sub.add_parser("vary", help="the variants a sweep would run: one full contract per point of "
+                                                  "the --vary grid (validated, digested), then the named ones")
+    vary_p.add_argument("name", help="contract name or TOML path")
+    vary_p.add_argument("--vary", action="append", metavar="FIELD=V1,V2",
+                        help="a dotted field of the contract and its values (repeatable; linked fields follow: "
+                             "speculative.num_speculative_tokens sets verify_width)")
+    vary_p.add_argument("--named", default="", help="comma list of target-only, unquantized-kv")
+    vary_p.set_defaults(func=_contract_vary)
 
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     from .bench import BUNDLE, DEFAULT_PARTS, PARTS  # stdlib-only module: cheap
-    from .defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
+    from .defaults import DEFAULT_CONTRACT
 
     bench_p = sub.add_parser("bench", help="what the harness costs and whether its decode figure agrees with the "
                                            "server and `vllm bench serve` (a table of ratios; never a test)")
@@ -245,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "keep it short: vLLM's IPC socket paths live below it")
     bench_p.add_argument("--cache-dir", type=Path, default=None)
     bench_p.set_defaults(func=_bench)
+
+
+def _add_probe(sub: argparse._SubParsersAction) -> None:
+    from .defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
 
     probe_p = sub.add_parser("probe", help="preflight checks without an engine: the fabric's collectives, what "
                                            "this machine can run")
@@ -271,12 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
     cap_p.add_argument("--contract", default=DEFAULT_CONTRACT, help="contract name or TOML path")
     cap_p.set_defaults(func=_probe_capability)
 
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
     report_p = sub.add_parser("report", help="a run folder as one self-contained HTML page: verdict, gate matrix, "
                                              "decode rates, token arrival, draft acceptance, quality")
     report_p.add_argument("run_dir", type=Path, help="a run folder (start-N/evidence.json, promotion.json)")
     report_p.add_argument("--out", type=Path, default=None, help="the page to write (default: RUN_DIR/report.html)")
     report_p.set_defaults(func=_report)
 
+
+def _add_evidence(sub: argparse._SubParsersAction) -> None:
     evidence_p = sub.add_parser("evidence", help="saved run folders, read with no engine")
     evidence_sub = evidence_p.add_subparsers(dest="evidence_command", required=True)
     ev_show_p = evidence_sub.add_parser("show", help="what a run folder holds: contract, models, engine, flags, "
@@ -291,7 +334,6 @@ def build_parser() -> argparse.ArgumentParser:
     diff_p.add_argument("run_b", type=Path, help="the run folder compared with it")
     diff_p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     diff_p.set_defaults(func=_evidence_diff)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

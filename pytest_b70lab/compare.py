@@ -14,12 +14,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import evidence, host, throughput
+from . import evidence, host, run_folder, throughput
+from . import verdict as verdict_mod
 from .errors import LabError
 from .evidence import Evidence
 from .gates import first_difference
+from .run_folder import Run
 
-PROMOTION = evidence.PROMOTION
+PROMOTION = run_folder.PROMOTION
 # Launch flags that name where this one start lived, not what it ran.
 PER_RUN_FLAGS = frozenset({"--uds", "--port"})
 # The private socket folder of one start (launch makes it under the temp folder; recorded bundles say
@@ -33,18 +35,6 @@ CONTEXT_CHARS = 30
 
 class CompareError(LabError, ValueError):
     """A run folder cannot be compared: missing, without starts, or with a corrupted file (named)."""
-
-
-@dataclass(frozen=True)
-class Run:
-    path: Path
-    starts: tuple[Evidence, ...]             # start-1, start-2, ... in order
-    promotion: dict[str, Any] | None         # promotion.json, when the run recorded a verdict
-
-    @property
-    def first(self) -> Evidence:
-        """The start whose tokens stand for the run: the first that completed, else the first."""
-        return next((s for s in self.starts if s.status == "ok"), self.starts[0])
 
 
 @dataclass(frozen=True)
@@ -155,12 +145,12 @@ def load_run(run_dir: Path) -> Run:
     """Every start-N/evidence.json of a run folder, in start order, and its promotion.json if present."""
     run_dir = Path(run_dir)
     try:
-        starts, promotion = evidence.read_run(run_dir)
+        run = run_folder.read(run_dir)
     except evidence.EvidenceError as e:
         raise CompareError(str(e)) from e
-    if not starts:
+    if not run.starts:
         raise CompareError(f"no starts in {run_dir} (expected start-N/{evidence.FILENAME})")
-    return Run(run_dir, tuple(starts), promotion)
+    return run
 
 
 def last_promoted_run(runs_root: Path, exclude: Path | None = None) -> Path | None:
@@ -187,7 +177,7 @@ def last_promoted_run(runs_root: Path, exclude: Path | None = None) -> Path | No
 def show(run: Run) -> str:
     """A human summary of one run folder: what ran, under which identity, how each start went, the verdict."""
     e = run.first
-    lines = [f"run       {run.path}",
+    lines = [f"run       {run.folder}",
              f"contract  {e.contract.name} ({e.contract.kind})  digest {e.contract.digest}"]
     for role, model in (("target", e.target), ("draft", e.draft)):
         lines.append(f"{role:<9} " + (_model_line(model) if model else "none"))
@@ -205,7 +195,7 @@ def show(run: Run) -> str:
                      + (f"  ready {s.ready_s:.1f} s" if s.ready_s is not None else "")
                      + f"  {_count(len(s.requests), 'request')}"
                      + (f"  failure: {s.failure.message}" if s.failure else ""))
-    lines.append(_verdict_line(run.promotion))
+    lines.append(_verdict_line(run))
     return "\n".join(lines)
 
 
@@ -216,21 +206,8 @@ def _model_line(m: evidence.ModelRef) -> str:
         f"manifest {m.manifest_digest}" if m.manifest_digest else "") if part)
 
 
-def _verdict_line(promotion: dict[str, Any] | None) -> str:
-    if promotion is None:
-        return "verdict   no verdict recorded"
-    medians = ", ".join(f"{m:.2f}" for m in promotion.get("endpoint_medians_tok_s") or [])
-    if promotion.get("promotable") is True and promotion.get("complete") is True:
-        return "verdict   PROMOTABLE" + (f" at {medians} tok/s (endpoint median per start)" if medians else "")
-    why = []
-    if promotion.get("blocked"):
-        why.append(f"blocked: {promotion['blocked']}")
-    if promotion.get("complete") is not True:
-        why.append(f"incomplete ({len(promotion.get('missing') or [])} required gate subjects missing)")
-    if failed := promotion.get("failed_gates"):
-        why.append("failed gates: " + ", ".join(map(str, failed)))
-    why += [str(p) for p in promotion.get("problems") or []]
-    return "verdict   NOT PROMOTABLE" + (": " + "; ".join(why) if why else "")
+def _verdict_line(run: Run) -> str:
+    return "verdict   " + verdict_mod.recorded_headline(run.promotion, run.starts, run.folder)[1]
 
 
 # --- two runs -----------------------------------------------------------------------------------------
@@ -250,7 +227,7 @@ def compare_runs(a: Run, b: Run, *, confidence: float = 0.95, resamples: int = 1
     rates_a, rates_b = _rates(a), _rates(b)
     prompts = tuple(_compare_prompt(pid, a, b, rates_a.get(pid), rates_b.get(pid)) for pid in ids_a if pid in ids_b)
     return Comparison(
-        a=a.path, b=b.path, contract_digest=digest,
+        a=a.folder, b=b.folder, contract_digest=digest,
         contract=tuple(diff_values(ea.contract.canonical, eb.contract.canonical)),
         flags=tuple(_diff_maps(_launch_flags(ea.engine.command), _launch_flags(eb.engine.command))),
         environment=tuple(_diff_maps(_environment(ea.engine.environment), _environment(eb.engine.environment))),

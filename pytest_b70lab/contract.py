@@ -17,6 +17,9 @@ from . import project
 from .digests import bytes_sha256, sha256_canonical
 from .errors import LabError
 
+# What a contract's starts are: the candidate promoted, its target-only teacher, or the unquantized-KV reference.
+Kind = Literal["candidate", "teacher", "reference"]
+
 SCHEMA_VERSION = 1
 CONTRACTS = "fixtures/contracts"
 SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -204,7 +207,7 @@ class Contract(Strict):
     schema_version: ExactlyOne
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
     description: str
-    kind: Literal["candidate", "teacher", "reference"] = "candidate"
+    kind: Kind = "candidate"
     target: ModelSource
     draft: ModelSource | None = None
     engine: Engine
@@ -290,7 +293,7 @@ class Prompt(Strict):
     category: str = "general"
 
 
-def _format_errors(err: ValidationError) -> str:
+def format_errors(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -323,7 +326,7 @@ def load(name_or_path: str | Path) -> Contract:
     try:
         contract = Contract.model_validate(raw)
     except ValidationError as e:
-        raise ContractError(f"contract {path} is invalid:\n{_format_errors(e)}") from e
+        raise ContractError(f"contract {path} is invalid:\n{format_errors(e)}") from e
     load_prompts(contract)  # the pinned prompt set must exist and match, or the contract is unusable
     return contract
 
@@ -368,7 +371,7 @@ def read_pinned_jsonl(path: Path, sha256: str, count: int, model: type[BaseModel
         try:
             items.append(model.model_validate_json(line))
         except ValidationError as e:
-            raise error(f"{where}, line {number}:\n{_format_errors(e)}") from e
+            raise error(f"{where}, line {number}:\n{format_errors(e)}") from e
     ids = [item.id for item in items]
     if len(set(ids)) != len(ids):
         twice = sorted({i for i in ids if ids.count(i) > 1})

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .contract import Kind
 from .digests import sha256_canonical, text_sha256
 from .errors import LabError
 
@@ -27,21 +28,21 @@ class EvidenceError(LabError, ValueError):
     """Evidence is missing, corrupted, of another schema, or does not match its own digest."""
 
 
-class Loose(BaseModel):
+class ClosedRecord(BaseModel):
+    """A field the schema does not name is an error, not data carried along unread. Unlike a contract's
+    models (contract.Strict) it is neither strict nor frozen: a start fills its record as it goes."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-Role = Literal["candidate", "teacher", "reference"]
-
-
-class ContractRef(Loose):
+class ContractRef(ClosedRecord):
     name: str
-    kind: Role
+    kind: Kind
     digest: str
     canonical: dict[str, Any]
 
 
-class ModelRef(Loose):
+class ModelRef(ClosedRecord):
     ref: str
     revision: str | None = None
     manifest_digest: str | None = None       # the mini model's manifest `model_digest` (target and draft)
@@ -49,7 +50,7 @@ class ModelRef(Loose):
     digest: str | None = None                # this checkpoint folder's own digest (pytest_b70lab.checkpoint)
 
 
-class EngineInfo(Loose):
+class EngineInfo(ClosedRecord):
     vllm_version: str | None = None
     torch_version: str | None = None
     command: list[str]
@@ -61,7 +62,7 @@ def sha256_ids(ids: list[int]) -> str:
     return sha256_canonical(list(ids))
 
 
-class Request(Loose):
+class Request(ClosedRecord):
     prompt_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -76,7 +77,7 @@ class Request(Loose):
     decode_rate: float | None = None
 
 
-class Throughput(Loose):
+class Throughput(ClosedRecord):
     endpoint_median: float | None = None
     per_prompt: dict[str, float] = Field(default_factory=dict)
     # vLLM's own figures over the run: inter_token_latency is per engine step (several tokens when drafts are
@@ -86,7 +87,7 @@ class Throughput(Loose):
     server_tokens_per_s: float | None = None
 
 
-class QualityRecord(Loose):
+class QualityRecord(ClosedRecord):
     """One quality request and what the engine answered (a failed request keeps its error: a failed sample)."""
     sample_id: str
     family: str
@@ -99,7 +100,7 @@ class QualityRecord(Loose):
     seconds: float | None = None
 
 
-class Failure(Loose):
+class Failure(ClosedRecord):
     message: str
     phase: str | None = None
     tails: dict[str, list[str]] = Field(default_factory=dict)
@@ -112,7 +113,7 @@ class Failure(Loose):
 START_NONCE_ENV = "B70LAB_START_NONCE"
 
 
-class StartIdentity(Loose):
+class StartIdentity(ClosedRecord):
     """What only a new engine start can produce: a nonce the launch hands the engine (START_NONCE_ENV, which
     every rank echoes in its audit, with its own process id and creation time), and the start's creation
     time. A copied start carries another start's identity; gate 7 tells them apart."""
@@ -120,10 +121,10 @@ class StartIdentity(Loose):
     launched_at: str
 
 
-class Evidence(Loose):
+class Evidence(ClosedRecord):
     schema_name: Literal["b70lab.evidence"] = Field(default=SCHEMA, alias="schema")
     version: Literal[1] = VERSION
-    role: Role
+    role: Kind  # the contract's kind; `role` in the recorded schema, whose digests cover the field names
     start_index: int
     created_at: str
     contract: ContractRef
@@ -356,32 +357,3 @@ def contradictions(evidence: Evidence) -> list[str]:
             out.append(f"contract.digest {evidence.contract.digest[:12]} is not the digest of contract.canonical "
                        f"({text_digest[:12]})")
     return out
-
-
-PROMOTION = "promotion.json"
-
-
-def read_run(folder: Path) -> tuple[list[Evidence], dict[str, Any] | None]:
-    """A run folder as the report and the comparison read it: every start-N/evidence.json in start order (each
-    checked as `read` does, and against the folder it lies in) and RUN/promotion.json (None when the session
-    recorded no verdict). Any problem is an EvidenceError naming the file."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise EvidenceError(f"no run folder at {folder}")
-    numbered = sorted((int(p.name.removeprefix("start-")), p) for p in folder.glob("start-*")
-                      if p.is_dir() and p.name.removeprefix("start-").isdigit())
-    starts = []
-    for index, start_dir in numbered:
-        start = read(start_dir / FILENAME)
-        if start.start_index != index:
-            raise EvidenceError(f"{start_dir / FILENAME} records start {start.start_index}, but lies in "
-                                f"{start_dir.name}: the run folder was rearranged")
-        starts.append(start)
-    promotion = None
-    if (path := folder / PROMOTION).exists():
-        promotion = read_json(path, "promotion verdict", EvidenceError)
-        if not isinstance(promotion, dict) or not all(isinstance(promotion.get(k), bool)
-                                                      for k in ("promotable", "complete")):
-            raise EvidenceError(f"{path} is not a b70lab promotion verdict: it lacks the booleans promotable "
-                                f"and complete")
-    return starts, promotion

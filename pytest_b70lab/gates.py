@@ -16,7 +16,7 @@ from typing import Any
 from . import throughput
 from .contract import Contract
 from .digests import kv_scale_digest
-from .evidence import Evidence, sha256_ids
+from .evidence import Evidence, Request, sha256_ids
 from .metrics import counter_by_label, counter_total, has_counter, info_labels
 
 # Every gate a promotion needs, and what it is judged per: each (start, rank), (start, prompt), start, or
@@ -912,7 +912,17 @@ def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snaps
     if not c.expect(not absent, f"the teacher snapshot {snapshot_file} lacks {absent}: what recorded it cannot be "
                                 f"told; re-record with `{record}`"):
         return c.done()
-    want = teacher.identity(contract, start)
+    _teacher_identity_matches(c, have, teacher.identity(contract, start), snapshot_file, record)
+    c.expect(snapshot.get("prompt_id") == prompt_id, f"snapshot is of prompt {snapshot.get('prompt_id')!r}")
+    if (r := _request(c, start, prompt_id)) is None:
+        return c.done()
+    _tokens_match_teacher(c, r, snapshot, prompt_id, snapshot_file, record)
+    return c.done()
+
+
+def _teacher_identity_matches(c: _Check, have: dict[str, Any], want: dict[str, Any], snapshot_file: str,
+                              record: str) -> None:
+    """The snapshot is of a target-only FP8 teacher of this contract: output digest, target, engine."""
     c.observe(teacher_output_digest=have["output_digest"], snapshot=snapshot_file)
     c.expect(have["kind"] == "teacher" and isinstance(have["engine_speculative_config"], list)
              and not any(have["engine_speculative_config"]),
@@ -933,15 +943,17 @@ def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snaps
     c.expect(have["engine_version"] == want["engine_version"],
              f"teacher {snapshot_file} recorded on engine {have['engine_version']}, this run is "
              f"{want['engine_version']}")
-    c.expect(snapshot.get("prompt_id") == prompt_id, f"snapshot is of prompt {snapshot.get('prompt_id')!r}")
-    if (r := _request(c, start, prompt_id)) is None:
-        return c.done()
+
+
+def _tokens_match_teacher(c: _Check, r: Request, snapshot: dict[str, Any], prompt_id: str, snapshot_file: str,
+                          record: str) -> None:
+    """Token for token, then the hashes and the text: the first differing token is named with its context."""
     c.observe(token_ids_sha256=r.token_ids_sha256, teacher_token_ids_sha256=snapshot["token_ids_sha256"])
     ids = snapshot.get("token_ids")
     if not c.expect(isinstance(ids, list) and sha256_ids(ids) == snapshot["token_ids_sha256"],
                     f"the teacher snapshot {snapshot_file} does not keep its token IDs (or they do not match its "
                     f"hash): re-record with `{record}`"):
-        return c.done()
+        return
     c.expect(len(r.token_ids) == snapshot["token_count"] == len(ids),
              f"{prompt_id}: {len(r.token_ids)} tokens, the teacher produced {snapshot['token_count']}")
     at = first_difference(r.token_ids, ids)
@@ -954,4 +966,3 @@ def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snaps
     c.expect(r.token_ids_sha256 == snapshot["token_ids_sha256"] or at is not None,
              f"{prompt_id}: token-ID hash {r.token_ids_sha256[:16]}... differs from the teacher's")
     c.expect(r.text_sha256 == snapshot["text_sha256"], f"{prompt_id}: decoded text differs from the teacher")
-    return c.done()

@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from . import evidence as evidence_mod
-from . import host, throughput
+from . import host, run_folder, throughput
+from . import verdict as verdict_mod
 from .errors import LabError
 from .evidence import Evidence, EvidenceError, ModelRef, Request
 from .gates import CATALOGUE
 from .metrics import counter_by_label, counter_total, has_counter
+from .run_folder import Run
 
 FILENAME = "report.html"
-PROMOTION = evidence_mod.PROMOTION
+PROMOTION = run_folder.PROMOTION
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 _SUBJECT = re.compile(r"^start-(\d+)(?: rank-(\d+)| prompt:(.*))?$", re.S)
@@ -34,13 +36,6 @@ class ReportError(LabError, ValueError):
     """The run folder cannot be reported: missing, or its evidence or verdict is corrupted."""
 
 
-@dataclass(frozen=True)
-class Run:
-    folder: Path
-    starts: list[Evidence]
-    promotion: dict[str, Any] | None
-
-
 # --- reading ----------------------------------------------------------------------------------------------
 
 def load(folder: Path) -> Run:
@@ -48,13 +43,13 @@ def load(folder: Path) -> Run:
     ReportError that names the file."""
     folder = Path(folder)
     try:
-        starts, promotion = evidence_mod.read_run(folder)
+        run = run_folder.read(folder)
     except EvidenceError as e:
         raise ReportError(str(e)) from e
-    if not starts and promotion is None:
+    if not run.starts and run.promotion is None:
         raise ReportError(f"{folder} holds no start-N/{evidence_mod.FILENAME} and no {PROMOTION}: not a b70lab "
                           "run folder")
-    return Run(folder, starts, promotion)
+    return run
 
 
 # --- what the plots show (pure) -------------------------------------------------------------------------
@@ -112,49 +107,9 @@ def prompt_order(starts: Sequence[Evidence]) -> list[str]:
 
 # --- the verdict line -------------------------------------------------------------------------------------
 
-def verdict(run: Run) -> tuple[str, str]:
-    """(css class, the line): promotion.json's verdict, never more favourable than the file."""
-    p = run.promotion
-    if p is None:
-        return "none", (f"No verdict recorded: {run.folder.name} has no {PROMOTION}. Replay the gates to decide "
-                        "one: pytest -m gates --b70-evidence RUN_DIR")
-    contract = p.get("contract") or (run.starts[0].contract.name if run.starts else "?")
-    recorded = {s.contract.digest for s in run.starts}
-    if p.get("contract_digest") and recorded and recorded != {p["contract_digest"]}:
-        return "fail", (f"NOT PROMOTABLE: {PROMOTION} was decided for contract digest {p['contract_digest'][:16]}, "
-                        f"the evidence was recorded under {', '.join(sorted(d[:16] for d in recorded))}")
-    if p.get("blocked"):
-        return "fail", f"NOT PROMOTABLE: {p['blocked']}"
-    if failed := [s for s in run.starts if s.status != "ok"]:
-        return "fail", (f"NOT PROMOTABLE - contract {contract}: start-{failed[0].start_index} failed"
-                        + (f": {failed[0].failure.message.splitlines()[0]}" if failed[0].failure else ""))
-    passed, required = _tally(p)
-    tally = f"{passed}/{required} required gate subjects passed"
-    if p["promotable"] is True and p["complete"] is True and run.starts:
-        medians = p.get("endpoint_medians_tok_s") or []
-        shown = " / ".join(f"{m:.2f}" for m in medians) or "n/a"
-        names = " / ".join(f"start-{i}" for i in range(1, len(medians) + 1))
-        return "pass", f"PROMOTABLE at {shown} tok/s median ({names}) - contract {contract} ({tally})"
-    why = []
-    if p["complete"] is not True:
-        missing = p.get("missing") or []
-        why.append("incomplete: " + ("; ".join(p.get("problems") or []) or
-                                     f"{len(missing)} of {required} required gate subjects did not run"))
-    if p.get("failed_gates"):
-        why.append(f"failed gates: {', '.join(p['failed_gates'])}")
-    if not run.starts:
-        why.append("no engine start was recorded in this folder")
-    return ("incomplete" if p["complete"] is not True and not p.get("failed_gates") else "fail",
-            f"NOT PROMOTABLE - contract {contract}: {'; '.join(why) or 'promotion.json says so'} ({tally})")
-
-
-def _tally(p: dict[str, Any]) -> tuple[int, int]:
-    required = [tuple(pair) for pair in p.get("required") or []]
-    outcomes: dict[tuple[str, str], list[str]] = {}
-    for g in p.get("gates") or []:
-        outcomes.setdefault((g.get("gate"), g.get("subject")), []).append(g.get("outcome"))
-    passed = sum(1 for pair in required if outcomes.get(pair) and all(o == "passed" for o in outcomes[pair]))
-    return passed, len(required)
+def headline(run: Run) -> tuple[str, str]:
+    """(css class, the line): promotion.json's verdict, as every surface prints it (verdict.recorded_headline)."""
+    return verdict_mod.recorded_headline(run.promotion, run.starts, run.folder)
 
 
 # --- HTML helpers -----------------------------------------------------------------------------------------
@@ -517,7 +472,7 @@ div.verdict.incomplete, div.verdict.none { background: #fff4d6; }
 def render(run: Run) -> str:
     """The whole page as one string."""
     plots = _Plots()
-    cls, line = verdict(run)
+    cls, line = headline(run)
     name = run.starts[0].contract.name if run.starts else (run.promotion or {}).get("contract", "?")
     sections = [_identity(run), _starts(run), _gates(run), _decode(run, plots), _timeline(run, plots),
                 _acceptance(run, plots), _quality(run)]

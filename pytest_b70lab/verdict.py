@@ -10,9 +10,12 @@ with the skip reason. Nothing here knows pytest: the plugin turns reports into `
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from .run_folder import PROMOTION
 
 Pair = tuple[str, str]
 Outcome = Literal["passed", "failed", "skipped"]
@@ -100,6 +103,57 @@ def _pairs(pairs: list[Pair]) -> str:
     return shown + (f", and {len(pairs) - SHOWN} more" if len(pairs) > SHOWN else "")
 
 
+def promotable_line(medians: list[float] | None, contract: str, tally: str) -> str:
+    """The one PROMOTABLE headline: the terminal's, the report's and `evidence show`'s."""
+    shown = " / ".join(f"{m:.2f}" for m in medians) if medians else "n/a"
+    starts = " / ".join(f"start-{i}" for i in range(1, len(medians or []) + 1))
+    return f"PROMOTABLE at {shown} tok/s median ({starts}) - contract {contract} ({tally})"
+
+
+def recorded_headline(promotion: dict[str, Any] | None, starts: Sequence[Any], folder: Path) -> tuple[str, str]:
+    """(kind, line) of a run folder's recorded verdict, for the surfaces that read one back (`b70lab report`,
+    `b70lab evidence show`): never more favourable than promotion.json, and not promotable where the file
+    contradicts the evidence beside it. kind: none, pass, fail or incomplete."""
+    p = promotion
+    if p is None:
+        return "none", (f"No verdict recorded: {folder.name} has no {PROMOTION}. Replay the gates to decide "
+                        "one: pytest -m gates --b70-evidence RUN_DIR")
+    contract = p.get("contract") or (starts[0].contract.name if starts else "?")
+    recorded = {s.contract.digest for s in starts}
+    if p.get("contract_digest") and recorded and recorded != {p["contract_digest"]}:
+        return "fail", (f"NOT PROMOTABLE: {PROMOTION} was decided for contract digest {p['contract_digest'][:16]}, "
+                        f"the evidence was recorded under {', '.join(sorted(d[:16] for d in recorded))}")
+    if p.get("blocked"):
+        return "fail", f"NOT PROMOTABLE: {p['blocked']}"
+    if failed := [s for s in starts if s.status != "ok"]:
+        return "fail", (f"NOT PROMOTABLE - contract {contract}: start-{failed[0].start_index} failed"
+                        + (f": {failed[0].failure.message.splitlines()[0]}" if failed[0].failure else ""))
+    passed, required = _recorded_tally(p)
+    tally = f"{passed}/{required} required gate subjects passed"
+    if p["promotable"] is True and p["complete"] is True and starts:
+        return "pass", promotable_line(p.get("endpoint_medians_tok_s") or [], contract, tally)
+    why = []
+    if p["complete"] is not True:
+        missing = p.get("missing") or []
+        why.append("incomplete: " + ("; ".join(p.get("problems") or []) or
+                                     f"{len(missing)} of {required} required gate subjects did not run"))
+    if p.get("failed_gates"):
+        why.append(f"failed gates: {', '.join(p['failed_gates'])}")
+    if not starts:
+        why.append("no engine start was recorded in this folder")
+    return ("incomplete" if p["complete"] is not True and not p.get("failed_gates") else "fail",
+            f"NOT PROMOTABLE - contract {contract}: {'; '.join(why) or 'promotion.json says so'} ({tally})")
+
+
+def _recorded_tally(p: dict[str, Any]) -> tuple[int, int]:
+    required = [tuple(pair) for pair in p.get("required") or []]
+    outcomes: dict[tuple[str, str], list[str]] = {}
+    for g in p.get("gates") or []:
+        outcomes.setdefault((g.get("gate"), g.get("subject")), []).append(g.get("outcome"))
+    passed = sum(1 for pair in required if outcomes.get(pair) and all(o == "passed" for o in outcomes[pair]))
+    return passed, len(required)
+
+
 def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool]]]:
     """The terminal lines of the verdict, each with its TerminalWriter markup."""
     d = decision
@@ -114,11 +168,7 @@ def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool
         lines.append((f"evidence and promotion.json: {run_dir}", {}))
         return lines
     if d.promotable:
-        medians = d.endpoint_medians
-        shown = " / ".join(f"{m:.2f}" for m in medians) if medians else "n/a"
-        starts = " / ".join(f"start-{i}" for i in range(1, len(medians or []) + 1))
-        lines.append((f"PROMOTABLE at {shown} tok/s median ({starts}) - contract {d.contract} ({tally})",
-                      {"green": True, "bold": True}))
+        lines.append((promotable_line(d.endpoint_medians, d.contract, tally), {"green": True, "bold": True}))
     else:
         if not d.complete:
             why = "; ".join(d.problems) if d.problems else (
@@ -243,7 +293,7 @@ def write_unjudged(run_dir: Path, why: str) -> Path:
     """promotion.json of a folder that this session has not judged (yet): not promotable, and why. A
     folder's promotion.json is the verdict of the last session that used it, so an older PROMOTABLE never
     outlives a session that stopped before it could judge (a damaged replay, a bad contract, Ctrl-C)."""
-    path = run_dir / "promotion.json"
+    path = run_dir / PROMOTION
     data = {"promotable": False, "complete": False, "judged": False, "run_dir": str(run_dir), "problems": [why]}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
@@ -252,7 +302,7 @@ def write_unjudged(run_dir: Path, why: str) -> Path:
 def write(decision: Decision | None, run_dir: Path, quality: QualityDecision | None = None) -> Path:
     """promotion.json. Quality is a section of its own: it never changes `promotable`. A session that ran
     no gate test decides no promotion (promotable false, incomplete)."""
-    path = run_dir / "promotion.json"
+    path = run_dir / PROMOTION
     data = record(decision, run_dir) if decision is not None else {
         "promotable": False, "complete": False, "run_dir": str(run_dir),
         "problems": ["no gate test ran in this session: nothing decides a promotion"]}

@@ -17,8 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pytest_b70lab import evidence
-from pytest_b70lab.engine import starts
+from pytest_b70lab import evidence, run_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,10 +39,10 @@ def main(run: Path, out: Path) -> int:
     for kind, base in (("candidate", run), ("teacher", run / "teacher")):
         if kind == "teacher" and not base.exists():
             continue  # the teacher may have been recorded in another run
-        for start in starts.load_run(run, kind):  # validates every file first
+        for start in run_folder.read_starts(run, kind):  # validates every file first
             name = f"start-{start.start_index}"
             copy_start(base / name, (out / "teacher" if kind == "teacher" else out) / name)
-    for name in (starts.TABLES_COPY, starts.PROMPTS_COPY):
+    for name in (run_folder.TABLES_COPY, run_folder.PROMPTS_COPY):
         (out / name).write_text(anonymize((run / name).read_text()))
     leftover = [p for p in out.rglob("*") if p.is_file() and (str(REPO) in p.read_text() or str(Path.home()) in p.read_text())]
     assert not leftover, f"machine paths left in {leftover}"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import processes
 from ..defaults import PROBE_DEADLINE_S
 from ..errors import LabError
 
@@ -118,48 +118,6 @@ def _state(rank: int, events: list[dict]) -> RankState:
     return state
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _group_members(pgid: int) -> list[str]:
-    """'pid name' of every live (not zombie) process in the group."""
-    import psutil
-
-    members = []
-    for p in psutil.process_iter(["pid", "name"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                members.append(f"{p.pid} {p.info['name']}")
-        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
-            continue
-    return members
-
-
-def _group_gone(pgid: int) -> bool:
-    return not _group_members(pgid)
-
-
-def _group_gone_within(pgid: int, grace_s: float) -> bool:
-    """A rank's helper processes (imports start some) may take a moment to follow it out; a group still
-    there after `grace_s` is an unclean teardown."""
-    deadline = time.monotonic() + grace_s
-    while not _group_gone(pgid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def _watch(procs: list[subprocess.Popen], out_dir: Path, world_size: int, t0: float, deadline_s: float,
            collective_s: float, problems: list[str]) -> None:
     """Until every rank has exited, or a deadline: the whole probe's, or the all_reduce's from the moment
@@ -208,18 +166,15 @@ def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, de
     finally:  # also on Ctrl-C or SIGTERM: no rank outlives the probe
         for p in procs:
             if p.poll() is None:
-                _kill_group(p)
+                processes.end_group(p)
         shutil.rmtree(ipc, ignore_errors=True)
     states = [_state(r, _read_events(out_dir / f"rank-{r}.jsonl")) for r in range(world_size)]
     for state, p in zip(states, procs):
         state.exit_code = p.returncode
-        state.gone = _group_gone_within(p.pid, TEARDOWN_GRACE_S)
+        state.gone = processes.group_gone_within(p.pid, TEARDOWN_GRACE_S)
         if not state.gone:
-            left = _group_members(p.pid)
-            try:  # the rank itself is gone, so nothing waits on it: kill what it left, outright
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            left = [f"{m.pid} {m.name}" for m in processes.group_members(p.pid)]
+            processes.signal_group(p.pid)  # the rank itself is gone, so nothing waits on it: kill what it left
             problems.append(f"rank {state.rank}: process group {p.pid} still had processes "
                             f"{TEARDOWN_GRACE_S:g} s after the rank exited (killed: {', '.join(left) or '?'})")
     ok = all("torn_down" in s.reached and s.correct and s.exit_code == 0 and not s.error for s in states)

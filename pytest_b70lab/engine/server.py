@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import ctypes
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from .. import processes
 from ..errors import LabError
 from .command import ServeConfig, TcpListen, vllm_serve_command
 from .environment import engine_environment
@@ -97,21 +97,10 @@ def start_engine(config: ServeConfig, run_dir: Path, state_dir: Path, *, deadlin
 
 def _child_setup(niceness: int) -> Callable[[], None]:
     def setup() -> None:
-        _die_with_parent()
+        processes.own_group_dying_with_parent()
         if niceness:
             os.nice(niceness)
     return setup
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: own process group, and SIGTERM when the parent dies (a SIGKILLed pytest
-    must not leave an engine behind)."""
-    os.setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 _live: set[EngineServer] = set()
@@ -356,15 +345,9 @@ class EngineServer:
                 if not pids:
                     break
                 report.signals_sent.append(sig.name)
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                processes.signal_group(self.proc.pid, sig)
                 for pid in pids:  # a process that left the group is still ours to end
-                    try:
-                        os.kill(pid, sig)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                    processes.signal_process(pid, sig)
                 end = time.monotonic() + wait
                 while time.monotonic() < end:
                     self.proc.poll()

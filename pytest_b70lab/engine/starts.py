@@ -1,10 +1,5 @@
-"""One gates session: resolve the contract's models, run its fresh starts, keep every observation on disk.
-
-Layout of a run folder:
-    RUN/start-1/evidence.json, RUN/start-1/server.log, RUN/start-1/ranks/<tag>.log   (likewise start-2 ...)
-    RUN/teacher/start-1/...                                                           (teacher runs)
-    RUN/launches.log    one line per engine launched (pytest-xdist workers share the run: see run_starts_once)
-"""
+"""A contract's fresh starts: resolve its models, run each start, keep every observation on disk (the run
+folder's layout: run_folder.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint, evidence, host, mini
+from .. import checkpoint, evidence, host, mini, run_folder
 from .. import contract as contract_mod
 from ..contract import Contract
 from ..defaults import PROBE_DEADLINE_S
@@ -219,19 +214,9 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
     env = engine_environment(state_dir, config.world_size, **_env_kind(contract))
     nonce = secrets.token_hex(16)  # this start's alone: its ranks echo it in their audits
     server = EngineServer(lambda sock: vllm_serve_command(config.model_ref, sock, config.args()),
-                                 {**env, evidence.START_NONCE_ENV: nonce}, start_dir,
-                                 on_progress=lambda ph, t: say(f"{contract.name} start-{index}: {ph} ({t:.0f} s)"))
-    created_at = dt.datetime.now(dt.timezone.utc).isoformat()
-    record = evidence.Evidence(
-        role=contract.kind, start_index=index, created_at=created_at,
-        identity=evidence.StartIdentity(nonce=nonce, launched_at=created_at),
-        contract=evidence.ContractRef(name=contract.name, kind=contract.kind, digest=contract.digest,
-                                      canonical=contract.canonical()),
-        target=models.target, draft=models.draft,
-        engine=evidence.EngineInfo(vllm_version=_library_version("vllm"), torch_version=_library_version("torch"),
-                                   command=server.command,
-                                   environment=recorded_environment(env)),
-        status="failed", probe=probe, host=host.cpu_identity(environ=env))
+                          {**env, evidence.START_NONCE_ENV: nonce}, start_dir,
+                          on_progress=lambda ph, t: say(f"{contract.name} start-{index}: {ph} ({t:.0f} s)"))
+    record = _new_record(contract, models, index, nonce, server.command, env, probe)
     if launches_log is not None:
         with open(launches_log, "a", encoding="utf-8") as f:
             f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {contract.name} start-{index}\n")
@@ -239,22 +224,7 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
         server.start()
         record.ready_s = server.wait_ready(contract.deadlines.start_s)
         with server.client(timeout=contract.deadlines.request_s) as client:
-            server.phase = "auditing the ranks"
-            record.audits = audit(client)
-            record.exposure = server.exposure()  # every rank is up: all their sockets are open now
-            record.metrics_before = metrics_text(client)
-            model = served_model(client)
-            server.phase = "serving the gate prompts"
-            for p in prompts:
-                r = stream_completion(client, model, p.prompt, contract.decode.tokens_per_request,
-                                                    prompt_id=p.id, timeout_s=contract.deadlines.request_s)
-                record.requests.append(r)
-                say(f"{contract.name} start-{index}: {p.id} {len(r.token_ids)} tokens"
-                    + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else ""))
-            record.metrics_after = metrics_text(client)
-            if quality:
-                server.phase = "serving the quality samples"
-                _ask_quality(client, model, quality, record, contract, index, say)
+            _observe_serving(server, client, record, contract, prompts, index, say, quality)
         record.throughput = evidence.derived_throughput(record.requests, record.metrics_before, record.metrics_after)
         record.status = "ok"
     except (EngineStartError, EngineRequestError, OSError, ValueError) as e:
@@ -269,6 +239,43 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
         raise
     _finish(server, record, start_dir)
     return record
+
+
+def _new_record(contract: Contract, models: ResolvedModels, index: int, nonce: str, command: list[str],
+                env: dict[str, str], probe: dict | None) -> evidence.Evidence:
+    """The evidence of a start about to launch: failed until the start says otherwise."""
+    created_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    return evidence.Evidence(
+        role=contract.kind, start_index=index, created_at=created_at,
+        identity=evidence.StartIdentity(nonce=nonce, launched_at=created_at),
+        contract=evidence.ContractRef(name=contract.name, kind=contract.kind, digest=contract.digest,
+                                      canonical=contract.canonical()),
+        target=models.target, draft=models.draft,
+        engine=evidence.EngineInfo(vllm_version=_library_version("vllm"), torch_version=_library_version("torch"),
+                                   command=command, environment=recorded_environment(env)),
+        status="failed", probe=probe, host=host.cpu_identity(environ=env))
+
+
+def _observe_serving(server: EngineServer, client, record: evidence.Evidence, contract: Contract,
+                     prompts: list, index: int, say: Progress, quality: list[QualitySample] | None) -> None:
+    """What a ready start is asked, in order: the ranks' audits, /metrics, every gate prompt, /metrics again,
+    then the quality samples (after the closing scrape: no gate evidence sees them)."""
+    server.phase = "auditing the ranks"
+    record.audits = audit(client)
+    record.exposure = server.exposure()  # every rank is up: all their sockets are open now
+    record.metrics_before = metrics_text(client)
+    model = served_model(client)
+    server.phase = "serving the gate prompts"
+    for p in prompts:
+        r = stream_completion(client, model, p.prompt, contract.decode.tokens_per_request,
+                              prompt_id=p.id, timeout_s=contract.deadlines.request_s)
+        record.requests.append(r)
+        say(f"{contract.name} start-{index}: {p.id} {len(r.token_ids)} tokens"
+            + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else ""))
+    record.metrics_after = metrics_text(client)
+    if quality:
+        server.phase = "serving the quality samples"
+        _ask_quality(client, model, quality, record, contract, index, say)
 
 
 def _ask_quality(client, model: str, samples: list[QualitySample], record: evidence.Evidence,
@@ -301,20 +308,8 @@ def _finish(server: EngineServer, record: evidence.Evidence, start_dir: Path) ->
     evidence.write(record, start_dir)
 
 
-def kind_dir(run_dir: Path, kind: str) -> Path:
-    """Where a run folder keeps the candidate's files (itself), the teacher's (teacher/) or the
-    unquantized-KV reference's (reference/)."""
-    return run_dir / kind if kind in ("teacher", "reference") else run_dir
-
-
 def start_dirs(run_dir: Path, contract: Contract) -> list[Path]:
-    base = kind_dir(run_dir, contract.kind)
-    return [base / f"start-{i}" for i in range(1, contract.reproduction.fresh_starts + 1)]
-
-
-TABLES_COPY = "checkpoint-tables.json"
-PROMPTS_COPY = "prompts.jsonl"
-
+    return [run_folder.start_dir(run_dir, contract.kind, i) for i in range(1, contract.reproduction.fresh_starts + 1)]
 
 
 @dataclass(frozen=True)
@@ -322,9 +317,6 @@ class ProbeOptions:
     enabled: bool = True
     deadline_s: float = PROBE_DEADLINE_S
     stall_rank: int | None = None   # tests: make this rank stall before the all_reduce
-
-
-PROBE_DIR = "probe"
 
 
 def probe_environment(contract: Contract, cache_root: Path) -> dict[str, str]:
@@ -352,7 +344,7 @@ def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progres
     the same session reuses a passed probe). Raises ProbeError, with every rank's state, when it fails."""
     from .probe import PROBE_FILE, ProbeError, probe_collectives
 
-    folder = run_dir / PROBE_DIR
+    folder = run_dir / run_folder.PROBE_DIR
     done = folder / PROBE_FILE
     if done.is_file() and stall_rank is None:
         recorded = evidence.read_json(done, "collective probe result", evidence.EvidenceError)
@@ -389,22 +381,18 @@ def run_starts(contract: Contract, run_dir: Path, cache_root: Path, progress: Pr
     else:
         probe_result = preflight_probe(contract, run_dir, cache_root, progress, probe.stall_rank, probe.deadline_s)
     # The run folder is self-contained: replay needs neither the model nor the repository's prompt file.
-    base = kind_dir(run_dir, contract.kind)
+    base = run_folder.kind_dir(run_dir, contract.kind)
     base.mkdir(parents=True, exist_ok=True)
     tables = {"contract_digest": contract.digest, **models.tables}
-    (base / TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
-    (base / PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
+    (base / run_folder.TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
+    (base / run_folder.PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
     records: list[evidence.Evidence] = []
     for i, d in enumerate(start_dirs(run_dir, contract)[: starts or None], 1):
         records.append(run_start(contract, models, d, cache_root / "engine-state", i, progress,
-                                 run_dir / "launches.log", quality if i == 1 else None, probe_result))
+                                 run_dir / run_folder.LAUNCHES_LOG, quality if i == 1 else None, probe_result))
         if records[-1].status != "ok":
             break  # nothing can be promoted past a failed start: do not spend another start on it
     return records
-
-
-DONE_MARK = ".collected-{kind}.json"
-
 
 
 def run_starts_once(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
@@ -415,7 +403,7 @@ def run_starts_once(contract: Contract, run_dir: Path, cache_root: Path, progres
     from filelock import FileLock
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    mark = run_dir / DONE_MARK.format(kind=contract.kind)
+    mark = run_dir / run_folder.DONE_MARK.format(kind=contract.kind)
     with FileLock(str(run_dir / f".collect-{contract.kind}.lock")):
         if mark.exists():
             done = json.loads(mark.read_text())
@@ -439,7 +427,7 @@ def run_starts_once(contract: Contract, run_dir: Path, cache_root: Path, progres
 def checkpoint_tables(run_dir: Path, contract: Contract, cache_root: Path) -> dict[str, Any]:
     """The checkpoint tables a run was judged against: the run folder's copy (written before its first
     start, for this contract), else read anew from the checkpoints the contract names."""
-    path = kind_dir(run_dir, contract.kind) / TABLES_COPY
+    path = run_folder.kind_dir(run_dir, contract.kind) / run_folder.TABLES_COPY
     if path.is_file():
         tables = evidence.read_json(path, "checkpoint tables", evidence.EvidenceError)
         if not isinstance(tables, dict) or "target" not in tables:
@@ -459,12 +447,3 @@ def checkpoint_tables(run_dir: Path, contract: Contract, cache_root: Path) -> di
         return resolve_models(contract, cache_root).tables
     except (contract_mod.ContractError, mini.MiniModelError) as e:
         return {"target": None, "draft": None, "problems": {"target": str(e), "draft": str(e)}}
-
-
-def load_run(run_dir: Path, kind: str = "candidate") -> list[evidence.Evidence]:
-    """Saved evidence of a run folder, for replay with no engine."""
-    base = kind_dir(run_dir, kind)
-    found = sorted(base.glob("start-*/" + evidence.FILENAME), key=lambda p: int(p.parent.name.split("-")[1]))
-    if not found:
-        raise evidence.EvidenceError(f"no {kind} evidence under {base} (expected start-N/{evidence.FILENAME})")
-    return [evidence.read(p) for p in found]

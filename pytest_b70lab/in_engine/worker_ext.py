@@ -186,36 +186,42 @@ class AuditExtension:
         # What the weight audit cost on this rank: its bytes hashed, the hashing time, the whole walk.
         out["audit_cost"] = {"bytes_hashed": _hashed["bytes"], "hash_seconds": round(_hashed["seconds"], 4),
                              "parameters_seconds": round(time.perf_counter() - t0, 4)}
-        cfg = self.vllm_config
-        out["cache_config"] = {"cache_dtype": cfg.cache_config.cache_dtype,
-                               "block_size": cfg.cache_config.block_size,
-                               "enable_prefix_caching": cfg.cache_config.enable_prefix_caching,
-                               "calculate_kv_scales": getattr(cfg.cache_config, "calculate_kv_scales", None)}
-        out["scheduler_config"] = {"async_scheduling": cfg.scheduler_config.async_scheduling,
-                                   "max_num_seqs": cfg.scheduler_config.max_num_seqs}
-        par = cfg.parallel_config
-        out["parallel_config"] = {"tensor_parallel_size": par.tensor_parallel_size,
-                                  "enable_expert_parallel": par.enable_expert_parallel,
-                                  "pipeline_parallel_size": par.pipeline_parallel_size}
-        spec = cfg.speculative_config
-        out["speculative_config"] = None if spec is None else {
-            "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
-            "model": getattr(spec, "model", None)}
-        out["target_quantization"] = _call(lambda: _plain(getattr(cfg.model_config.hf_config,
-                                                                  "quantization_config", None)))
-        out["draft_quantization"] = None if spec is None else _call(
-            lambda: _plain(getattr(spec.draft_model_config.hf_config, "quantization_config", None)))
-        cc = cfg.compilation_config
-        out["compilation"] = {"mode": str(cc.mode), "backend": cc.backend,
-                              "cudagraph_mode": str(cc.cudagraph_mode), "splitting_ops": list(cc.splitting_ops or [])}
-        out["compile_counters"] = _call(_compile_counters)
-        out["compiled_modules"] = _call(lambda: _compiled_modules({"target": model, "draft": draft_model}))
-        out["model_dtype"] = str(cfg.model_config.dtype).removeprefix("torch.")
-        # What the launch-flags gate compares with the contract, field by field, as the engine resolved it.
-        mc = cfg.model_config
-        out["model_config"] = {"max_model_len": mc.max_model_len, "seed": mc.seed, "enforce_eager": mc.enforce_eager,
-                               "dtype": out["model_dtype"]}
-        out["device_type"] = _call(lambda: str(cfg.device_config.device_type))
-        out["attention_config"] = _call(lambda: {"backend": _backend_name(cfg.attention_config.backend)})
-        out["fp8_attention"] = _call(_fp8_attention)
+        out.update(_resolved_config(self.vllm_config, model, draft_model))
         return out
+
+
+def _resolved_config(cfg, model, draft_model) -> dict[str, Any]:
+    """What the engine resolved of its configuration, as the launch-flags, scale and compile gates read it."""
+    out: dict[str, Any] = {}
+    out["cache_config"] = {"cache_dtype": cfg.cache_config.cache_dtype,
+                           "block_size": cfg.cache_config.block_size,
+                           "enable_prefix_caching": cfg.cache_config.enable_prefix_caching,
+                           "calculate_kv_scales": getattr(cfg.cache_config, "calculate_kv_scales", None)}
+    out["scheduler_config"] = {"async_scheduling": cfg.scheduler_config.async_scheduling,
+                               "max_num_seqs": cfg.scheduler_config.max_num_seqs}
+    par = cfg.parallel_config
+    out["parallel_config"] = {"tensor_parallel_size": par.tensor_parallel_size,
+                              "enable_expert_parallel": par.enable_expert_parallel,
+                              "pipeline_parallel_size": par.pipeline_parallel_size}
+    spec = cfg.speculative_config
+    out["speculative_config"] = None if spec is None else {
+        "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+        "model": getattr(spec, "model", None)}
+    out["target_quantization"] = _call(lambda: _plain(getattr(cfg.model_config.hf_config,
+                                                              "quantization_config", None)))
+    out["draft_quantization"] = None if spec is None else _call(
+        lambda: _plain(getattr(spec.draft_model_config.hf_config, "quantization_config", None)))
+    cc = cfg.compilation_config
+    out["compilation"] = {"mode": str(cc.mode), "backend": cc.backend,
+                          "cudagraph_mode": str(cc.cudagraph_mode), "splitting_ops": list(cc.splitting_ops or [])}
+    out["compile_counters"] = _call(_compile_counters)
+    out["compiled_modules"] = _call(lambda: _compiled_modules({"target": model, "draft": draft_model}))
+    out["model_dtype"] = str(cfg.model_config.dtype).removeprefix("torch.")
+    # What the launch-flags gate compares with the contract, field by field, as the engine resolved it.
+    mc = cfg.model_config
+    out["model_config"] = {"max_model_len": mc.max_model_len, "seed": mc.seed, "enforce_eager": mc.enforce_eager,
+                           "dtype": out["model_dtype"]}
+    out["device_type"] = _call(lambda: str(cfg.device_config.device_type))
+    out["attention_config"] = _call(lambda: {"backend": _backend_name(cfg.attention_config.backend)})
+    out["fp8_attention"] = _call(_fp8_attention)
+    return out

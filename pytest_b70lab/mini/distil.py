@@ -16,7 +16,8 @@ from ..digests import file_sha256
 from . import curriculum
 from .recipe import DRAFT_WEIGHTS, LOG_FILE, TARGET_WEIGHTS, TRAINED_RECIPE, MiniRecipe, draft_config
 from .tokenizer import load_tokenizer
-from .training import Log, TargetTraining, encode, new_target, pick_device, schedule, write_recipe
+from .training import (Log, TargetTraining, encode, new_target, optimizer_step, pick_device, schedule,
+                       write_recipe)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,25 @@ def acceptance(draft, target, sequences: list[list[int]], prompt_lengths: list[i
     return (hits / max(total, 1)).tolist()
 
 
+def _draft_batch(draft, tok, prompts: list, sequences: list, rng: random.Random, cfg: DraftTraining, device: str):
+    """One batch of rollouts: the token rows, `cfg.blocks` anchors per row in its continuation, and the block
+    labels (positions past a row's end are ignored)."""
+    import torch
+
+    pick = rng.sample(range(len(sequences)), cfg.batch)
+    rows = [sequences[i] for i in pick]
+    width = max(map(len, rows))
+    # Right-padded: a row's padding lies after its last anchor's block, which never sees it.
+    x = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows], device=device)
+    anchors = torch.tensor([sorted(rng.choices(range(len(prompts[i]), len(sequences[i]) - 1), k=cfg.blocks))
+                            for i in pick], device=device)
+    labels = draft.block_labels(x, anchors)
+    lengths = torch.tensor([len(r) for r in rows], device=device)
+    pos = anchors.unsqueeze(-1) + torch.arange(draft.block_size, device=device)
+    labels[pos >= lengths.view(-1, 1, 1)] = -100
+    return x, anchors, labels
+
+
 def train_draft(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: DraftTraining = DraftTraining(),
                 device: str = "auto", log: Log | None = None) -> None:
     """The draft from the target in `out` into out/draft.safetensors (its config is the recipe's)."""
@@ -154,29 +174,13 @@ def train_draft(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: DraftTra
         lr = schedule(cfg.lr, cfg.warmup, progress, step)
         for group in opt.param_groups:
             group["lr"] = lr
-        pick = rng.sample(range(len(sequences)), cfg.batch)
-        rows = [sequences[i] for i in pick]
-        width = max(map(len, rows))
-        # Right-padded: a row's padding lies after its last anchor's block, which never sees it.
-        x = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows], device=device)
-        anchors = torch.tensor([sorted(rng.choices(range(len(prompts[i]), len(sequences[i]) - 1), k=cfg.blocks))
-                                for i in pick], device=device)
+        x, anchors, labels = _draft_batch(draft, tok, prompts, sequences, rng, cfg, device)
         with torch.no_grad():
             aux, _ = target_aux_hidden(target, x, draft.target_layer_ids)
-        labels = draft.block_labels(x, anchors)
-        lengths = torch.tensor([len(r) for r in rows], device=device)
-        pos = anchors.unsqueeze(-1) + torch.arange(draft.block_size, device=device)
-        labels[pos >= lengths.view(-1, 1, 1)] = -100
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             logits = draft.forward_blocks(aux, anchors, x.gather(1, anchors))
             loss = draft_loss(logits, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step % cfg.log_every == 0:
-            log(event="step", phase="draft", step=step, loss=round(loss.item(), 4), lr=round(lr, 6),
-                elapsed_s=round(time.monotonic() - t0, 1))
+        optimizer_step(loss, draft, opt, log, phase="draft", step=step, lr=lr, started=t0, log_every=cfg.log_every)
     elapsed = round(time.monotonic() - t0, 1)
     log(event="end", phase="draft", steps=step + 1, elapsed_s=elapsed)
     draft = draft.eval().float()

@@ -7,11 +7,7 @@ training device) and the measurement through vLLM (scripts/eval_mini.py), so bot
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import tempfile
 from typing import Any
 
 from . import curriculum
@@ -66,19 +62,15 @@ CHECK_TIMEOUT_S = 10.0
 
 
 def code_ok(sample: curriculum.Sample, text: str) -> bool:
-    """The prompt plus the generated body, run against the sample's checks in a subprocess of its own
-    (a fresh interpreter in an empty folder, isolated mode, killed on timeout)."""
+    """The prompt plus the generated body, run against the sample's checks in the quality gate's sandbox
+    (generated code is untrusted, whoever generated it: the same isolation, limits and teardown)."""
+    from ..quality import sandbox
+
     body = text.split("\n\n", 1)[0]
     program = sample.prompt + body + "\n\nimport json, sys\n" + "".join(
         f"assert {sample.meta['function']}(*{check['args']!r}) == {check['expected']!r}\n"
         for check in sample.meta["checks"])
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            done = subprocess.run([sys.executable, "-I", "-c", program], cwd=folder, capture_output=True,
-                                  timeout=CHECK_TIMEOUT_S, env={"PATH": os.environ.get("PATH", "")})
-        except subprocess.TimeoutExpired:
-            return False
-    return done.returncode == 0
+    return sandbox.run_python(program, timeout_s=CHECK_TIMEOUT_S).passed
 
 
 def score(sample: curriculum.Sample, text: str) -> bool:

@@ -19,7 +19,8 @@ from ..digests import file_sha256
 from . import curriculum
 from .recipe import LOG_FILE, SPECIAL_TOKENS, TARGET_WEIGHTS, TOKENIZER_FILE, TRAINED_RECIPE, MiniRecipe
 from .tokenizer import load_tokenizer
-from .training import IGNORE, Log, TargetTraining, encode, new_target, pick_device, schedule, write_recipe
+from .training import (IGNORE, Log, TargetTraining, encode, new_target, optimizer_step, pick_device, schedule,
+                       write_recipe)
 
 # --- tokenizer -----------------------------------------------------------------------------------------
 
@@ -119,6 +120,26 @@ def batches(tok, cfg: TargetTraining, start: int, device: str) -> Iterator[tuple
 
 # --- the target ------------------------------------------------------------------------------------------
 
+def _target_steps(model, opt, data, cfg: TargetTraining, device: str, log: Log, t0: float) -> int:
+    """The optimiser loop, within the step count and the time budget; the index of the last step run."""
+    import torch
+
+    step = 0
+    for step in range(cfg.steps):
+        elapsed = time.monotonic() - t0
+        progress = max(step / cfg.steps, elapsed / cfg.time_budget_s if cfg.time_budget_s else 0.0)
+        if progress >= 1.0:
+            break
+        lr = schedule(cfg.lr, cfg.warmup, progress, step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        x, y = next(data)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            loss = model(input_ids=x, labels=y).loss
+        optimizer_step(loss, model, opt, log, phase="target", step=step, lr=lr, started=t0, log_every=cfg.log_every)
+    return step
+
+
 def train_target(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: TargetTraining = TargetTraining(),
                  device: str = "auto", log: Log | None = None, init: Path | None = None, evaluate_n: int = 0):
     """Tokenizer and target from nothing into `out` (tokenizer.json, target.safetensors, recipe.json, log)."""
@@ -148,26 +169,7 @@ def train_target(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: TargetT
         params=sum(p.numel() for p in model.parameters()), tokens_per_pair=round(tokens_per_pair(tok), 2),
         corpus_digest=curriculum.corpus_digest(cfg.seed))
     t0 = time.monotonic()
-    data = batches(tok, cfg, 0, device)
-    step = 0
-    for step in range(cfg.steps):
-        elapsed = time.monotonic() - t0
-        progress = max(step / cfg.steps, elapsed / cfg.time_budget_s if cfg.time_budget_s else 0.0)
-        if progress >= 1.0:
-            break
-        lr = schedule(cfg.lr, cfg.warmup, progress, step)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        x, y = next(data)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            loss = model(input_ids=x, labels=y).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step % cfg.log_every == 0:
-            log(event="step", phase="target", step=step, loss=round(loss.item(), 4), lr=round(lr, 6),
-                elapsed_s=round(time.monotonic() - t0, 1))
+    step = _target_steps(model, opt, batches(tok, cfg, 0, device), cfg, device, log, t0)
     elapsed = round(time.monotonic() - t0, 1)
     log(event="end", phase="target", steps=step + 1, elapsed_s=elapsed)
     model = model.eval()

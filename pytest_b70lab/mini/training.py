@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -64,6 +65,20 @@ def new_target(recipe: MiniRecipe, tok, cfg: TargetTraining):
 
 def schedule(cfg_lr: float, warmup: int, progress: float, step: int) -> float:
     return cfg_lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def optimizer_step(loss, module, opt, log: Log, *, phase: str, step: int, lr: float, started: float,
+                   log_every: int) -> None:
+    """Backward, clip the gradient norm at 1, step and clear; a `step` record every `log_every` steps."""
+    import torch
+
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if step % log_every == 0:
+        log(event="step", phase=phase, step=step, loss=round(loss.item(), 4), lr=round(lr, 6),
+            elapsed_s=round(time.monotonic() - started, 1))
 
 
 class Log:

@@ -76,7 +76,7 @@ def collect_or_block(request: pytest.FixtureRequest, state: LabState, label: str
                       collect: Callable[[], list[evidence_mod.Evidence]]) -> list[evidence_mod.Evidence]:
     """The starts' evidence, or one failure that names the start, the cause and where to look: a start
     that could not begin (a model that fails its manifest, a missing checkpoint), or one that failed."""
-    from ..engine.starts import kind_dir
+    from ..run_folder import kind_dir
 
     cause = None
     try:
@@ -174,12 +174,13 @@ def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidenc
 def b70_teacher_evidence(request: pytest.FixtureRequest, b70_state: LabState,
                          b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
     """One start of the contract's teacher (target only), launched once per session."""
-    from ..engine.starts import run_starts_once, load_run
+    from ..engine.starts import run_starts_once
+    from ..run_folder import read_starts
 
     teacher = b70_contract.teacher()
     if b70_state.replay_dir is not None:
         try:
-            return load_run(b70_state.replay_dir, kind="teacher")[0]
+            return read_starts(b70_state.replay_dir, kind="teacher")[0]
         except lab_errors() as e:
             pytest.fail(str(e), pytrace=False)
     return collect_or_block(request, b70_state, "teacher ", lambda: run_starts_once(
@@ -192,12 +193,13 @@ def b70_reference_evidence(request: pytest.FixtureRequest, b70_state: LabState,
                            b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
     """One start of the contract's unquantized-KV reference (target without its KV scheme, KV dtype auto),
     with the quality samples."""
-    from ..engine.starts import run_starts_once, load_run
+    from ..engine.starts import run_starts_once
+    from ..run_folder import read_starts
 
     try:
         reference = b70_contract.unquantized_kv_reference()
         if b70_state.replay_dir is not None:
-            return load_run(b70_state.replay_dir, kind="reference")[0]
+            return read_starts(b70_state.replay_dir, kind="reference")[0]
     except lab_errors() as e:
         pytest.fail(str(e), pytrace=False)
     return collect_or_block(request, b70_state, "reference ", lambda: run_starts_once(

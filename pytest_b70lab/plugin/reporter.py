@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ..run_folder import PROMOTION
 from .state import (BLOCKED_PROPERTY, FINDING_PROPERTY, GATE_PROPERTY, GATE_TEST_PROPERTY, QUALITY_PROPERTY,
                     SUBJECT_PROPERTY, LabState, NoQuality, lab_errors, prompt_set, quality_set, runs_root)
 
@@ -76,7 +77,7 @@ class VerdictReporter:
     def begin(self) -> None:
         """An earlier verdict in this session's run folder stops counting now: until this session writes its
         own, the file says that a session is judging the folder (also if this process is killed)."""
-        if (self.state.run_dir / "promotion.json").is_file():
+        if (self.state.run_dir / PROMOTION).is_file():
             from .. import verdict
 
             verdict.write_unjudged(self.state.run_dir, f"a session started {time.strftime('%Y-%m-%d %H:%M:%S')} "
@@ -94,7 +95,7 @@ class VerdictReporter:
         """A session that judged nothing leaves the verdict it found (begin) not promotable, saying why; a
         folder without one keeps none (an absent verdict promotes nothing)."""
         folder = self.state.run_dir
-        if self.written or not (folder / "promotion.json").is_file():
+        if self.written or not (folder / PROMOTION).is_file():
             return
         from .. import verdict
 

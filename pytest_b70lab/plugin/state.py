@@ -88,11 +88,11 @@ class LabState:
         return self._contract
 
     def replay_evidence(self) -> list[evidence_mod.Evidence]:
-        from ..engine.starts import load_run
+        from ..run_folder import read_starts
 
         assert self.replay_dir is not None
         if self._evidence is None:
-            self._evidence = load_run(self.replay_dir)
+            self._evidence = read_starts(self.replay_dir)
         return self._evidence
 
     def say(self, message: str) -> None:
@@ -179,7 +179,7 @@ def prompt_set(config: pytest.Config, contract: contract_mod.Contract) -> list[c
     judged). A replayed run folder carries a copy, checked against the same pinned sha256."""
     state = config.stash[STATE]
     from .. import contract as contract_mod
-    from ..engine.starts import PROMPTS_COPY
+    from ..run_folder import PROMPTS_COPY
 
     copy = state.replay_dir / PROMPTS_COPY if state.replay_dir is not None else None
     return contract_mod.load_prompts(contract, fallback=copy)

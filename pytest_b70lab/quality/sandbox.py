@@ -253,28 +253,14 @@ def _run(program: str, layers: tuple[str, ...], start: float, *, timeout_s: floa
         program_path = os.path.join(box, "program.py")
         with open(program_path, "w", encoding="utf-8") as f:
             f.write(program)
-        user = _nobody() if "unprivileged-user" in layers else None
-        interpreter = _interpreter(for_others=user is not None)
-        if interpreter is None:
-            raise RuntimeError("no Python interpreter outside /tmp" + (" that the unprivileged user may run"
-                                                                      if user else ""))
         if "pids-cgroup" in layers:
             parent = _pids_cgroup_parent()
             if parent is None:
                 raise RuntimeError("the pids cgroup went away")
             cgroup = _PidsCgroup.create(parent, max_pids + 1)   # + the PID namespace's init
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": box, "TMPDIR": box, "LANG": "C.UTF-8",
-               "LC_ALL": "C.UTF-8"}
-        argv = [interpreter, "-I", "-B"] + (["-c", _PREAMBLE, box, program_path] if "audit-hook" in layers
-                                            else [program_path])
         status_r, status_w = os.pipe()
-        config = {
-            "status_fd": status_w, "box": box, "program": program_path, "interpreter": interpreter,
-            "argv": argv, "env": env, "uid": user[0] if user else None, "gid": user[1] if user else None,
-            "cgroup_procs": cgroup.procs_file if cgroup else None, "netns": "netns" in layers,
-            "mountns": "mountns-tmpfs" in layers, "pidns": "pidns" in layers, "tmpfs_mb": file_mb,
-            "rlimits": _rlimits(cpu_s, memory_mb, file_mb, max_pids, unprivileged=user is not None),
-        }
+        config = _launch_config(box, program_path, layers, status_w, cgroup, cpu_s=cpu_s, memory_mb=memory_mb,
+                                max_pids=max_pids, file_mb=file_mb)
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), "--launch", json.dumps(config)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
@@ -310,6 +296,28 @@ def _run(program: str, layers: tuple[str, ...], start: float, *, timeout_s: floa
         reason += f"; {left_behind} process(es) could not be killed"
     return SandboxResult(passed, reason, returncode, out.text(output_limit), err.text(output_limit),
                          time.monotonic() - start, layers, timed_out, cpu)
+
+
+def _launch_config(box: str, program_path: str, layers: tuple[str, ...], status_w: int,
+                   cgroup: _PidsCgroup | None, *, cpu_s: int, memory_mb: int, max_pids: int,
+                   file_mb: int) -> dict[str, Any]:
+    """What the launcher is told: the interpreter and its argv, the user, the namespaces, the limits."""
+    user = _nobody() if "unprivileged-user" in layers else None
+    interpreter = _interpreter(for_others=user is not None)
+    if interpreter is None:
+        raise RuntimeError("no Python interpreter outside /tmp" + (" that the unprivileged user may run"
+                                                                  if user else ""))
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": box, "TMPDIR": box, "LANG": "C.UTF-8",
+           "LC_ALL": "C.UTF-8"}
+    argv = [interpreter, "-I", "-B"] + (["-c", _PREAMBLE, box, program_path] if "audit-hook" in layers
+                                        else [program_path])
+    return {
+        "status_fd": status_w, "box": box, "program": program_path, "interpreter": interpreter,
+        "argv": argv, "env": env, "uid": user[0] if user else None, "gid": user[1] if user else None,
+        "cgroup_procs": cgroup.procs_file if cgroup else None, "netns": "netns" in layers,
+        "mountns": "mountns-tmpfs" in layers, "pidns": "pidns" in layers, "tmpfs_mb": file_mb,
+        "rlimits": _rlimits(cpu_s, memory_mb, file_mb, max_pids, unprivileged=user is not None),
+    }
 
 
 def _rlimits(cpu_s: int, memory_mb: int, file_mb: int, max_pids: int, *,
@@ -374,6 +382,8 @@ def _teardown(proc: subprocess.Popen[bytes], cgroup: _PidsCgroup | None) -> int:
     """
     import psutil   # not at module level: the launcher runs this file with -S, without site-packages
 
+    from .. import processes
+
     if cgroup is not None:
         cgroup.kill()
     deadline = time.monotonic() + 5.0
@@ -382,7 +392,7 @@ def _teardown(proc: subprocess.Popen[bytes], cgroup: _PidsCgroup | None) -> int:
         try:
             launcher = psutil.Process(proc.pid)
             for child in launcher.children():
-                _signal_group(child.pid)   # the program's own process group, in one atomic step
+                processes.signal_group(child.pid)   # the program's own process group, in one atomic step
             victims.update(p.pid for p in launcher.children(recursive=True))
         except psutil.Error:
             pass
@@ -408,45 +418,25 @@ def _teardown(proc: subprocess.Popen[bytes], cgroup: _PidsCgroup | None) -> int:
 
 
 def _signal(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    from .. import processes   # parent side only: the launcher runs this file isolated, without the package
 
-
-def _signal_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    processes.signal_process(pid)
 
 
 def _kill_session(sid: int) -> int:
     """Kill live processes of the launcher's session (psutil does not expose the session id); count them."""
+    from .. import processes
+
     left = 0
     for _ in range(100):
-        alive = [pid for pid, session, state in _proc_stats() if session == sid and state not in "ZX"]
+        alive = [p.pid for p in processes.session_members(sid)]
         if not alive:
             return 0
         left = len(alive)
         for pid in alive:
-            _signal(pid)
+            processes.signal_process(pid)
         time.sleep(0.02)
     return left
-
-
-def _proc_stats() -> list[tuple[int, int, str]]:
-    rows = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()   # the command name may hold spaces and ")"
-        except OSError:
-            continue
-        rows.append((int(name), int(fields[3]), fields[0].decode()))
-    return rows
 
 
 def _threads_of_user(uid: int) -> int:

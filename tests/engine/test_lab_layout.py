@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import contract
-from pytest_b70lab.engine.starts import load_run
+from pytest_b70lab.run_folder import read_starts
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def test_the_lab_layout_is_promotable(tmp_path: Path, b70_cache_root: Path) -> N
     out = done.stdout[-8000:]
     verdict = json.loads((run / "promotion.json").read_text()) if (run / "promotion.json").exists() else {}
     assert done.returncode == 0 and verdict.get("promotable") is True, out
-    starts = load_run(run)
+    starts = read_starts(run)
     assert len(starts) == c.reproduction.fresh_starts
     for start in starts:
         assert sorted(a["tp_rank"] for a in start.audits) == [0, 1, 2, 3], f"start-{start.start_index}: {out}"

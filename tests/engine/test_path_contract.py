@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import checkpoint, contract, host
-from pytest_b70lab.engine.starts import TABLES_COPY, load_run, model_folder
+from pytest_b70lab.engine.starts import model_folder
+from pytest_b70lab.run_folder import TABLES_COPY, read_starts
 from pytest_b70lab.in_engine import portable_fp8
 
 pytestmark = pytest.mark.engine
@@ -52,7 +53,7 @@ def test_a_path_checkpoint_is_promotable_on_the_portable_path_with_full_load_aud
 
     verdict = json.loads((run_dir / "promotion.json").read_text())
     assert verdict["promotable"] and verdict["complete"] and verdict["contract"] == CONTRACT
-    starts = load_run(run_dir)
+    starts = read_starts(run_dir)
     for start in starts:
         assert start.host["emulated"] == ("avx2" if emulated else None), start.host
         for audit in start.audits:

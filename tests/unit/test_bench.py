@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import bench, cli, evidence, throughput
-from pytest_b70lab.engine.starts import load_run
+from pytest_b70lab.run_folder import read_starts
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "fixtures" / "bench" / "vllm-bench-serve-detailed.json"
@@ -46,7 +46,7 @@ def test_a_sessions_drift_is_recomputed_from_its_arrival_times() -> None:
     """The committed bundle: start-2 compiled nothing (it loaded), start-1 compiled; its medians are 2.8 %
     apart upwards while the paired figure says start-2 was 5 % slower."""
     drift = bench.session_drift(BUNDLE)
-    starts = load_run(BUNDLE)
+    starts = read_starts(BUNDLE)
     rates = [{r.prompt_id: throughput.decode_rate(r.chunk_times, r.chunk_tokens) for r in s.requests} for s in starts]
     assert drift.median_ratio == pytest.approx(statistics.median(rates[1].values()) / statistics.median(rates[0].values()))
     assert drift.paired == pytest.approx(statistics.geometric_mean([rates[1][k] / rates[0][k] for k in rates[0]]))
@@ -82,8 +82,11 @@ def test_a_run_without_two_completed_starts_is_a_bench_error(tmp_path: Path) -> 
     shutil.rmtree(copy / "start-2")
     with pytest.raises(bench.BenchError, match="two completed starts are needed"):
         bench.session_drift(copy)
-    with pytest.raises(bench.BenchError, match="no candidate evidence under"):
+    with pytest.raises(bench.BenchError, match="no run folder at"):
         bench.session_drift(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(bench.BenchError, match="no candidate evidence under"):
+        bench.session_drift(tmp_path / "empty")
 
 
 def test_the_reproduction_part_knows_its_compile_cache_choices(tmp_path: Path) -> None:
@@ -99,7 +102,7 @@ def test_the_reproduction_part_knows_its_compile_cache_choices(tmp_path: Path) -
 
 def test_a_starts_two_passes_are_read_as_gate_7_reads_two_starts() -> None:
     """The steadiness control: the bundle's two starts stand in for one start's two passes."""
-    starts = load_run(BUNDLE)
+    starts = read_starts(BUNDLE)
     rates = [throughput.arrival_rates(s.requests)[0] for s in starts]
     drift = bench.pass_drift(rates[0], rates[1], (0.0, 0.01))
     gate7 = bench.session_drift(BUNDLE)

@@ -230,17 +230,21 @@ def test_show_says_what_ran_and_the_verdict(candidate: Path) -> None:
     text = compare.show(compare.load_run(candidate))
     for expected in (record.contract.name, record.contract.digest, record.target.digest, record.draft.digest,
                      "vllm 0.32.0", "--kv-cache-dtype fp8", "start-1  ok", "start-2  ok", f"ready {record.ready_s:.1f} s",
-                     f"endpoint median {record.throughput.endpoint_median:.2f} tok/s", "no verdict recorded",
+                     f"endpoint median {record.throughput.endpoint_median:.2f} tok/s",
+                     f"verdict   No verdict recorded: {candidate.name} has no promotion.json",
                      f"machine   {host.describe(record.host)}; FP8 attention {host.fp8_attention_ran(record.audits)}"):
         assert expected in text
     assert "--uds" not in text
 
     (candidate / compare.PROMOTION).write_text(json.dumps(
         {"promotable": True, "complete": True, "endpoint_medians_tok_s": [193.45, 194.62]}))
-    assert "verdict   PROMOTABLE at 193.45, 194.62 tok/s" in compare.show(compare.load_run(candidate))
+    # The headline every surface prints (verdict.recorded_headline): the terminal's and the report's line.
+    assert ("verdict   PROMOTABLE at 193.45 / 194.62 tok/s median (start-1 / start-2) - contract "
+            f"{record.contract.name} (0/0 required gate subjects passed)") in compare.show(compare.load_run(candidate))
     (candidate / compare.PROMOTION).write_text(json.dumps(
         {"promotable": False, "complete": True, "failed_gates": ["teacher_exactness"], "problems": []}))
-    assert "NOT PROMOTABLE: failed gates: teacher_exactness" in compare.show(compare.load_run(candidate))
+    assert (f"verdict   NOT PROMOTABLE - contract {record.contract.name}: failed gates: teacher_exactness"
+            in compare.show(compare.load_run(candidate)))
 
 
 def test_the_last_promoted_run(tmp_path: Path) -> None:

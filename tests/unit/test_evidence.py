@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import evidence
-from pytest_b70lab.engine import starts
+from pytest_b70lab import evidence, run_folder
 
 BUNDLE = Path(__file__).resolve().parents[2] / "fixtures" / "evidence" / "mini-laguna-cpu"
 
@@ -57,13 +56,13 @@ def test_damaged_evidence_is_a_clear_error(copy_of_start: Path, content: str, me
 
 def test_a_run_folder_without_evidence_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(evidence.EvidenceError, match="no candidate evidence under"):
-        starts.load_run(tmp_path)
+        run_folder.read_starts(tmp_path)
 
 
 def test_decode_rate_of_recorded_requests_follows_the_accounting() -> None:
     from pytest_b70lab import throughput
 
-    start = starts.load_run(BUNDLE)[0]
+    start = run_folder.read_starts(BUNDLE)[0]
     for r in start.requests:
         times = throughput.token_arrival_times(r.chunk_times, r.chunk_tokens)
         assert len(times) == len(r.token_ids)

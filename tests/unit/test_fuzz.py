@@ -187,9 +187,9 @@ def test_an_edited_teacher_identity_fails_the_exactness_gate_naming_the_snapshot
 
 
 def _recorded() -> dict:
-    from pytest_b70lab.engine.starts import load_run
+    from pytest_b70lab.run_folder import read_starts
 
-    starts = load_run(BUNDLE_START.parent.parent)
+    starts = read_starts(BUNDLE_START.parent.parent)
     return {"starts": starts, "contract": Contract.model_validate(starts[0].contract.canonical, strict=False)}
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import gates, metrics, teacher, throughput
-from pytest_b70lab.engine.starts import PROMPTS_COPY, checkpoint_tables, load_run
+from pytest_b70lab.engine.starts import checkpoint_tables
+from pytest_b70lab.run_folder import PROMPTS_COPY, read_starts
 from pytest_b70lab.contract import Contract, load_prompts
 from pytest_b70lab.evidence import Evidence, sha256_ids
 
@@ -27,7 +28,7 @@ SNAPSHOTS = REPO / "tests" / "gates"
 
 class Run:
     def __init__(self) -> None:
-        self.starts: list[Evidence] = load_run(BUNDLE)
+        self.starts: list[Evidence] = read_starts(BUNDLE)
         self.contract = Contract.model_validate(self.starts[0].contract.canonical, strict=False)
         self.tables: dict = checkpoint_tables(BUNDLE, self.contract, BUNDLE / "no-cache")
         self.snapshots = {r.prompt_id: teacher.read(teacher.snapshot_path(SNAPSHOTS, self.contract, r.prompt_id))

@@ -24,11 +24,16 @@ IN_ENGINE = {"in_engine", "vllm_entry", "worker_ext"}
 # process creation time, gate 7's evidence that a start is fresh.
 IN_ENGINE_LIBRARIES = {"vllm", "torch", "psutil"}
 DATA = {"contract", "evidence", "digests", "metrics", "checkpoint", "throughput", "project", "defaults", "errors",
-        "host"}
-JUDGEMENT = {"gates", "teacher", "snapshots", "verdict", "replay", "quality.judge", "quality.scoring",
+        "host", "run_folder", "variants"}
+# compare: a comparison of two runs' evidence is judgement, printed by two surfaces (`b70lab evidence diff`,
+# the plugin's --b70-baseline), so it lives here and not with them.
+JUDGEMENT = {"gates", "teacher", "snapshots", "verdict", "replay", "compare", "quality.judge", "quality.scoring",
              "quality.checks", "quality.baseline", "quality.samples"}
 ENGINE = {"engine", "capability"}
-SURFACES = {"plugin", "cli", "bench"}
+# What the engine's teardown, the probe and the sandbox share: the sandbox's side of it runs where only the
+# standard library may be relied on.
+STDLIB_ONLY = {"processes"}
+SURFACES = {"plugin", "cli", "bench", "report"}
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -93,6 +98,15 @@ def breaches(graph: dict[str, set[str]]) -> list[str]:
                     rule = "in-engine modules import only the standard library, vLLM, torch and psutil"
                 elif ext is None and not _in(t, IN_ENGINE) and t not in ("", "errors"):
                     rule = "in-engine modules import no other module of the harness"
+            elif module in STDLIB_ONLY:
+                if ext is not None and ext not in stdlib:
+                    rule = "processes imports only the standard library"
+                elif ext is None and t != "":
+                    rule = "processes imports no other module of the harness"
+            elif _in(module, {"mini"}):
+                allowed = DATA | {"mini", "quality.sandbox", "processes"}
+                if ext is None and t not in ("", "quality") and not _in(t, allowed):
+                    rule = "mini imports only data and the sandbox it runs generated code in"
             elif _in(module, DATA):
                 if ext in ("pytest", "syrupy") or (ext is None and _in(t, ENGINE | JUDGEMENT | SURFACES | {"mini", "quality"})):
                     rule = "data modules import no pytest, syrupy, engine, judgement, mini or surface"
@@ -145,7 +159,7 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 def test_the_package_keeps_its_walls() -> None:
     graph = import_graph(PACKAGE)
-    assert {m for m in IN_ENGINE | DATA | JUDGEMENT | ENGINE if m not in graph} == set(), \
+    assert {m for m in IN_ENGINE | DATA | JUDGEMENT | ENGINE | STDLIB_ONLY if m not in graph} == set(), \
         "a module the walls name is gone: move the name with it"
     assert breaches(graph) == []
     assert cycles(graph) == []
@@ -160,9 +174,11 @@ def test_the_in_engine_package_imports_nothing() -> None:
 @pytest.mark.parametrize("module, planted, rule", [
     ("in_engine.observe", "from .. import gates", "in-engine modules import no other module of the harness"),
     ("in_engine.worker_ext", "import numpy", "in-engine modules import only the standard library, vLLM, torch and psutil"),
+    ("processes", "import psutil", "processes imports only the standard library"),
+    ("mini.evaluate", "from .. import gates", "mini imports only data and the sandbox it runs generated code in"),
     ("evidence", "import pytest", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
     ("throughput", "from .engine import server", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
-    ("gates", "from .engine.starts import load_run", "judgement imports no pytest, engine, mini or surface"),
+    ("gates", "from .engine.starts import run_starts", "judgement imports no pytest, engine, mini or surface"),
     ("verdict", "import syrupy", "syrupy is imported through snapshots.py alone"),
     ("engine.starts", "from ..plugin import state", "nothing imports a surface"),
 ])
@@ -180,3 +196,18 @@ def test_a_planted_cycle_is_found(tmp_path: Path) -> None:
     shutil.copytree(PACKAGE, tree, ignore=shutil.ignore_patterns("__pycache__"))
     (tree / "digests.py").write_text((tree / "digests.py").read_text() + "\nfrom . import checkpoint\n")
     assert {"digests", "checkpoint"} in cycles(import_graph(tree))
+
+
+LONGEST_FUNCTION = 60
+
+
+def test_no_function_is_longer_than_sixty_lines() -> None:
+    """A function a newcomer cannot read on one screen hides several jobs; split it where the jobs part."""
+    longer = []
+    for name, path in sorted(module_names(PACKAGE).items()):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    longer.append(f"{name}.{node.name}: {lines} lines")
+    assert longer == []

@@ -1,0 +1,108 @@
+"""Signalling and finding the processes of a group or session: the engine server's teardown, the collective
+probe's ranks and the quality sandbox's programs all end their children this way.
+
+Only the standard library: the sandbox imports it, and the probe's and sandbox's process listings read
+/proc directly (psutil does not expose a process's session, and the sandbox side must not need it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+PR_SET_PDEATHSIG = 1
+
+
+def signal_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
+    """`sig` to every process of the group at once; False when the group is gone (or not ours)."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def signal_process(pid: int, sig: int = signal.SIGKILL) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def end_group(proc: subprocess.Popen, wait_s: float = 5.0) -> None:
+    """SIGTERM to the child's group, then SIGKILL if the child has not exited within `wait_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not signal_group(proc.pid, sig):
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def own_group_dying_with_parent() -> None:
+    """In a child before exec: its own session and process group, and SIGTERM when the parent dies (a
+    SIGKILLed pytest must not leave an engine behind)."""
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    name: str
+    state: str      # R, S, D, Z (zombie), X (dead), ...
+    pgid: int
+    session: int
+
+    @property
+    def live(self) -> bool:
+        return self.state not in "ZX"
+
+
+def proc_stats() -> list[ProcStat]:
+    """Every process's /proc/PID/stat fields this module needs (written here: psutil has no session id)."""
+    rows = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        head, _, rest = raw.rpartition(b")")   # the command name may hold spaces and ")"
+        fields = rest.split()
+        rows.append(ProcStat(int(name), head.split(b"(", 1)[-1].decode(errors="replace"), fields[0].decode(),
+                             int(fields[2]), int(fields[3])))
+    return rows
+
+
+def group_members(pgid: int) -> list[ProcStat]:
+    """The live processes of a process group."""
+    return [p for p in proc_stats() if p.pgid == pgid and p.live]
+
+
+def session_members(sid: int) -> list[ProcStat]:
+    """The live processes of a session (what a process that made its own group may still belong to)."""
+    return [p for p in proc_stats() if p.session == sid and p.live]
+
+
+def group_gone_within(pgid: int, grace_s: float) -> bool:
+    """Whether the group is empty within `grace_s` (children may take a moment to follow their leader out)."""
+    deadline = time.monotonic() + grace_s
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

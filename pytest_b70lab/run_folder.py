@@ -1,0 +1,108 @@
+"""A run folder: its layout, and the one way to read it back.
+
+    RUN/start-1/evidence.json, RUN/start-1/server.log, RUN/start-1/ranks/<tag>.log   (likewise start-2 ...)
+    RUN/teacher/start-1/...      a teacher's starts (target only); RUN/reference/... the unquantized-KV reference
+    RUN/checkpoint-tables.json   the tables the load and scale audits compared with (per kind folder)
+    RUN/prompts.jsonl            the prompt file as it was (per kind folder): replay needs no repository
+    RUN/probe/                   the collective probe before the first start
+    RUN/launches.log             one line per engine launched
+    RUN/promotion.json           the verdict of the last session that used the folder
+
+The engine's starts write it (engine/starts.py), the plugin replays it, `b70lab report`, `evidence diff` and
+the bench read it: all through `read`, which checks every evidence file as `evidence.read` does and each
+against the folder it lies in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the file names are read by the plugin's verdict at any session's end: no pydantic there
+    from .evidence import Evidence
+
+PROMOTION = "promotion.json"
+TABLES_COPY = "checkpoint-tables.json"
+PROMPTS_COPY = "prompts.jsonl"
+LAUNCHES_LOG = "launches.log"
+PROBE_DIR = "probe"
+# Written by the first xdist worker that ran a kind's starts: the others (and any later call) read the evidence.
+DONE_MARK = ".collected-{kind}.json"
+# The kinds kept in a folder of their own; the candidate's starts lie in the run folder itself.
+KIND_FOLDERS = ("teacher", "reference")
+
+
+def kind_dir(run_dir: Path, kind: str) -> Path:
+    """Where a run folder keeps the candidate's files (itself), the teacher's (teacher/) or the
+    unquantized-KV reference's (reference/)."""
+    return Path(run_dir) / kind if kind in KIND_FOLDERS else Path(run_dir)
+
+
+def start_dir(run_dir: Path, kind: str, index: int) -> Path:
+    return kind_dir(run_dir, kind) / f"start-{index}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a run folder holds of one kind: its starts in order, and (for the candidate) the verdict."""
+
+    folder: Path
+    starts: tuple[Evidence, ...]             # start-1, start-2, ... in order
+    promotion: dict[str, Any] | None         # promotion.json, when a session recorded a verdict
+
+    @property
+    def first(self) -> Evidence:
+        """The start whose tokens stand for the run: the first that completed, else the first."""
+        return next((s for s in self.starts if s.status == "ok"), self.starts[0])
+
+
+def read(folder: Path, kind: str = "candidate", verdict: bool = True) -> Run:
+    """Every start-N/evidence.json of `kind` in start order (each checked as `evidence.read` does, and against
+    the folder it lies in) and, with `verdict`, RUN/promotion.json (None when no session recorded one). Any
+    problem is an EvidenceError naming the file; a folder without starts is not one (the caller says what it
+    needs)."""
+    from . import evidence
+    from .evidence import EvidenceError
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise EvidenceError(f"no run folder at {folder}")
+    base = kind_dir(folder, kind)
+    numbered = sorted((int(p.name.removeprefix("start-")), p) for p in base.glob("start-*")
+                      if p.is_dir() and p.name.removeprefix("start-").isdigit())
+    starts = []
+    for index, folder_of_start in numbered:
+        start = evidence.read(folder_of_start / evidence.FILENAME)
+        if start.start_index != index:
+            raise EvidenceError(f"{folder_of_start / evidence.FILENAME} records start {start.start_index}, but lies "
+                                f"in {folder_of_start.name}: the run folder was rearranged")
+        starts.append(start)
+    return Run(folder, tuple(starts), read_promotion(folder) if verdict else None)
+
+
+def read_promotion(folder: Path) -> dict[str, Any] | None:
+    from . import evidence
+    from .evidence import EvidenceError
+
+    path = Path(folder) / PROMOTION
+    if not path.exists():
+        return None
+    promotion = evidence.read_json(path, "promotion verdict", EvidenceError)
+    if not isinstance(promotion, dict) or not all(isinstance(promotion.get(k), bool)
+                                                  for k in ("promotable", "complete")):
+        raise EvidenceError(f"{path} is not a b70lab promotion verdict: it lacks the booleans promotable and "
+                            f"complete")
+    return promotion
+
+
+def read_starts(folder: Path, kind: str = "candidate") -> list[Evidence]:
+    """The saved starts of `kind`, for replay with no engine: at least one, or an EvidenceError. The folder's
+    promotion.json is not read: the replay writes its own."""
+    from .evidence import FILENAME, EvidenceError
+
+    starts = read(folder, kind, verdict=False).starts
+    if not starts:
+        raise EvidenceError(f"no {kind} evidence under {kind_dir(Path(folder), kind)} "
+                            f"(expected start-N/{FILENAME})")
+    return list(starts)
