@@ -162,11 +162,11 @@ def last_promoted_run(runs_root: Path, exclude: Path | None = None) -> Path | No
         if skip is not None and path.parent.resolve() == skip:
             continue
         try:
-            verdict = json.loads(path.read_text(encoding="utf-8"))
+            verdict = run_folder.read_promotion(path.parent)
             mtime = path.stat().st_mtime
-        except (OSError, ValueError):
+        except (OSError, evidence.EvidenceError):
             continue
-        if isinstance(verdict, dict) and verdict.get("promotable") is True and verdict.get("complete") is True:
+        if verdict is not None and verdict["promotable"] is True and verdict["complete"] is True:
             if best is None or (mtime, path.parent.name) > best[:2]:
                 best = (mtime, path.parent.name, path.parent)
     return best[2] if best else None

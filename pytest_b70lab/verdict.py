@@ -128,15 +128,18 @@ def recorded_headline(promotion: dict[str, Any] | None, starts: Sequence[Any], f
     if failed := [s for s in starts if s.status != "ok"]:
         return "fail", (f"NOT PROMOTABLE - contract {contract}: start-{failed[0].start_index} failed"
                         + (f": {failed[0].failure.message.splitlines()[0]}" if failed[0].failure else ""))
-    passed, required = _recorded_tally(p)
-    tally = f"{passed}/{required} required gate subjects passed"
+    required = [tuple(pair) for pair in p.get("required") or []]
+    outcomes: dict[tuple[str, str], list[str]] = {}
+    for g in p.get("gates") or []:
+        outcomes.setdefault((g.get("gate"), g.get("subject")), []).append(g.get("outcome"))
+    tally = _tally(required, outcomes)
     if p["promotable"] is True and p["complete"] is True and starts:
         return "pass", promotable_line(p.get("endpoint_medians_tok_s") or [], contract, tally)
     why = []
     if p["complete"] is not True:
         missing = p.get("missing") or []
         why.append("incomplete: " + ("; ".join(p.get("problems") or []) or
-                                     f"{len(missing)} of {required} required gate subjects did not run"))
+                                     f"{len(missing)} of {len(required)} required gate subjects did not run"))
     if p.get("failed_gates"):
         why.append(f"failed gates: {', '.join(p['failed_gates'])}")
     if not starts:
@@ -145,21 +148,17 @@ def recorded_headline(promotion: dict[str, Any] | None, starts: Sequence[Any], f
             f"NOT PROMOTABLE - contract {contract}: {'; '.join(why) or 'promotion.json says so'} ({tally})")
 
 
-def _recorded_tally(p: dict[str, Any]) -> tuple[int, int]:
-    required = [tuple(pair) for pair in p.get("required") or []]
-    outcomes: dict[tuple[str, str], list[str]] = {}
-    for g in p.get("gates") or []:
-        outcomes.setdefault((g.get("gate"), g.get("subject")), []).append(g.get("outcome"))
+def _tally(required: list, outcomes: dict) -> str:
+    """'N/M required gate subjects passed': a required pair passed when it ran and every test of it passed.
+    The session's Decision and a recorded promotion.json are counted alike."""
     passed = sum(1 for pair in required if outcomes.get(pair) and all(o == "passed" for o in outcomes[pair]))
-    return passed, len(required)
+    return f"{passed}/{len(required)} required gate subjects passed"
 
 
 def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool]]]:
     """The terminal lines of the verdict, each with its TerminalWriter markup."""
     d = decision
-    ran = d.by_pair
-    passed = sum(1 for p in d.required if p in ran and all(o.outcome == "passed" for o in ran[p]))
-    tally = f"{passed}/{len(d.required)} required gate subjects passed"
+    tally = _tally(d.required, {pair: [o.outcome for o in found] for pair, found in d.by_pair.items()})
     lines: list[tuple[str, dict[str, bool]]] = []
     if d.blocked:
         lines.append((f"NOT PROMOTABLE: {d.blocked[0]}", {"red": True, "bold": True}))
