@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+# variants.NAMED, spelled here so that `b70lab --help` loads no contract machinery (a test holds them equal).
+NAMED_VARIANTS = ("target-only", "unquantized-kv")
+
 
 def _mini_build(args: argparse.Namespace) -> int:
     from . import mini
@@ -109,6 +112,62 @@ def _contract_vary(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    """Exit 0 when every planned start ran, every variant was judged and the table was written, whatever the
+    verdicts; 1 when a start failed, a variant could not be judged or this machine refuses a variant (before
+    any start); 2 for a usage problem (a field the contract lacks, a value its rules forbid)."""
+    import datetime as dt
+
+    from . import capability, contract, host, variants
+    from .mini.build import default_cache_root
+    from .report import sweep as sweep_page
+    from .sweep import plan, runner, table
+
+    base = contract.load(args.contract)
+    args.rounds = base.reproduction.fresh_starts if args.rounds is None else args.rounds
+    if args.rounds < 1:
+        raise variants.VariantError(f"--rounds {args.rounds}: a sweep needs at least one round")
+    named = tuple(n.strip() for n in args.named.split(",") if n.strip()) if args.named else ()
+    grid = variants.grid(base, args.vary or [], extra=named)
+    prompt_ids = [p.strip() for p in args.prompts.split(",") if p.strip()] if args.prompts else None
+    contract.select_prompts(contract.load_prompts(base), prompt_ids, "--prompts")
+    refused = [f"{v.name}: {problem}" for v in grid for problem in capability.preflight(v.contract)]
+    if refused:
+        print("b70lab: this machine would refuse these variants; nothing was started:\n  " + "\n  ".join(refused),
+              file=sys.stderr)
+        return 1
+    out = args.out.resolve()
+    say = (lambda msg: print(f"b70lab: {msg}", file=sys.stderr, flush=True))
+    say(f"sweep of {base.name}: {len(grid)} variants x {args.rounds} rounds into {out}")
+    try:
+        outcome = runner.run(base, grid, args.rounds, out, (args.cache_dir or default_cache_root()).resolve(), say,
+                             prompt_ids, probe=not args.no_probe)
+    except KeyboardInterrupt:  # the start in flight was torn down (run_start); what ran so far stays on disk
+        print(f"b70lab: sweep interrupted; no table was written; the starts so far are under {out / plan.VARIANTS}",
+              file=sys.stderr)
+        return 130
+    rows = table.rows(out, grid[0], grid, outcome.judged)
+    fields = [variants.parse_vary(v)[0] for v in args.vary or []]
+    sweep = {"schema": "b70lab-sweep/1", "base": base.name, "base_digest": base.digest, "varies": args.vary or [],
+             "fields": fields, "named": list(named), "rounds": args.rounds, "prompts": prompt_ids,
+             "order": [p.label() for p in outcome.order], "status": outcome.status, "teachers": outcome.teachers,
+             "problems": outcome.problems, "cpu": host.describe(host.cpu_identity()),
+             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+             "variants": [{**r.as_dict(), "base_values": {f: variants.field_value(base, f) for f in fields}}
+                          for r in rows]}
+    try:
+        (out / plan.SWEEP_JSON).write_text(json.dumps(sweep, indent=1, sort_keys=True) + "\n")
+        (out / plan.JUNIT).write_text(table.junit_xml(rows, base.name))
+    except OSError as e:
+        raise runner.SweepError(f"cannot write the sweep table into {out}: {e.strerror or e}") from e
+    page = sweep_page.write(out / plan.SWEEP_JSON)
+    print(table.format_table(rows))
+    print(f"written: {out / plan.SWEEP_JSON}, {page}, {out / plan.JUNIT}")
+    for problem in outcome.problems:
+        print(f"b70lab: sweep problem: {problem}", file=sys.stderr)
+    return 1 if outcome.problems else 0
+
+
 def _contract_list(args: argparse.Namespace) -> int:
     from . import contract, project
 
@@ -199,7 +258,7 @@ def _report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="b70lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_mini, _add_contract, _add_bench, _add_probe, _add_report, _add_evidence):
+    for add in (_add_mini, _add_contract, _add_sweep, _add_bench, _add_probe, _add_report, _add_evidence):
         add(sub)
     return parser
 
@@ -255,6 +314,27 @@ def _add_contract(sub: argparse._SubParsersAction) -> None:
                              "speculative.num_speculative_tokens sets verify_width)")
     vary_p.add_argument("--named", default="", help="comma list of target-only, unquantized-kv")
     vary_p.set_defaults(func=_contract_vary)
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    sweep_p = sub.add_parser("sweep", help="the optimisation loop: variants of a contract, fresh starts interleaved "
+                                           "across them (A B C, C B A, ...), each variant gated by a replay; "
+                                           "DIR/sweep.json, sweep.html, sweep-junit.xml")
+    sweep_p.add_argument("--contract", required=True, help="the base contract (name or TOML path)")
+    sweep_p.add_argument("--vary", action="append", metavar="FIELD=V1,V2",
+                         help="a dotted contract field and its values (repeat for a grid)")
+    sweep_p.add_argument("--named", default=None, metavar="NAMES",
+                         help=f"named variants to add: {', '.join(NAMED_VARIANTS)}")
+    sweep_p.add_argument("--rounds", type=int, default=None, metavar="R",
+                         help="fresh starts per variant (default: the contract's fresh_starts; fewer leave every "
+                              "verdict incomplete)")
+    sweep_p.add_argument("--out", type=Path, required=True, help="a new folder for the sweep")
+    sweep_p.add_argument("--prompts", default=None, metavar="ID,ID",
+                         help="serve only these prompts (a smoke: every verdict is incomplete)")
+    sweep_p.add_argument("--no-probe", action="store_true", help="skip the collective probe before the first start")
+    sweep_p.add_argument("--cache-dir", type=Path, default=None,
+                         help="models and engine caches (default $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+    sweep_p.set_defaults(func=_sweep)
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:

@@ -240,6 +240,21 @@ def compare_runs(a: Run, b: Run, *, confidence: float = 0.95, resamples: int = 1
     )
 
 
+def speedup_figure(target_only: Run, candidate: Run) -> dict[str, Any]:
+    """The candidate's speed over its target-only run (--b70-speedup, the sweep's target-only variant): the
+    paired ratio with its interval, the ratio of medians, and whether the tokens agreed. A CompareError where
+    no prompt has a rate on both sides."""
+    c = compare_runs(target_only, candidate)
+    p = c.speed.paired
+    if p is None:
+        raise CompareError(f"no prompt has a decode rate in both {target_only.folder} and {candidate.folder}: "
+                           f"no speed-up can be told")
+    return {"ratio": p.ratio, "low": p.low, "high": p.high, "prompts": p.prompts, "confidence": p.confidence,
+            "ratio_of_medians": c.speed.ratio, "target_only_median_tok_s": c.speed.median_a,
+            "candidate_median_tok_s": c.speed.median_b, "outputs_identical": c.identical_outputs,
+            "target_only_starts": len(target_only.starts), "candidate_starts": len(candidate.starts)}
+
+
 def _versions(e: Evidence) -> dict[str, Any]:
     """What ran the experiment besides its flags: the libraries, the CPU and the FP8 attention path (outputs
     and speed depend on all of them)."""

@@ -265,6 +265,10 @@ class Contract(Strict):
         data.update(name=f"{self.name}-teacher", kind="teacher", draft=None, speculative=None,
                     description=f"teacher of {self.name}: target only")
         data["expect"] = {**data["expect"], "draft_unit_scale_layers": 0}
+        if self.draft is not None and self.engine.device == "cpu":
+            # vLLM's CPU build traces each model's forward as one graph (no piecewise split): one of the
+            # candidate's compiled graphs is the draft's, which the target alone does not have.
+            data["expect"]["compile_graphs"] = max(0, data["expect"]["compile_graphs"] - 1)
         return Contract.model_validate(data, strict=False)
 
     def unquantized_kv_reference(self) -> Contract:
@@ -351,6 +355,18 @@ def load_prompts(contract: Contract, fallback: Path | None = None) -> list[Promp
     return read_pinned_jsonl(path, contract.prompts.sha256, contract.prompts.count, Prompt, where, ContractError,
                              noun="prompts", changed="the prompts changed; a new prompt set needs a new version "
                                                      "and digest")
+
+
+def select_prompts(prompts: list[Prompt], wanted: list[str] | None, where: str) -> list[Prompt]:
+    """The prompts named in `wanted` (all when None), in the set's order; an id the set lacks is an error
+    naming the ones it has. A subset is for smoke runs: a promotion needs every prompt of the set."""
+    if wanted is None:
+        return prompts
+    known = [p.id for p in prompts]
+    if unknown := [w for w in wanted if w not in known]:
+        raise ContractError(f"{where}: no prompt {', '.join(map(repr, unknown))} in the set (it has "
+                            f"{', '.join(known)})")
+    return [p for p in prompts if p.id in wanted]
 
 
 def read_pinned_jsonl(path: Path, sha256: str, count: int, model: type[BaseModel], where: str,

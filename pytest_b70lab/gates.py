@@ -37,6 +37,7 @@ EVIDENCE_CHECK_SCOPES = {
 SCOPES = {**GATE_SCOPES, **EVIDENCE_CHECK_SCOPES}
 CATALOGUE = tuple(SCOPES)
 SPECULATIVE_GATES = frozenset({"draft-cache-audit", "spec-counters"})
+FP8_ONLY_GATES = frozenset({"target-scale-audit", "teacher-exactness"})
 FP8_KV_DTYPES = {"fp8", "fp8_e4m3"}
 FP8_STORAGE_DTYPES = {"uint8", "float8_e4m3fn"}
 
@@ -53,8 +54,11 @@ def subject(start: int | None = None, rank: int | None = None, prompt: str | Non
 
 
 def applicable_gates(contract: Contract) -> list[str]:
-    """The catalogue less what the contract makes inapplicable (no speculation: no draft gates)."""
-    return [g for g in CATALOGUE if contract.speculative is not None or g not in SPECULATIVE_GATES]
+    """The catalogue less what the contract makes inapplicable: no speculation, no draft gates; the
+    unquantized-KV reference (kind "reference") stores no FP8 and has no calibrated scales to audit, and its
+    tokens are not held to the FP8 teacher (what FP8 KV changes is what it is there to measure)."""
+    return [g for g in CATALOGUE if (contract.speculative is not None or g not in SPECULATIVE_GATES)
+            and (contract.kind != "reference" or g not in FP8_ONLY_GATES)]
 
 
 SCOPE_NAMES = ("rank", "prompt", "start", "run")
@@ -406,8 +410,13 @@ def engine_resolution(start: Evidence, rank: int, contract: Contract) -> Verdict
         c.expect(layer.get("kv_cache_dtype") == contract.engine.kv_cache_dtype,
                  f"{name}: KV dtype {layer.get('kv_cache_dtype')!r}, contract says {contract.engine.kv_cache_dtype!r}")
         tensor = layer.get("kv_tensor") or {}
-        c.expect(tensor.get("dtype") in FP8_STORAGE_DTYPES,
-                 f"{name}: KV cache tensor is {tensor.get('dtype')!r}, not 8-bit FP8 storage")
+        if contract.engine.kv_cache_dtype in FP8_KV_DTYPES:
+            c.expect(tensor.get("dtype") in FP8_STORAGE_DTYPES,
+                     f"{name}: KV cache tensor is {tensor.get('dtype')!r}, not 8-bit FP8 storage")
+        else:  # "auto": the cache is stored in the model's dtype
+            c.expect(str(tensor.get("dtype")).removeprefix("torch.") == contract.engine.dtype,
+                     f"{name}: KV cache tensor is {tensor.get('dtype')!r}, the contract's KV dtype "
+                     f"{contract.engine.kv_cache_dtype!r} stores it as {contract.engine.dtype!r}")
     if contract.engine.kv_cache_dtype.startswith("fp8"):
         _fp8_attention_path(c, audit, rank, contract.expect.fp8_attention)
     c.expect("server" in start.logs, f"start-{start.start_index}: no server log recorded, so a backend fallback "

@@ -4,6 +4,11 @@ place the gates, the throughput figures and the report read it."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+CACHE_CONFIG = "vllm:cache_config_info"
 
 
 @functools.lru_cache(maxsize=16)
@@ -66,3 +71,58 @@ def histogram_mean(before: str | None, after: str | None, name: str) -> float | 
 
     (s0, c0), (s1, c1) = totals(before), totals(after)
     return (s1 - s0) / (c1 - c0) if c1 - c0 > 0 else None
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Speculative acceptance over one start: drafts proposed, and tokens accepted at each draft position."""
+    drafts: float
+    accepted: dict[int, float]
+
+    @property
+    def rates(self) -> dict[int, float]:
+        return {pos: n / self.drafts for pos, n in self.accepted.items()}
+
+
+def acceptance(before: str | None, after: str | None) -> Acceptance | str:
+    """Accepted tokens per draft position over the run (counter deltas of two /metrics texts), or why it
+    cannot be told."""
+    for when, text in (("before", before), ("after", after)):
+        for name in (DRAFTS, ACCEPTED_PER_POS):
+            if not has_counter(text, name):
+                return f"/metrics {when} the prompts has no {name}"
+    drafts = counter_total(after, DRAFTS) - counter_total(before, DRAFTS)
+    if drafts <= 0:
+        return "no drafts were proposed during the run"
+    first = counter_by_label(before, ACCEPTED_PER_POS, "position")
+    last = counter_by_label(after, ACCEPTED_PER_POS, "position")
+    positions = sorted((p for p in last if p.isdigit()), key=int)
+    return Acceptance(drafts, {int(p): last[p] - first.get(p, 0.0) for p in positions})
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """The KV cache the engine allocated, as vLLM's cache_config_info reports it (never computed here: the
+    point of reporting it is to see what the engine did with the space)."""
+    blocks: int
+    tokens: int | None
+    block_size: int | None
+    memory_bytes: int | None
+    cache_dtype: str | None
+
+
+def kv_capacity(text: str | None) -> KvCapacity | str:
+    """From one /metrics text: blocks (num_gpu_blocks, the device's blocks whatever the device), tokens
+    (kv_cache_size_tokens), or why they cannot be told."""
+    labels = info_labels(text, CACHE_CONFIG)
+    if labels is None:
+        return f"/metrics has no {CACHE_CONFIG}"
+
+    def number(key: str) -> int | None:
+        value = labels.get(key)
+        return int(value) if value is not None and value.isdigit() else None
+
+    if (blocks := number("num_gpu_blocks")) is None:
+        return f"{CACHE_CONFIG} has no block count (num_gpu_blocks={labels.get('num_gpu_blocks')!r})"
+    return KvCapacity(blocks, number("kv_cache_size_tokens"), number("block_size"), number("kv_cache_memory_bytes"),
+                      labels.get("cache_dtype"))

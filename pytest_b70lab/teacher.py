@@ -42,10 +42,25 @@ def snapshot_extension(contract: Contract):
     return json_extension_in(folder_name(contract), "TeacherSnapshots")
 
 
-def snapshot_path(tests_dir: Path, contract: Contract, prompt_id: str) -> Path:
-    """Where syrupy keeps the snapshot that `test_record_teacher[<prompt>]` writes for this contract's teacher."""
-    return (tests_dir / "__snapshots__" / folder_name(contract) / Path(SNAPSHOT_TEST_FILE).stem
+def snapshot_path(snapshots_dir: Path, contract: Contract, prompt_id: str) -> Path:
+    """Where syrupy keeps the snapshot that `test_record_teacher[<prompt>]` writes for this contract's teacher
+    (`snapshots_dir`: tests/gates/__snapshots__, or a sweep's folder of the teachers it recorded)."""
+    return (snapshots_dir / folder_name(contract) / Path(SNAPSHOT_TEST_FILE).stem
             / f"{RECORD_TEST}[{prompt_id}].json")
+
+
+def write_snapshots(snapshots_dir: Path, contract: Contract, evidence: Evidence, prompt_ids: list[str]) -> list[Path]:
+    """A teacher run's snapshots written outside the repository (a sweep's own teachers), the same payload
+    syrupy records with --snapshot-update; returns the files written."""
+    written = []
+    for prompt_id in prompt_ids:
+        path = snapshot_path(snapshots_dir, contract, prompt_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload(contract, evidence, prompt_id), indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
+        written.append(path)
+    return written
 
 
 def model_digest(evidence: Evidence) -> str:

@@ -147,6 +147,16 @@ def grid(base: Contract, varies: list[str], extra: tuple[str, ...] = ()) -> list
     return out
 
 
+def field_value(c: Contract, field: str) -> Any:
+    """A dotted field's value in the contract (None where it has no such field)."""
+    node: Any = c.canonical()
+    for part in field.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def substance(c: Contract) -> str:
     """The contract's digest without its name and description: what a start of it would run and judge."""
     from .digests import sha256_canonical

@@ -56,6 +56,8 @@ class Decision:
     # Why the session could not judge (a start that could not begin, or failed): the verdict is that cause,
     # not the gate tests it skipped.
     blocked: list[str] = field(default_factory=list)
+    # --b70-speedup: the candidate's paired speed-up over its target-only start (compare.speedup_figure).
+    speedup: dict[str, Any] | None = None
 
     @property
     def by_pair(self) -> dict[Pair, list[GateOutcome]]:
@@ -103,11 +105,19 @@ def _pairs(pairs: list[Pair]) -> str:
     return shown + (f", and {len(pairs) - SHOWN} more" if len(pairs) > SHOWN else "")
 
 
-def promotable_line(medians: list[float] | None, contract: str, tally: str) -> str:
+def promotable_line(medians: list[float] | None, contract: str, tally: str,
+                    speedup: dict[str, Any] | None = None) -> str:
     """The one PROMOTABLE headline: the terminal's, the report's and `evidence show`'s."""
     shown = " / ".join(f"{m:.2f}" for m in medians) if medians else "n/a"
     starts = " / ".join(f"start-{i}" for i in range(1, len(medians or []) + 1))
-    return f"PROMOTABLE at {shown} tok/s median ({starts}) - contract {contract} ({tally})"
+    over = f", {speedup_text(speedup)}" if speedup else ""
+    return f"PROMOTABLE at {shown} tok/s median ({starts}){over} - contract {contract} ({tally})"
+
+
+def speedup_text(s: dict[str, Any]) -> str:
+    """'2.41x target-only (paired [2.30, 2.52], 95 %, 6 prompts)'."""
+    return (f"{s['ratio']:.2f}x target-only (paired [{s['low']:.2f}, {s['high']:.2f}], {s['confidence'] * 100:g} %, "
+            f"{s['prompts']} prompts)")
 
 
 def recorded_headline(promotion: dict[str, Any] | None, starts: Sequence[Any], folder: Path) -> tuple[str, str]:
@@ -134,7 +144,8 @@ def recorded_headline(promotion: dict[str, Any] | None, starts: Sequence[Any], f
         outcomes.setdefault((g.get("gate"), g.get("subject")), []).append(g.get("outcome"))
     tally = _tally(required, outcomes)
     if p["promotable"] is True and p["complete"] is True and starts:
-        return "pass", promotable_line(p.get("endpoint_medians_tok_s") or [], contract, tally)
+        return "pass", promotable_line(p.get("endpoint_medians_tok_s") or [], contract, tally,
+                                       p.get("speedup_over_target_only"))
     why = []
     if p["complete"] is not True:
         missing = p.get("missing") or []
@@ -167,7 +178,7 @@ def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool
         lines.append((f"evidence and promotion.json: {run_dir}", {}))
         return lines
     if d.promotable:
-        lines.append((promotable_line(d.endpoint_medians, d.contract, tally), {"green": True, "bold": True}))
+        lines.append((promotable_line(d.endpoint_medians, d.contract, tally, d.speedup), {"green": True, "bold": True}))
     else:
         if not d.complete:
             why = "; ".join(d.problems) if d.problems else (
@@ -182,6 +193,8 @@ def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool
                 lines.append((f"  {o.test} {what}: {o.reasons}", {}))
             if len(d.failed) > SHOWN:
                 lines.append((f"  ... and {len(d.failed) - SHOWN} more failed gate tests (promotion.json lists all)", {}))
+    if d.speedup and not d.promotable:
+        lines.append((f"  speed-up over target-only: {speedup_text(d.speedup)}; reported, not promoted", {}))
     lines.append((f"evidence and promotion.json: {run_dir}", {}))
     return lines
 
@@ -200,6 +213,7 @@ def record(decision: Decision, run_dir: Path) -> dict[str, Any]:
         "failed": [{"test": o.test, "gate": o.gate, "subject": o.subject, "outcome": o.outcome, "reasons": o.reasons}
                    for o in d.failed],
         "gates": [asdict(o) for o in d.outcomes],
+        "speedup_over_target_only": d.speedup,
     }
 
 

@@ -202,14 +202,17 @@ def _library_version(name: str) -> str | None:
 
 def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state_dir: Path, index: int,
               progress: Progress | None = None, launches_log: Path | None = None,
-              quality: list[QualitySample] | None = None, probe: dict | None = None) -> evidence.Evidence:
-    """One fresh engine start: audit every rank, scrape metrics, stream every prompt, then (when asked) the
-    quality samples, tear down, and write the evidence (also when any of it fails).
+              quality: list[QualitySample] | None = None, probe: dict | None = None,
+              prompt_ids: list[str] | None = None) -> evidence.Evidence:
+    """One fresh engine start: audit every rank, scrape metrics, stream every prompt (or the `prompt_ids` of
+    a smoke run), then (when asked) the quality samples, tear down, and write the evidence (also when any of
+    it fails).
 
     Quality answers ride on the start after its gate requests and after the closing /metrics scrape: they
     cost no extra engine start, and neither the cold-prompt nor the throughput evidence sees them."""
     say = progress or (lambda _msg: None)
-    prompts = contract_mod.load_prompts(contract)
+    prompts = contract_mod.select_prompts(contract_mod.load_prompts(contract), prompt_ids,
+                                          f"contract {contract.name}: the prompts asked for")
     config = serve_config(contract, models)
     env = engine_environment(state_dir, config.world_size, **_env_kind(contract))
     nonce = secrets.token_hex(16)  # this start's alone: its ranks echo it in their audits
@@ -366,7 +369,7 @@ def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progres
 
 def run_starts(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
             starts: int | None = None, quality: list[QualitySample] | None = None,
-            probe: ProbeOptions | None = None) -> list[evidence.Evidence]:
+            probe: ProbeOptions | None = None, prompt_ids: list[str] | None = None) -> list[evidence.Evidence]:
     """Every fresh start of `contract`; quality samples (if any) are asked on start-1 only: the later starts
     exist to reproduce the gate evidence. The capability preflight comes first (milliseconds), then the models
     are checked (seconds), then the preflight probe runs (its result goes into each start's evidence), then
@@ -389,7 +392,8 @@ def run_starts(contract: Contract, run_dir: Path, cache_root: Path, progress: Pr
     records: list[evidence.Evidence] = []
     for i, d in enumerate(start_dirs(run_dir, contract)[: starts or None], 1):
         records.append(run_start(contract, models, d, cache_root / "engine-state", i, progress,
-                                 run_dir / run_folder.LAUNCHES_LOG, quality if i == 1 else None, probe_result))
+                                 run_dir / run_folder.LAUNCHES_LOG, quality if i == 1 else None, probe_result,
+                                 prompt_ids))
         if records[-1].status != "ok":
             break  # nothing can be promoted past a failed start: do not spend another start on it
     return records
@@ -397,7 +401,7 @@ def run_starts(contract: Contract, run_dir: Path, cache_root: Path, progress: Pr
 
 def run_starts_once(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
                  starts: int | None = None, quality: list[QualitySample] | None = None,
-                 probe: ProbeOptions | None = None) -> list[evidence.Evidence]:
+                 probe: ProbeOptions | None = None, prompt_ids: list[str] | None = None) -> list[evidence.Evidence]:
     """Collect under a file lock: the first pytest-xdist worker to get it runs the engine, every other one
     (and any later call) reads the evidence it wrote."""
     from filelock import FileLock
@@ -411,14 +415,18 @@ def run_starts_once(contract: Contract, run_dir: Path, cache_root: Path, progres
                 raise evidence.EvidenceError(
                     f"{run_dir} holds evidence of contract digest {done.get('contract_digest')}, "
                     f"not {contract.name} ({contract.digest}): use a new --b70-run-dir")
+            if done.get("prompts") != prompt_ids:
+                raise evidence.EvidenceError(
+                    f"{run_dir} holds {contract.kind} evidence of prompts {done.get('prompts') or 'all'}, this "
+                    f"session asks for {prompt_ids or 'all'}: use a new --b70-run-dir")
             if quality and not done.get("quality"):
                 raise evidence.EvidenceError(
                     f"{run_dir} holds {contract.kind} evidence collected without quality samples: "
                     f"use a new --b70-run-dir to judge quality")
             return [evidence.read(run_dir / rel) for rel in done["starts"]]
-        records = run_starts(contract, run_dir, cache_root, progress, starts, quality, probe)
+        records = run_starts(contract, run_dir, cache_root, progress, starts, quality, probe, prompt_ids)
         mark.write_text(json.dumps({"contract": contract.name, "contract_digest": contract.digest,
-                                    "quality": bool(quality),
+                                    "quality": bool(quality), "prompts": prompt_ids,
                                     "starts": [str(d.relative_to(run_dir))
                                                for d in start_dirs(run_dir, contract)[:len(records)]]}) + "\n")
         return records
@@ -427,7 +435,10 @@ def run_starts_once(contract: Contract, run_dir: Path, cache_root: Path, progres
 def checkpoint_tables(run_dir: Path, contract: Contract, cache_root: Path) -> dict[str, Any]:
     """The checkpoint tables a run was judged against: the run folder's copy (written before its first
     start, for this contract), else read anew from the checkpoints the contract names."""
-    path = run_folder.kind_dir(run_dir, contract.kind) / run_folder.TABLES_COPY
+    # A kind's own folder in a session's run folder; the folder itself where a teacher or reference run is a
+    # run folder of its own (a sweep's target-only variant, the recorded teacher bundle).
+    paths = [run_folder.kind_dir(run_dir, contract.kind) / run_folder.TABLES_COPY, run_dir / run_folder.TABLES_COPY]
+    path = next((p for p in paths if p.is_file()), paths[0])
     if path.is_file():
         tables = evidence.read_json(path, "checkpoint tables", evidence.EvidenceError)
         if not isinstance(tables, dict) or "target" not in tables:

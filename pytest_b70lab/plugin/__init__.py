@@ -32,6 +32,8 @@ MARKERS = {
     "quality": "coding / structured output / tool use / repetition / long-context checks",
     "bench": "benchmarks: report medians and ratios, never assert on time",
     "faults": "the fault matrix: real faults injected into real engine starts (in_engine.faults), one session each",
+    "b70_report_only": "a gates-session test that measures a figure for the verdict line (--b70-speedup) and judges "
+                       "no gate: its outcome never changes the verdict, only the exit status",
     "b70_gate": "b70_gate(name): the catalogue gate this test judges; its subject is its b70_start / b70_rank / "
                 "b70_prompt parameters, and the verdict requires every (gate, subject) pair of the contract",
 }
@@ -64,6 +66,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="beside the verdict, compare this run with RUN_DIR (or `last`: the newest promoted run "
                          "in the runs folder): what differs besides the speed, and the speed ratio with its "
                          "interval (as `b70lab evidence diff`)")
+    group.addoption("--b70-teacher-snapshots", type=Path, default=None, metavar="DIR",
+                    help="the folder of teacher-<digest>/ snapshot folders teacher-exactness reads (default: "
+                         "tests/gates/__snapshots__; a sweep keeps the teachers it records under its own folder)")
+    group.addoption("--b70-speedup", action="store_true",
+                    help="also start the contract's target-only teacher once (RUN/teacher/) and report the "
+                         "candidate's paired speed-up over it in the verdict line, JUnit and promotion.json")
+    group.addoption("--b70-prompts", default=None, metavar="ID,ID",
+                    help="serve and judge only these prompts of the contract's set (a smoke run: the verdict "
+                         "stays incomplete, since a promotion needs every prompt)")
     # What a lab pins in its pyproject.toml / pytest.ini; the options above override them. Relative paths
     # are relative to the ini file's folder.
     parser.addini("b70_contract", f"contract name or TOML path the gates judge (default {DEFAULT_CONTRACT})")
@@ -201,7 +212,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 if updating_snapshots(item.config):  # before its fixtures: no candidate engine is started
                     item.add_marker(pytest.mark.skip(reason="recording the quality baseline: judge the candidate "
                                                             "in a run without --snapshot-update"))
-        if not item.get_closest_marker("gates"):
+        if not item.get_closest_marker("gates") or item.get_closest_marker("b70_report_only"):
             continue
         item.user_properties.append((GATE_TEST_PROPERTY, True))
         if (mark := item.get_closest_marker("b70_gate")) is None:
@@ -242,7 +253,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         n = contract.engine.tensor_parallel
         metafunc.parametrize("b70_rank", range(n), ids=[f"rank-{r}" for r in range(n)])
     if "b70_prompt" in wanted:
-        ids = [p.id for p in prompt_set(metafunc.config, contract)]
+        ids = [p.id for p in prompt_set(metafunc.config, contract, selected=True)]
         metafunc.parametrize("b70_prompt", ids, ids=ids)
 
 

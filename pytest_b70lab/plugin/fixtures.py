@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 import pytest
 
 from .state import (GATE_PROPERTY, SUBJECT_PROPERTY, STATE, LabState, lab_errors, model_errors, probe_options,
-                    prompt_set, quality_for, quality_samples)
+                    prompt_set, quality_for, quality_samples, selected_prompt_ids)
 from .workers import blocked_reason, claim_block, sigterm_as_interrupt
 
 if TYPE_CHECKING:  # the plugin loads wherever it is installed: a run that never asks for a gate pays no import
@@ -132,7 +132,8 @@ def b70_evidence(request: pytest.FixtureRequest, b70_state: LabState,
         b70_state.say(f"run folder {b70_state.run_dir}")
         return run_starts_once(b70_contract, b70_state.run_dir, b70_state.cache_root, b70_state.say,
                                     quality=quality_for(b70_state, b70_contract),
-                                    probe=probe_options(b70_state.config))
+                                    probe=probe_options(b70_state.config),
+                                    prompt_ids=selected_prompt_ids(b70_state.config))
 
     return collect_or_block(request, b70_state, "", collect)
 
@@ -152,7 +153,7 @@ def b70_start_evidence(b70_evidence: list[evidence_mod.Evidence], b70_start: int
 @pytest.fixture(scope="session")
 def b70_prompt_ids(b70_state: LabState, b70_contract: contract_mod.Contract) -> list[str]:
     """The ids of the prompt set the session judges, in the contract's order."""
-    return [p.id for p in prompt_set(b70_state.config, b70_contract)]
+    return [p.id for p in prompt_set(b70_state.config, b70_contract, selected=True)]
 
 
 @pytest.fixture(scope="session")

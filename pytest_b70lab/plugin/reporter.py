@@ -11,7 +11,7 @@ import pytest
 
 from ..run_folder import PROMOTION
 from .state import (BLOCKED_PROPERTY, FINDING_PROPERTY, GATE_PROPERTY, GATE_TEST_PROPERTY, QUALITY_PROPERTY,
-                    SUBJECT_PROPERTY, LabState, NoQuality, lab_errors, prompt_set, quality_set, runs_root)
+                    SPEEDUP_PROPERTY, SUBJECT_PROPERTY, LabState, NoQuality, lab_errors, prompt_set, quality_set, runs_root)
 
 
 # --- verdict: summary, promotion.json, exit status -----------------------------------------------------
@@ -71,6 +71,7 @@ class VerdictReporter:
         self._decision = None
         self._quality = None
         self.baseline_lines: list[str] = []
+        self.speedup: dict | None = None
         self.written = False
         self.exitstatus: int | None = None
 
@@ -109,6 +110,10 @@ class VerdictReporter:
             self.findings.append(str(props[FINDING_PROPERTY]))
         if report.failed and BLOCKED_PROPERTY in props and str(props[BLOCKED_PROPERTY]) not in self.blocked:
             self.blocked.append(str(props[BLOCKED_PROPERTY]))
+        if report.when == "call" and report.passed and SPEEDUP_PROPERTY in props:
+            import json
+
+            self.speedup = json.loads(str(props[SPEEDUP_PROPERTY]))
         if report.when != "call" and report.passed:
             return  # setup and teardown that passed say nothing about a gate or a figure
         outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
@@ -146,7 +151,7 @@ class VerdictReporter:
             except lab_errors() as e:
                 problems.append(f"the required gate subjects cannot be known: {e}")
             self._decision = verdict.Decision(name, digest, required, list(self.outcomes.values()), problems,
-                                              self.blocked)
+                                              self.blocked, self.speedup)
         return self._decision
 
     def quality_decision(self):

@@ -17,6 +17,9 @@ if TYPE_CHECKING:  # the plugin loads wherever it is installed: a run that never
 
 GATE_TEST_PROPERTY = "b70_gate_test"
 GATE_PROPERTY, SUBJECT_PROPERTY = "b70_gate", "b70_subject"
+# The candidate's paired speed-up over its target-only start (--b70-speedup), as JSON: read back from the
+# report of the test that measured it, also from an xdist worker.
+SPEEDUP_PROPERTY = "b70_speedup"
 # A test may state a measured finding (a kernel's rounding, its q12/q1 difference) under this property: it
 # is printed in the terminal summary, also when the test ran on an xdist worker.
 FINDING_PROPERTY = "b70_finding"
@@ -174,15 +177,23 @@ def contract_or_exit(config: pytest.Config) -> contract_mod.Contract:
         pytest.exit(f"b70lab: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
-def prompt_set(config: pytest.Config, contract: contract_mod.Contract) -> list[contract_mod.Prompt]:
+def prompt_set(config: pytest.Config, contract: contract_mod.Contract,
+               selected: bool = False) -> list[contract_mod.Prompt]:
     """The contract's prompt set (never the evidence's requests: a prompt missing there must still be
-    judged). A replayed run folder carries a copy, checked against the same pinned sha256."""
+    judged). A replayed run folder carries a copy, checked against the same pinned sha256. `selected`: only
+    the prompts --b70-prompts names (the required pairs always come from the whole set)."""
     state = config.stash[STATE]
     from .. import contract as contract_mod
     from ..run_folder import PROMPTS_COPY
 
     copy = state.replay_dir / PROMPTS_COPY if state.replay_dir is not None else None
-    return contract_mod.load_prompts(contract, fallback=copy)
+    prompts = contract_mod.load_prompts(contract, fallback=copy)
+    return contract_mod.select_prompts(prompts, selected_prompt_ids(config), "--b70-prompts") if selected else prompts
+
+
+def selected_prompt_ids(config: pytest.Config) -> list[str] | None:
+    value = config.getoption("--b70-prompts", None)
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
 class NoQuality(Exception):

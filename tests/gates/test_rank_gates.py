@@ -15,6 +15,8 @@ def _calibrated(checkpoints: dict) -> dict | None:
 
 @pytest.mark.b70_gate("target-scale-audit")
 def test_target_scale_audit(b70_start_evidence, b70_rank, b70_contract, b70_checkpoints, b70_verdict) -> None:
+    if "target-scale-audit" not in gates.applicable_gates(b70_contract):
+        pytest.skip("the unquantized-KV reference has no calibrated KV scales")
     b70_verdict(gates.target_scale_audit(b70_start_evidence, b70_rank, b70_contract, _calibrated(b70_checkpoints)))
 
 

@@ -176,7 +176,7 @@ def test_an_edited_teacher_identity_fails_the_exactness_gate_naming_the_snapshot
     run = _RECORDED
     start = run["starts"][0]
     prompt = start.requests[0].prompt_id
-    path = teacher.snapshot_path(REPO / "tests" / "gates", run["contract"], prompt)
+    path = teacher.snapshot_path(REPO / "tests" / "gates" / "__snapshots__", run["contract"], prompt)
     snap = teacher.read(path)
     value = snap["teacher"][field]
     snap["teacher"][field] = value + junk if isinstance(value, str) else [*value, junk] if field == \

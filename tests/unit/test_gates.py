@@ -23,7 +23,7 @@ from pytest_b70lab.evidence import Evidence, sha256_ids
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
-SNAPSHOTS = REPO / "tests" / "gates"
+SNAPSHOTS = REPO / "tests" / "gates" / "__snapshots__"
 
 
 class Run:
@@ -804,3 +804,17 @@ def test_a_consistent_per_prompt_shift_fails_whatever_the_medians_do(recorded: R
     assert unshifted == pytest.approx(1, abs=1e-3) and shifted == pytest.approx(1 / 1.15, abs=1e-3)
     low, high = verdict.observed["paired_interval_start2"]
     assert low <= shifted <= high
+
+
+def test_an_unquantized_kv_contract_wants_the_cache_in_the_model_dtype(recorded) -> None:
+    """kv_cache_dtype "auto" stores the cache in the model's dtype: the recorded FP8 run's uint8 cache is not
+    that, and the FP8-only gates (the scale audit, teacher exactness) are not the reference's to pass."""
+    run = recorded.clone()
+    auto = run.contract.model_copy(update={"engine": run.contract.engine.model_copy(update={"kv_cache_dtype": "auto"})})
+    verdict = gates.engine_resolution(run.starts[0], 0, auto)
+    assert not verdict.passed
+    assert "KV cache tensor is 'uint8', the contract's KV dtype 'auto' stores it as 'float32'" in verdict.explain()
+    reference = run.contract.unquantized_kv_reference()
+    assert set(gates.CATALOGUE) - set(gates.applicable_gates(reference)) == \
+        gates.SPECULATIVE_GATES | gates.FP8_ONLY_GATES
+    assert set(gates.applicable_gates(run.contract)) == set(gates.CATALOGUE)

@@ -273,7 +273,9 @@ def test_replay_under_xdist_keeps_properties_and_the_verdict(pytester: pytest.Py
     assert result.ret == 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*PROMOTABLE at * tok/s median*"])
     props = _properties(junit)
-    assert props and all("b70_gate" in p for name, p in props.items() if "test_evidence_complete" not in name)
+    # Every gate test carries its gate, except the evidence checks and the report-only speed-up measurement.
+    assert props and all("b70_gate" in p for name, p in props.items()
+                         if "test_evidence_complete" not in name and "test_speedup" not in name)
 
 
 # --- pytest citizenship: the report header, ini options, the lab's own contracts -------------------------
@@ -331,7 +333,7 @@ def test_a_gates_run_is_compared_with_its_baseline_beside_the_verdict(pytester: 
     shutil.copytree(REPO / "fixtures" / "evidence" / "mini-laguna-cpu-teacher", teacher)
     result, run, _ = _replay(pytester, "--b70-baseline", str(teacher))
     result.stdout.fnmatch_lines(["PROMOTABLE at *", "*b70lab comparison with the baseline*",
-                                 "speed B/A paired * (95 %, 6 prompts); outputs identical on 6/6 prompts; contract: 6 fields differ*",
+                                 "speed B/A paired * (95 %, 6 prompts); outputs identical on 6/6 prompts; contract: 7 fields differ*",
                                  f"A  {teacher}", f"B  {run}", f"written: {run}/baseline-comparison.json"])
     assert json.loads((run / "baseline-comparison.json").read_text())["baseline"] == str(teacher)
 
@@ -345,6 +347,44 @@ def test_a_gates_run_is_compared_with_its_baseline_beside_the_verdict(pytester: 
                                 "outputs identical on 6/6 prompts*",
                                 f"A  {runs / 'earlier'}"])
     assert again.ret == 0, "a comparison never changes the verdict"
+
+
+def test_the_speedup_over_target_only_is_in_the_verdict_line_junit_and_promotion_json(pytester: pytest.Pytester) -> None:
+    """The committed teacher bundle's start as the run's target-only start (RUN/teacher/start-1). The expected
+    figure is recomputed here from the arrival times: each prompt's candidate rate (median over its two
+    starts) over its target-only rate, geometric mean over the prompts."""
+    import math
+    import statistics
+
+    from pytest_b70lab import evidence
+
+    run = pytester.path / "run-with-target-only"
+    shutil.copytree(BUNDLE, run)
+    shutil.copytree(REPO / "fixtures" / "evidence" / "mini-laguna-cpu-teacher" / "start-1", run / "teacher" / "start-1")
+    junit = pytester.path / "junit-speedup.xml"
+    result = pytester.runpytest(str(GATES), "-m", "gates", f"--b70-evidence={run}", f"--junitxml={junit}",
+                                "-p", "no:cacheprovider", "--b70-speedup")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+
+    def rate(r) -> float:
+        return (sum(r.chunk_tokens) - 1) / (r.chunk_times[-1] - r.chunk_times[0])
+
+    starts = [evidence.read(run / f"start-{i}") for i in (1, 2)]
+    teacher = evidence.read(run / "teacher" / "start-1")
+    ratios = [statistics.median(rate(s.request(r.prompt_id)) for s in starts) / rate(r) for r in teacher.requests]
+    expected = math.exp(statistics.mean(math.log(x) for x in ratios))
+    recorded = json.loads((run / "promotion.json").read_text())["speedup_over_target_only"]
+    assert recorded["ratio"] == pytest.approx(expected, rel=1e-9) and recorded["prompts"] == 6
+    assert recorded["outputs_identical"] == 6 and expected > 1, "DFlash at depth 11 is faster than no draft"
+    result.stdout.fnmatch_lines([f"PROMOTABLE at * tok/s median (start-1 / start-2), {expected:.2f}x target-only "
+                                 f"(paired [[]*], 95 %, 6 prompts) - contract mini-laguna-cpu (79/79 *"])
+    props = _properties(junit)["tests.gates.test_speedup::test_speedup_over_target_only"]
+    assert float(props["speedup_ratio"]) == pytest.approx(expected, rel=1e-9)
+
+    # Without the option: no figure, and the test says why it did not measure one.
+    plain, run2, _ = _replay(pytester)
+    assert json.loads((run2 / "promotion.json").read_text())["speedup_over_target_only"] is None
+    plain.stdout.fnmatch_lines(["*SKIPPED*no --b70-speedup: no target-only start in this session*"])
 
 
 def test_a_baseline_that_cannot_be_read_is_said_and_leaves_the_verdict_alone(pytester: pytest.Pytester) -> None:

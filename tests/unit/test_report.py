@@ -12,11 +12,11 @@ import re
 import shutil
 import subprocess
 import sys
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
+from browser import Node, Tree, browse, chromium, points, traces  # tests/browser.py
 from pytest_b70lab import cli, evidence, report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,61 +58,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _starts(folder: Path) -> list[evidence.Evidence]:
     return [evidence.read(p) for p in sorted(folder.glob("start-*/evidence.json"))]
-
-
-# --- the page as a tree -----------------------------------------------------------------------------------
-
-class Node:
-    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
-        self.tag, self.attrs, self.children, self.text = tag, attrs, [], []
-
-    @property
-    def classes(self) -> set[str]:
-        return set(self.attrs.get("class", "").split())
-
-    def walk(self):
-        yield self
-        for child in self.children:
-            yield from child.walk()
-
-    def find(self, tag: str | None = None, cls: str | None = None, **attrs: str) -> list[Node]:
-        return [n for n in self.walk() if (tag is None or n.tag == tag) and (cls is None or cls in n.classes)
-                and all(n.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items())]
-
-    def all_text(self) -> str:
-        return "".join(t for n in self.walk() for t in n.text)
-
-
-class Tree(HTMLParser):
-    """HTML (and the inline SVG plotly draws) as nested nodes; enough to count what a browser rendered."""
-
-    VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
-
-    def __init__(self, text: str) -> None:
-        super().__init__(convert_charrefs=True)
-        self.root = Node("#root", {})
-        self.stack = [self.root]
-        self.feed(text)
-        self.close()
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        node = Node(tag, {k: v or "" for k, v in attrs})
-        self.stack[-1].children.append(node)
-        if tag not in self.VOID:
-            self.stack.append(node)
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.stack[-1].children.append(Node(tag, {k: v or "" for k, v in attrs}))
-
-    def handle_endtag(self, tag: str) -> None:
-        for i in range(len(self.stack) - 1, 0, -1):
-            if self.stack[i].tag == tag:
-                del self.stack[i:]
-                return
-
-    def handle_data(self, data: str) -> None:
-        if self.stack[-1].tag not in ("script", "style"):
-            self.stack[-1].text.append(data)
 
 
 def _page(folder: Path) -> Node:
@@ -315,28 +260,9 @@ def test_the_command_writes_the_page_and_prints_its_path(run: Path, tmp_path: Pa
 
 # --- in a real browser ------------------------------------------------------------------------------------
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    if os.environ.get("CI"):
-        pytest.fail("chromium is not installed, and CI must run the report's browser test (.ci/run installs it)")
-    pytest.skip("chromium is not installed (apt-get install chromium): the report page was not opened in a browser")
-
-
-def _browse(run: Path, tmp_path: Path, *args: str) -> str:
-    """Open the page offline (every host name fails to resolve) and give plotly time to draw."""
-    done = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path}",
-                           "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=15000",
-                           "--window-size=1400,5000", *args, (run / report.FILENAME).resolve().as_uri()],
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 @pytest.fixture(scope="module")
 def rendered(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Node:
-    return Tree(_browse(run, tmp_path_factory.mktemp("chromium"), "--dump-dom")).root
+    return Tree(browse(run / report.FILENAME, tmp_path_factory.mktemp("chromium"), "--dump-dom")).root
 
 
 def test_the_page_loads_nothing_from_elsewhere(run: Path) -> None:
@@ -349,34 +275,23 @@ def test_the_page_loads_nothing_from_elsewhere(run: Path) -> None:
     assert len(re.findall(r"/\*\*?\s*\* plotly\.js v\d", text)) == 1, "plotly.js is not inlined exactly once"
 
 
-def _traces(page: Node, name: str) -> list[Node]:
-    (plot,) = page.find("div", data_plot=name)
-    (div,) = plot.find("div", cls="plotly-graph-div")
-    assert div.attrs.get("data-rendered") == "true", f"plot {name} did not finish drawing"
-    return [g for g in div.find("g") if "trace" in g.classes]
-
-
-def _points(trace: Node) -> int:
-    return len(trace.find("path", cls="point"))
-
-
 def test_the_decode_rate_plot_has_a_point_per_prompt_and_start(rendered: Node, run: Path) -> None:
     starts = _starts(run)
-    traces = _traces(rendered, "decode-rate")
-    assert [_points(t) for t in traces] == [len(s.requests) for s in starts]
-    assert sum(_points(t) for t in traces) == sum(len(s.throughput.per_prompt) for s in starts)
+    drawn = traces(rendered, "decode-rate")
+    assert [points(t) for t in drawn] == [len(s.requests) for s in starts]
+    assert sum(points(t) for t in drawn) == sum(len(s.throughput.per_prompt) for s in starts)
 
 
 def test_the_timeline_has_a_trace_per_prompt_and_start_and_a_point_per_chunk(rendered: Node, run: Path) -> None:
     expected = [len(r.chunk_times) for s in _starts(run) for r in s.requests]
-    assert [_points(t) for t in _traces(rendered, "token-timeline")] == expected
+    assert [points(t) for t in traces(rendered, "token-timeline")] == expected
 
 
 def test_the_acceptance_plot_has_a_point_per_draft_position(rendered: Node, run: Path) -> None:
     starts = _starts(run)
     expected = [len(_independent_acceptance(s.metrics_before, s.metrics_after)) for s in starts]
     assert expected == [starts[0].contract.canonical["speculative"]["num_speculative_tokens"]] * len(starts)
-    assert [_points(t) for t in _traces(rendered, "acceptance")] == expected
+    assert [points(t) for t in traces(rendered, "acceptance")] == expected
 
 
 def test_every_plot_on_the_page_rendered(rendered: Node) -> None:
@@ -388,10 +303,10 @@ def test_every_plot_on_the_page_rendered(rendered: Node) -> None:
 
 def test_a_screenshot_of_the_page(run: Path, tmp_path: Path) -> None:
     """Kept in reports/ for a person to look at; here only checked to be a drawn page of the window's size."""
-    _chromium()  # skip (or, under CI, fail) before the last screenshot is removed
+    chromium()  # skip (or, under CI, fail) before the last screenshot is removed
     SCREENSHOT.parent.mkdir(exist_ok=True)
     SCREENSHOT.unlink(missing_ok=True)
-    _browse(run, tmp_path, f"--screenshot={SCREENSHOT}")
+    browse(run / report.FILENAME, tmp_path, f"--screenshot={SCREENSHOT}")
     data = SCREENSHOT.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     assert (int.from_bytes(data[16:20]), int.from_bytes(data[20:24])) == (1400, 5000)

@@ -24,12 +24,13 @@ IN_ENGINE = {"in_engine", "vllm_entry", "worker_ext"}
 # process creation time, gate 7's evidence that a start is fresh.
 IN_ENGINE_LIBRARIES = {"vllm", "torch", "psutil"}
 DATA = {"contract", "evidence", "digests", "metrics", "checkpoint", "throughput", "project", "defaults", "errors",
-        "host", "run_folder", "variants"}
+        "host", "run_folder", "variants", "sweep.plan"}
 # compare: a comparison of two runs' evidence is judgement, printed by two surfaces (`b70lab evidence diff`,
 # the plugin's --b70-baseline), so it lives here and not with them.
 JUDGEMENT = {"gates", "teacher", "snapshots", "verdict", "replay", "compare", "quality.judge", "quality.scoring",
-             "quality.checks", "quality.baseline", "quality.samples"}
-ENGINE = {"engine", "capability"}
+             "quality.checks", "quality.baseline", "quality.samples", "sweep.table"}
+# sweep.runner launches the sweep's starts and the replays that judge them.
+ENGINE = {"engine", "capability", "sweep.runner"}
 # What the engine's teardown, the probe and the sandbox share: the sandbox's side of it runs where only the
 # standard library may be relied on.
 STDLIB_ONLY = {"processes"}

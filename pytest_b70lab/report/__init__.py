@@ -11,24 +11,21 @@ import html
 import re
 import shlex
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from . import evidence as evidence_mod
-from . import host, run_folder, throughput
-from . import verdict as verdict_mod
-from .errors import LabError
-from .evidence import Evidence, EvidenceError, ModelRef, Request
-from .gates import CATALOGUE
-from .metrics import counter_by_label, counter_total, has_counter
-from .run_folder import Run
+from .. import evidence as evidence_mod
+from .. import host, run_folder, throughput
+from .. import verdict as verdict_mod
+from ..errors import LabError
+from ..evidence import Evidence, EvidenceError, ModelRef, Request
+from ..gates import CATALOGUE
+from ..metrics import ACCEPTED_PER_POS, DRAFTS, Acceptance, acceptance
+from ..run_folder import Run
 
 FILENAME = "report.html"
 PROMOTION = run_folder.PROMOTION
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 _SUBJECT = re.compile(r"^start-(\d+)(?: rank-(\d+)| prompt:(.*))?$", re.S)
 
 
@@ -53,33 +50,6 @@ def load(folder: Path) -> Run:
 
 
 # --- what the plots show (pure) -------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Acceptance:
-    """Speculative acceptance over one start: drafts proposed, and tokens accepted at each draft position."""
-    drafts: float
-    accepted: dict[int, float]
-
-    @property
-    def rates(self) -> dict[int, float]:
-        return {pos: n / self.drafts for pos, n in self.accepted.items()}
-
-
-def acceptance(before: str | None, after: str | None) -> Acceptance | str:
-    """Accepted tokens per draft position over the run (counter deltas of two /metrics texts), or why it
-    cannot be told."""
-    for when, text in (("before", before), ("after", after)):
-        for name in (DRAFTS, ACCEPTED_PER_POS):
-            if not has_counter(text, name):
-                return f"/metrics {when} the prompts has no {name}"
-    drafts = counter_total(after, DRAFTS) - counter_total(before, DRAFTS)
-    if drafts <= 0:
-        return "no drafts were proposed during the run"
-    first = counter_by_label(before, ACCEPTED_PER_POS, "position")
-    last = counter_by_label(after, ACCEPTED_PER_POS, "position")
-    positions = sorted((p for p in last if p.isdigit()), key=int)
-    return Acceptance(drafts, {int(p): last[p] - first.get(p, 0.0) for p in positions})
-
 
 def arrival(request: Request) -> tuple[list[float], list[int]]:
     """(seconds since the request began, tokens received by then), one point per streamed chunk."""

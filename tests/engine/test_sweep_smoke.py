@@ -1,0 +1,85 @@
+"""`b70lab sweep` end to end on the embedded default, as short as a sweep can be: the base and one variant that
+differs only in speculation (DFlash depth 3 instead of 11), one round, the two shortest prompts. One fresh start
+of the two the contract asks for, so every verdict must say incomplete; the files, the interleaved order, the
+replays' verdicts and the page opened in headless Chromium are checked against the evidence the starts wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from browser import Tree, browse, chromium, points, traces  # tests/browser.py
+from pytest_b70lab import contract, evidence
+from pytest_b70lab.sweep import plan
+
+pytestmark = pytest.mark.engine
+REPO = Path(__file__).resolve().parents[2]
+BASE = "mini-laguna-cpu"
+DEPTH = 3
+SHORTEST = ["code-publish-ladder", "prose-3"]   # 57 and 64 characters: the set's two shortest prompts
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory, b70_cache_root: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("sweep") / "s"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_b70lab.cli", "sweep", "--contract", BASE, "--out", str(out),
+         "--vary", f"speculative.num_speculative_tokens={DEPTH}", "--rounds", "1", "--prompts", ",".join(SHORTEST),
+         "--no-probe"],  # the probe is the gates lane's to test
+        cwd=REPO, env={**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}, capture_output=True, text=True,
+        timeout=1200)
+    return out, done
+
+
+def test_the_smoke_sweep_runs_every_start_and_writes_its_files(sweep) -> None:
+    out, done = sweep
+    assert done.returncode == 0, done.stderr[-6000:]
+    variant = f"{BASE}-num-speculative-tokens-{DEPTH}"
+    data = json.loads((out / plan.SWEEP_JSON).read_text())
+    assert data["order"] == [f"{BASE} start-1", f"{variant} start-1"] and data["problems"] == []
+    assert (out / plan.SWEEP_HTML).is_file() and (out / plan.JUNIT).is_file()
+    assert len((out / "launches.log").read_text().splitlines()) == 2, "one engine per planned start"
+    for name in (BASE, variant):
+        folder = plan.variant_dir(out, name)
+        assert [p.name for p in sorted(folder.glob("start-*"))] == ["start-1"]
+        assert (folder / "promotion.json").is_file() and (folder / plan.JUDGE_LOG).is_file()
+        recorded = evidence.read(folder / "start-1")
+        assert recorded.contract.digest == contract.load(plan.contract_file(out, name)).digest
+        assert [r.prompt_id for r in recorded.requests] == SHORTEST
+        assert recorded.teardown["clean"] is True, "the start's processes are gone"
+    assert contract.load(plan.contract_file(out, variant)).speculative.verify_width == DEPTH + 1
+
+
+def test_every_verdict_says_incomplete_one_fresh_start_of_two(sweep) -> None:
+    out, done = sweep
+    rows = json.loads((out / plan.SWEEP_JSON).read_text())["variants"]
+    assert [r["verdict"] for r in rows] == ["incomplete", "incomplete"]
+    for r in rows:
+        assert "NOT PROMOTABLE (incomplete)" in r["verdict_line"] and "1 fresh start of 2" in r["verdict_line"]
+        assert r["judged_against"] == f"the base's teacher ({BASE}-teacher)" and not r["promotable"]
+        assert f"{r['variant']}: {r['verdict_line']}" in done.stdout
+    cases = ET.parse(out / plan.JUNIT).getroot().find("testsuite").findall("testcase")
+    assert [c.get("name") for c in cases] == [r["variant"] for r in rows]
+    assert all(c.find("skipped") is not None and c.find("failure") is None for c in cases)
+    base, variant = rows
+    assert variant["outputs_identical_to_base"] == "2/2", "speculation changes speed, never tokens"
+    assert variant["paired_to_base"]["prompts"] == 2 and base["kv_blocks"] == variant["kv_blocks"] > 0
+    assert [len(r["acceptance_per_position"]) for r in rows] == [11, DEPTH]
+
+
+def test_the_sweep_page_draws_every_variant_in_a_browser(sweep, tmp_path: Path) -> None:
+    out, _ = sweep
+    chromium()
+    rows = json.loads((out / plan.SWEEP_JSON).read_text())["variants"]
+    page = Tree(browse(out / plan.SWEEP_HTML, tmp_path, "--dump-dom")).root
+    (bars,) = traces(page, "speed")
+    assert len(bars.find("g", cls="point")) == len(rows), "one bar per variant"
+    (curve,) = traces(page, "speed-vs-speculative.num_speculative_tokens")
+    assert points(curve) == len(rows)
+    assert [points(t) for t in traces(page, "acceptance")] == [len(r["acceptance_per_position"]) for r in rows]

@@ -1,0 +1,188 @@
+"""The sweep's plan, table, files and page on recorded evidence: the committed candidate bundle is the base
+variant and the committed teacher bundle its target-only variant, each judged by a real replay of the gates
+(runner.judge, a pytest subprocess) exactly as a sweep judges what it ran. Expected figures are read from the
+evidence here (arrival times, /metrics text by regex), never from the table's own output."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import statistics
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from browser import Tree  # tests/browser.py
+from pytest_b70lab import cli, contract, evidence, throughput, variants
+from pytest_b70lab.report import sweep as sweep_page
+from pytest_b70lab.sweep import plan, runner, table
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLES = REPO / "fixtures" / "evidence"
+CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
+PER_POS = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$', re.M)
+DRAFTS = re.compile(r"^vllm:spec_decode_num_drafts_total\{[^}]*\} (\S+)$", re.M)
+
+
+def test_starts_interleave_forwards_then_backwards() -> None:
+    order = plan.start_order(["a", "b", "c"], 3, own_teachers=["b"])
+    assert [p.label() for p in order] == [
+        "a start-1", "b start-1", "c start-1", "b teacher start-1",
+        "c start-2", "b start-2", "a start-2", "a start-3", "b start-3", "c start-3"]
+    assert {p.round for p in order if p.index == 2} == {2}
+    with pytest.raises(ValueError, match="at least one round"):
+        plan.start_order(["a"], 0)
+
+
+def test_the_command_line_names_the_named_variants_as_variants_does() -> None:
+    assert cli.NAMED_VARIANTS == variants.NAMED
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[variants.Variant], dict[str, str]]:
+    out = tmp_path_factory.mktemp("sweep")
+    base = contract.load("mini-laguna-cpu")
+    grid = variants.grid(base, [], extra=("target-only",))
+    runner.prepare(out, grid)
+    shutil.copytree(BUNDLES / "mini-laguna-cpu", plan.variant_dir(out, base.name), dirs_exist_ok=True)
+    shutil.copytree(BUNDLES / "mini-laguna-cpu-teacher", plan.variant_dir(out, "target-only"), dirs_exist_ok=True)
+    judged = {v.name: runner.judge(v, out, None, own_teacher=False) for v in grid}
+    return out, grid, judged
+
+
+@pytest.fixture(scope="module")
+def rows(swept) -> list[table.Row]:
+    out, grid, judged = swept
+    return table.rows(out, grid[0], grid, judged)
+
+
+def test_each_variant_is_judged_by_its_replay_under_its_own_contract(swept, rows) -> None:
+    out, grid, judged = swept
+    assert judged == {v.name: "" for v in grid}
+    for v in grid:
+        verdict = json.loads((plan.variant_dir(out, v.name) / "promotion.json").read_text())
+        assert verdict["contract_digest"] == v.contract.digest == contract.load(plan.contract_file(out, v.name)).digest
+        assert (plan.variant_dir(out, v.name) / plan.JUDGE_JUNIT).is_file()
+    base, target_only = rows
+    assert (base.verdict, base.promotable) == ("pass", True) and base.verdict_line.startswith("PROMOTABLE at ")
+    # The teacher bundle has one start, the teacher's contract asks for two: incomplete, and every gate on the
+    # start that ran passed (its tokens are the committed teacher snapshot's; it compiled the target alone).
+    assert (target_only.verdict, target_only.promotable) == ("incomplete", False)
+    assert "1 fresh start of 2" in target_only.verdict_line and "failed" not in target_only.verdict_line
+    assert target_only.judged_against.startswith("no teacher")
+
+
+def _per_prompt(folder: Path) -> dict[str, float]:
+    seen: dict[str, list[float]] = {}
+    for path in sorted(folder.glob("start-*/evidence.json")):
+        for r in evidence.read(path.parent).requests:
+            rate = (len(throughput.token_arrival_times(r.chunk_times, r.chunk_tokens)) - 1) / \
+                (r.chunk_times[-1] - r.chunk_times[0])
+            seen.setdefault(r.prompt_id, []).append(rate)
+    return {p: statistics.median(v) for p, v in seen.items()}
+
+
+def test_the_paired_ratio_to_the_base_is_the_geometric_mean_of_prompt_ratios(swept, rows) -> None:
+    out, grid, _ = swept
+    a, b = (_per_prompt(plan.variant_dir(out, v.name)) for v in grid)
+    expected = math.exp(statistics.mean(math.log(b[p] / a[p]) for p in a))
+    paired = rows[1].paired_to_base
+    assert paired["ratio"] == pytest.approx(expected, rel=1e-9) and paired["prompts"] == len(a) == 6
+    assert paired["low"] <= paired["ratio"] <= paired["high"] < 1, "target-only decodes without drafts: slower"
+    assert rows[0].paired_to_base is None and rows[1].outputs_identical_to_base == "6/6"
+
+
+def test_kv_capacity_and_acceptance_are_the_engines_own_figures(swept, rows) -> None:
+    out, grid, _ = swept
+    for v, row in zip(grid, rows):
+        first = evidence.read(plan.variant_dir(out, v.name) / "start-1")
+        labels = CACHE_CONFIG.search(first.metrics_before).group(1)
+        blocks, tokens = (re.search(rf'\b{key}="(\d+)"', labels).group(1) for key in ("num_gpu_blocks",
+                                                                                      "kv_cache_size_tokens"))
+        assert (row.kv_blocks, row.kv_tokens, row.kv_cache_dtype) == (int(blocks), int(tokens), "fp8")
+    starts = [evidence.read(p.parent) for p in sorted(plan.variant_dir(out, grid[0].name).glob("start-*/evidence.json"))]
+    drafts = sum(sum(map(float, DRAFTS.findall(s.metrics_after))) - sum(map(float, DRAFTS.findall(s.metrics_before)))
+                 for s in starts)
+    accepted: dict[int, float] = {}
+    for s in starts:
+        before = {int(p): float(v) for p, v in PER_POS.findall(s.metrics_before)}
+        for p, v in PER_POS.findall(s.metrics_after):
+            accepted[int(p)] = accepted.get(int(p), 0.0) + float(v) - before.get(int(p), 0.0)
+    assert rows[0].accepted_per_draft == pytest.approx(sum(accepted.values()) / drafts)
+    assert rows[0].acceptance_per_position == pytest.approx({p: n / drafts for p, n in accepted.items()})
+    assert len(rows[0].acceptance_per_position) == grid[0].contract.speculative.num_speculative_tokens
+    assert rows[1].accepted_per_draft is None and rows[1].notes == [], "no draft: nothing to accept, nothing to say"
+    assert [s.graphs for s in rows[0].starts] == ["compiled", "loaded"], "start-1 compiled, start-2 loaded"
+
+
+def test_a_failed_start_fails_its_variant_whatever_the_rounds(tmp_path: Path) -> None:
+    base = contract.load("mini-laguna-cpu")
+    grid = variants.grid(base, [])
+    runner.prepare(tmp_path, grid)
+    folder = plan.variant_dir(tmp_path, base.name)
+    shutil.copytree(BUNDLES / "mini-laguna-cpu", folder, dirs_exist_ok=True)
+    failed = evidence.read(folder / "start-2")
+    failed.status, failed.failure = "failed", evidence.Failure(message="engine not ready after 5 s (deadline)")
+    evidence.write(failed, folder / "start-2")
+    assert runner.judge(grid[0], tmp_path, None, own_teacher=False) == ""
+    (row,) = table.rows(tmp_path, grid[0], grid)
+    assert row.verdict == "fail" and "start-2 failed: engine not ready after 5 s" in row.verdict_line
+    assert [s.status for s in row.starts] == ["ok", "failed"] and row.starts[1].decode_median is None
+
+
+def test_a_sweep_folder_is_never_reused(swept) -> None:
+    out, grid, _ = swept
+    with pytest.raises(runner.SweepError, match="already holds a sweep: give --out a new folder"):
+        runner.prepare(out, grid)
+
+
+def test_junit_has_one_test_per_variant(rows) -> None:
+    suite = ET.fromstring(table.junit_xml(rows, "mini-laguna-cpu")).find("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == [r.variant for r in rows]
+    assert cases[0].find("skipped") is None and cases[0].find("failure") is None
+    assert "1 fresh start of 2" in cases[1].find("skipped").get("message")
+    props = {p.get("name"): p.get("value") for p in cases[1].find("properties")}
+    assert float(props["paired_to_base"]) == pytest.approx(rows[1].paired_to_base["ratio"])
+
+
+def test_the_terminal_table_has_a_line_and_a_verdict_per_variant(rows) -> None:
+    text = table.format_table(rows).splitlines()
+    assert text[0].split()[:2] == ["variant", "verdict"]
+    assert text[1].split()[:3] == ["mini-laguna-cpu", "PASS", "2/2"] and "base" in text[1]
+    assert text[2].split()[:3] == ["target-only", "INCOMPLETE", "1/2"]
+    assert text[-1] == f"target-only: {rows[1].verdict_line}"
+
+
+def test_the_page_shows_every_variant_and_loads_nothing(swept, rows, tmp_path: Path) -> None:
+    out, grid, _ = swept
+    data = {"schema": "b70lab-sweep/1", "base": grid[0].name, "base_digest": grid[0].contract.digest,
+            "varies": [], "fields": [], "named": ["target-only"], "rounds": 2, "order": [], "problems": [],
+            "variants": [r.as_dict() for r in rows]}
+    (tmp_path / plan.SWEEP_JSON).write_text(json.dumps(data))
+    page = Tree(sweep_page.write(tmp_path / plan.SWEEP_JSON).read_text()).root
+    for node in page.walk():
+        assert all(node.attrs.get(a) is None for a in ("src", "href")), f"<{node.tag}> fetches at open time"
+    assert {n.attrs["id"] for n in page.find("b") if n.attrs.get("id", "").startswith("variant-")} == \
+        {f"variant-{r.variant}" for r in rows}
+    assert [n.attrs["data-plot"] for n in page.find("div", cls="plot")] == ["speed", "acceptance"]
+    (tmp_path / plan.SWEEP_JSON).write_text("{}")
+    with pytest.raises(sweep_page.ReportError, match="is not a sweep table"):
+        sweep_page.write(tmp_path / plan.SWEEP_JSON)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--vary", "engine.no_such_field=1"], "has no field engine.no_such_field"),
+    (["--vary", "speculative.num_speculative_tokens=0"], "refused by the contract rules"),
+    (["--rounds", "0"], "a sweep needs at least one round"),
+    (["--prompts", "no-such-prompt"], "no prompt 'no-such-prompt' in the set"),
+    (["--named", "fastest"], "no named variant 'fastest'"),
+])
+def test_a_sweep_it_cannot_run_is_refused_before_any_start(argv: list[str], message: str, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sweep", "--contract", "mini-laguna-cpu", "--out", str(tmp_path / "s"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "s").exists(), "nothing was written"
