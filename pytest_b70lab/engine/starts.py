@@ -367,6 +367,15 @@ def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progres
     return result.as_dict()
 
 
+def write_run_files(folder: Path, contract: Contract, models: ResolvedModels) -> None:
+    """What makes a run folder self-contained: replay needs neither the model nor the repository's prompt
+    file (the checkpoint tables the audits compare with, and the prompt set as it was)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tables = {"contract_digest": contract.digest, **models.tables}
+    (folder / run_folder.TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
+    (folder / run_folder.PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
+
+
 def run_starts(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
             starts: int | None = None, quality: list[QualitySample] | None = None,
             probe: ProbeOptions | None = None, prompt_ids: list[str] | None = None) -> list[evidence.Evidence]:
@@ -383,12 +392,7 @@ def run_starts(contract: Contract, run_dir: Path, cache_root: Path, progress: Pr
                                    "(--b70-no-probe)"}
     else:
         probe_result = preflight_probe(contract, run_dir, cache_root, progress, probe.stall_rank, probe.deadline_s)
-    # The run folder is self-contained: replay needs neither the model nor the repository's prompt file.
-    base = run_folder.kind_dir(run_dir, contract.kind)
-    base.mkdir(parents=True, exist_ok=True)
-    tables = {"contract_digest": contract.digest, **models.tables}
-    (base / run_folder.TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
-    (base / run_folder.PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
+    write_run_files(run_folder.kind_dir(run_dir, contract.kind), contract, models)
     records: list[evidence.Evidence] = []
     for i, d in enumerate(start_dirs(run_dir, contract)[: starts or None], 1):
         records.append(run_start(contract, models, d, cache_root / "engine-state", i, progress,

@@ -3,7 +3,6 @@ folder with the promotion gates (`pytest -m gates --b70-evidence`), exactly as a
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -80,14 +79,6 @@ def _without_none(data):
     return data
 
 
-def _copy_run_files(folder: Path, c: Contract, models: starts_mod.ResolvedModels) -> None:
-    """What a replay of the folder needs besides the evidence: the checkpoint tables and the prompt file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tables = {"contract_digest": c.digest, **models.tables}
-    (folder / run_folder.TABLES_COPY).write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
-    (folder / run_folder.PROMPTS_COPY).write_bytes(contract_mod.prompts_path(c).read_bytes())
-
-
 def run(base: Contract, variants: list[Variant], rounds: int, out: Path, cache_root: Path,
         progress: Progress | None = None, prompt_ids: list[str] | None = None, probe: bool = True) -> Outcome:
     """Every planned start, then every variant judged. A variant whose start failed gets no later start
@@ -107,9 +98,9 @@ def run(base: Contract, variants: list[Variant], rounds: int, out: Path, cache_r
     else:
         probe_result = {"skipped": "the preflight collective probe was turned off (--no-probe)"}
     for v in variants:
-        _copy_run_files(variant_dir(out, v.name), v.contract, models[v.name])
+        starts_mod.write_run_files(variant_dir(out, v.name), v.contract, models[v.name])
         if v.name in own:
-            _copy_run_files(run_folder.kind_dir(variant_dir(out, v.name), "teacher"), v.contract.teacher(),
+            starts_mod.write_run_files(run_folder.kind_dir(variant_dir(out, v.name), "teacher"), v.contract.teacher(),
                             teacher_models[v.name])
     broken: set[str] = set()
     for i, planned in enumerate(outcome.order, 1):
@@ -133,13 +124,13 @@ def run(base: Contract, variants: list[Variant], rounds: int, out: Path, cache_r
             if not planned.own_teacher:  # a failed teacher leaves its candidate unjudgeable, not unmeasured
                 broken.add(v.name)
     for name in own:
-        outcome.teachers[name] = _record_teacher(by_name[name], out, prompt_ids, outcome)
+        outcome.teachers[name] = _record_teacher(by_name[name], out, prompt_ids)
     for v in variants:
         outcome.judged[v.name] = judge(v, out, prompt_ids, own_teacher=v.name in own, progress=say)
     return outcome
 
 
-def _record_teacher(v: Variant, out: Path, prompt_ids: list[str] | None, outcome: Outcome) -> list[str]:
+def _record_teacher(v: Variant, out: Path, prompt_ids: list[str] | None) -> list[str]:
     """The snapshots of a variant's own teacher, under the sweep's folder: what its candidate is held to."""
     folder = run_folder.kind_dir(variant_dir(out, v.name), "teacher")
     try:
