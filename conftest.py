@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, settings
 # --hypothesis-profile) looks ten times harder. Kernel calls on big pages are slow by nature, not a health
 # problem.
 _SLOW_BY_NATURE = [HealthCheck.too_slow, HealthCheck.data_too_large]
-settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, print_blob=True,
-                          suppress_health_check=_SLOW_BY_NATURE)
+settings.register_profile(
+    "ci", max_examples=40, deadline=None, derandomize=True, print_blob=True, suppress_health_check=_SLOW_BY_NATURE
+)
 settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=_SLOW_BY_NATURE)
 settings.register_profile("thorough", max_examples=400, deadline=None, suppress_health_check=_SLOW_BY_NATURE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
@@ -24,8 +25,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 # frequent command, and every replay of saved evidence) then skips importing the other folders, whose
 # modules pull in torch and vLLM: 12 s of a 14 s gates replay here. tests/unit/test_lanes.py checks that no
 # test of a lane lives outside its folder, so nothing is ever skipped that the marker would have selected.
-LANE_FOLDERS = {"gates": "tests/gates", "teacher": "tests/gates", "quality": "tests/quality",
-                "kernels": "tests/kernels", "faults": "tests/faults"}
+LANE_FOLDERS = {
+    "gates": "tests/gates",
+    "teacher": "tests/gates",
+    "quality": "tests/quality",
+    "kernels": "tests/kernels",
+    "faults": "tests/faults",
+}
 REPO = Path(__file__).resolve().parent
 
 

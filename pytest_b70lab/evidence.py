@@ -45,9 +45,9 @@ class ContractRef(ClosedRecord):
 class ModelRef(ClosedRecord):
     ref: str
     revision: str | None = None
-    manifest_digest: str | None = None       # the mini model's manifest `model_digest` (target and draft)
+    manifest_digest: str | None = None  # the mini model's manifest `model_digest` (target and draft)
     manifest_path: str | None = None
-    digest: str | None = None                # this checkpoint folder's own digest (pytest_b70lab.checkpoint)
+    digest: str | None = None  # this checkpoint folder's own digest (pytest_b70lab.checkpoint)
 
 
 class EngineInfo(ClosedRecord):
@@ -89,11 +89,12 @@ class Throughput(ClosedRecord):
 
 class QualityRecord(ClosedRecord):
     """One quality request and what the engine answered (a failed request keeps its error: a failed sample)."""
+
     sample_id: str
     family: str
     variant: str = ""
     text: str = ""
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)   # the server's parsed calls: name, arguments
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)  # the server's parsed calls: name, arguments
     finish_reason: str | None = None
     completion_tokens: int | None = None
     error: str | None = None
@@ -117,6 +118,7 @@ class StartIdentity(ClosedRecord):
     """What only a new engine start can produce: a nonce the launch hands the engine (START_NONCE_ENV, which
     every rank echoes in its audit, with its own process id and creation time), and the start's creation
     time. A copied start carries another start's identity; gate 7 tells them apart."""
+
     nonce: str = Field(pattern=r"^[0-9a-f]{32}$")
     launched_at: str
 
@@ -153,7 +155,7 @@ class Evidence(ClosedRecord):
     # attention path depend on it.
     host: dict[str, Any] | None = None
     identity: StartIdentity | None = None
-    logs: dict[str, str] = Field(default_factory=dict)   # relative to the evidence file's folder
+    logs: dict[str, str] = Field(default_factory=dict)  # relative to the evidence file's folder
     log_findings: dict[str, list[str]] = Field(default_factory=dict)  # lines that gates care about
     digest: str | None = None
 
@@ -162,8 +164,13 @@ class Evidence(ClosedRecord):
     def body_digest(self) -> str:
         # Fields added after version 1 was first written stay out of the body while empty: evidence written
         # before they existed still verifies.
-        later = {"quality": self.quality, "exposure": self.exposure, "probe": self.probe, "host": self.host,
-                 "identity": self.identity}
+        later = {
+            "quality": self.quality,
+            "exposure": self.exposure,
+            "probe": self.probe,
+            "host": self.host,
+            "identity": self.identity,
+        }
         exclude: dict[str, Any] = {"digest": True} | {name: True for name, value in later.items() if not value}
         if self.failure is not None and not self.failure.first_errors:
             exclude["failure"] = {"first_errors": True}
@@ -210,7 +217,9 @@ def read(path: Path) -> Evidence:
         path = path / FILENAME
     raw = read_json(path, "evidence", EvidenceError)
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
-        raise EvidenceError(f"{path} is not b70lab evidence (schema {raw.get('schema') if isinstance(raw, dict) else None!r})")
+        raise EvidenceError(
+            f"{path} is not b70lab evidence (schema {raw.get('schema') if isinstance(raw, dict) else None!r})"
+        )
     if raw.get("version") != VERSION:
         raise EvidenceError(f"evidence {path} has version {raw.get('version')!r}; this b70lab reads version {VERSION}")
     try:
@@ -219,12 +228,15 @@ def read(path: Path) -> Evidence:
         fields = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
         raise EvidenceError(f"evidence {path} does not match the schema: {fields}") from e
     if evidence.digest != evidence.body_digest():
-        raise EvidenceError(f"evidence {path} does not match its own digest (recorded {evidence.digest}, "
-                            f"content {evidence.body_digest()}): it was edited or truncated after it was written")
+        raise EvidenceError(
+            f"evidence {path} does not match its own digest (recorded {evidence.digest}, "
+            f"content {evidence.body_digest()}): it was edited or truncated after it was written"
+        )
     if found := unphysical(evidence) or contradictions(evidence):
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise EvidenceError(f"evidence {path}: {found[0]}{more}: the evidence contradicts itself, so nothing in it "
-                            f"is judged")
+        raise EvidenceError(
+            f"evidence {path}: {found[0]}{more}: the evidence contradicts itself, so nothing in it is judged"
+        )
     return evidence
 
 
@@ -250,14 +262,21 @@ def unphysical(evidence: Evidence) -> list[str]:
             if not (_finite(t) and t >= 0):
                 out.append(f"{at}.chunk_times[{i}] is {t!r}: not a time since the request was sent")
             elif i and not t > r.chunk_times[i - 1]:
-                out.append(f"{at}.chunk_times[{i}] is {t!r}, after {r.chunk_times[i - 1]!r}: token arrival times "
-                           f"must increase")
-        out += [f"{at}.chunk_tokens[{i}] is {n!r}: a streamed chunk carries at least one token"
-                for i, n in enumerate(r.chunk_tokens) if n < 1]
+                out.append(
+                    f"{at}.chunk_times[{i}] is {t!r}, after {r.chunk_times[i - 1]!r}: token arrival times must increase"
+                )
+        out += [
+            f"{at}.chunk_tokens[{i}] is {n!r}: a streamed chunk carries at least one token"
+            for i, n in enumerate(r.chunk_tokens)
+            if n < 1
+        ]
         positive(f"{at}.decode_rate", r.decode_rate)
         positive(f"{at}.cached_tokens", r.cached_tokens, zero=True)
-        out += [f"{at}.usage.{k} is {v!r}: not a token count" for k, v in r.usage.items()
-                if k.endswith("_tokens") and not (isinstance(v, int) and v >= 0)]
+        out += [
+            f"{at}.usage.{k} is {v!r}: not a token count"
+            for k, v in r.usage.items()
+            if k.endswith("_tokens") and not (isinstance(v, int) and v >= 0)
+        ]
     t = evidence.throughput
     positive("throughput.endpoint_median", t.endpoint_median)
     for prompt_id, rate in t.per_prompt.items():
@@ -277,8 +296,12 @@ def derived_throughput(requests: list[Request], metrics_before: str | None, metr
 
     rates = {r.prompt_id: r.decode_rate for r in requests if r.decode_rate is not None}
     step_s, _per_token_s, server_rate = throughput.server_decode_figures(metrics_before, metrics_after)
-    return Throughput(endpoint_median=throughput.endpoint_median(list(rates.values())) if rates else None,
-                      per_prompt=rates, server_mean_inter_token_s=step_s, server_tokens_per_s=server_rate)
+    return Throughput(
+        endpoint_median=throughput.endpoint_median(list(rates.values())) if rates else None,
+        per_prompt=rates,
+        server_mean_inter_token_s=step_s,
+        server_tokens_per_s=server_rate,
+    )
 
 
 def rederive(record: Evidence) -> Evidence:
@@ -316,8 +339,10 @@ def contradictions(evidence: Evidence) -> list[str]:
     for r in evidence.requests:
         at = f"requests[{r.prompt_id}]"
         if r.token_ids_sha256 != sha256_ids(r.token_ids):
-            out.append(f"{at}.token_ids_sha256 {r.token_ids_sha256[:16]}... is not the hash of its token_ids "
-                       f"({sha256_ids(r.token_ids)[:16]}...)")
+            out.append(
+                f"{at}.token_ids_sha256 {r.token_ids_sha256[:16]}... is not the hash of its token_ids "
+                f"({sha256_ids(r.token_ids)[:16]}...)"
+            )
         if r.text_sha256 != text_sha256(r.text):
             out.append(f"{at}.text_sha256 is not the hash of its text")
         try:
@@ -329,19 +354,29 @@ def contradictions(evidence: Evidence) -> list[str]:
     rates = {r.prompt_id: r.decode_rate for r in evidence.requests if r.decode_rate is not None}
     t = evidence.throughput
     if t.per_prompt.keys() != rates.keys():
-        out.append(f"throughput.per_prompt has prompts {sorted(t.per_prompt)}, the requests with a decode rate are "
-                   f"{sorted(rates)}")
-    out += [f"throughput.per_prompt[{k}] is {t.per_prompt[k]!r}, the request's arrival times give {rates[k]!r}"
-            for k in sorted(t.per_prompt.keys() & rates.keys()) if not _same(t.per_prompt[k], rates[k])]
+        out.append(
+            f"throughput.per_prompt has prompts {sorted(t.per_prompt)}, the requests with a decode rate are "
+            f"{sorted(rates)}"
+        )
+    out += [
+        f"throughput.per_prompt[{k}] is {t.per_prompt[k]!r}, the request's arrival times give {rates[k]!r}"
+        for k in sorted(t.per_prompt.keys() & rates.keys())
+        if not _same(t.per_prompt[k], rates[k])
+    ]
     median = throughput.endpoint_median(list(rates.values())) if rates else None
     if not _same(t.endpoint_median, median):
-        out.append(f"throughput.endpoint_median is {t.endpoint_median!r}, the median of the requests' decode rates "
-                   f"is {median!r}")
+        out.append(
+            f"throughput.endpoint_median is {t.endpoint_median!r}, the median of the requests' decode rates "
+            f"is {median!r}"
+        )
     if evidence.status == "ok":
-        step_s, _per_token, server_rate = throughput.server_decode_figures(evidence.metrics_before,
-                                                                           evidence.metrics_after)
-        for name, recorded, again in (("server_mean_inter_token_s", t.server_mean_inter_token_s, step_s),
-                                      ("server_tokens_per_s", t.server_tokens_per_s, server_rate)):
+        step_s, _per_token, server_rate = throughput.server_decode_figures(
+            evidence.metrics_before, evidence.metrics_after
+        )
+        for name, recorded, again in (
+            ("server_mean_inter_token_s", t.server_mean_inter_token_s, step_s),
+            ("server_tokens_per_s", t.server_tokens_per_s, server_rate),
+        ):
             if not _same(recorded, again):
                 out.append(f"throughput.{name} is {recorded!r}, the /metrics texts before and after give {again!r}")
     if evidence.role != evidence.contract.kind:
@@ -354,6 +389,8 @@ def contradictions(evidence: Evidence) -> list[str]:
         out.append(f"contract.canonical is not a valid contract: {str(e).splitlines()[0]}")
     else:
         if evidence.contract.digest != text_digest:
-            out.append(f"contract.digest {evidence.contract.digest[:12]} is not the digest of contract.canonical "
-                       f"({text_digest[:12]})")
+            out.append(
+                f"contract.digest {evidence.contract.digest[:12]} is not the digest of contract.canonical "
+                f"({text_digest[:12]})"
+            )
     return out

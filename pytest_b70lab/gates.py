@@ -22,17 +22,31 @@ from .metrics import counter_by_label, counter_total, has_counter, info_labels
 # Every gate a promotion needs, and what it is judged per: each (start, rank), (start, prompt), start, or
 # the run as a whole. The verdict derives the required (gate, subject) pairs from this and the contract.
 GATE_SCOPES = {
-    "target-scale-audit": "rank", "draft-cache-audit": "rank", "engine-resolution": "rank",
-    "metrics-agree": "start", "teacher-exactness": "prompt", "cold-prompt": "prompt", "compile-topology": "rank",
-    "fresh-start-reproduction": "run", "launch-flags": "rank", "load-audit": "start", "spec-counters": "start",
+    "target-scale-audit": "rank",
+    "draft-cache-audit": "rank",
+    "engine-resolution": "rank",
+    "metrics-agree": "start",
+    "teacher-exactness": "prompt",
+    "cold-prompt": "prompt",
+    "compile-topology": "rank",
+    "fresh-start-reproduction": "run",
+    "launch-flags": "rank",
+    "load-audit": "start",
+    "spec-counters": "start",
     "token-count": "prompt",
 }
 # The evidence checks: that each start left all the evidence a gate reads, and that nothing outlived it or
 # could reach it. A promotion requires them per start like any gate, so a selection that drops one leaves the
 # run incomplete instead of promotable.
 EVIDENCE_CHECK_SCOPES = {
-    "evidence-start": "start", "evidence-ranks": "start", "evidence-metrics": "start", "evidence-prompts": "start",
-    "evidence-teardown": "start", "evidence-exposure": "start", "evidence-probe": "start", "evidence-logs": "start",
+    "evidence-start": "start",
+    "evidence-ranks": "start",
+    "evidence-metrics": "start",
+    "evidence-prompts": "start",
+    "evidence-teardown": "start",
+    "evidence-exposure": "start",
+    "evidence-probe": "start",
+    "evidence-logs": "start",
 }
 SCOPES = {**GATE_SCOPES, **EVIDENCE_CHECK_SCOPES}
 CATALOGUE = tuple(SCOPES)
@@ -57,15 +71,20 @@ def applicable_gates(contract: Contract) -> list[str]:
     """The catalogue less what the contract makes inapplicable: no speculation, no draft gates; the
     unquantized-KV reference (kind "reference") stores no FP8 and has no calibrated scales to audit, and its
     tokens are not held to the FP8 teacher (what FP8 KV changes is what it is there to measure)."""
-    return [g for g in CATALOGUE if (contract.speculative is not None or g not in SPECULATIVE_GATES)
-            and (contract.kind != "reference" or g not in FP8_ONLY_GATES)]
+    return [
+        g
+        for g in CATALOGUE
+        if (contract.speculative is not None or g not in SPECULATIVE_GATES)
+        and (contract.kind != "reference" or g not in FP8_ONLY_GATES)
+    ]
 
 
 SCOPE_NAMES = ("rank", "prompt", "start", "run")
 
 
-def required_subjects(contract: Contract, prompt_ids: list[str],
-                      extra_gates: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+def required_subjects(
+    contract: Contract, prompt_ids: list[str], extra_gates: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
     """Every (gate, subject) pair a promotion of `contract` needs, from the contract alone: its fresh starts,
     tensor-parallel ranks and prompt set; `extra_gates` ({name: scope}) are the gates other plugins add
     (hookspec `pytest_b70lab_gates`), required for every subject of their scope like the catalogue's."""
@@ -113,9 +132,11 @@ class _Check:
 
 
 def _started(check: _Check, start: Evidence) -> bool:
-    return check.expect(start.status == "ok",
-                        f"start-{start.start_index} did not complete: "
-                        f"{start.failure.message.splitlines()[0] if start.failure else 'no failure recorded'}")
+    return check.expect(
+        start.status == "ok",
+        f"start-{start.start_index} did not complete: "
+        f"{start.failure.message.splitlines()[0] if start.failure else 'no failure recorded'}",
+    )
 
 
 def _request(check: _Check, start: Evidence, prompt_id: str):
@@ -134,8 +155,11 @@ def _rank_audit(check: _Check, start: Evidence, rank: int) -> dict[str, Any] | N
     if not _started(check, start):
         return None
     audits = [a for a in start.audits if a.get("tp_rank") == rank]
-    if not check.expect(len(audits) == 1, f"start-{start.start_index}: {len(audits)} audits from TP rank {rank} "
-                                          f"(ranks seen: {sorted(a.get('tp_rank') for a in start.audits)})"):
+    if not check.expect(
+        len(audits) == 1,
+        f"start-{start.start_index}: {len(audits)} audits from TP rank {rank} "
+        f"(ranks seen: {sorted(a.get('tp_rank') for a in start.audits)})",
+    ):
         return None
     return audits[0]
 
@@ -146,14 +170,17 @@ def _layers(audit: dict[str, Any], owner: str) -> dict[str, dict[str, Any]]:
 
 # --- evidence checks ---------------------------------------------------------------------------------
 
+
 def evidence_start(start: Evidence) -> Verdict:
     """The start completed and became ready after a positive, finite time."""
     c = _Check("evidence-start", subject(start.start_index))
     if _started(c, start):
         ready = start.ready_s
         c.observe(ready_s=ready)
-        c.expect(isinstance(ready, float | int) and math.isfinite(ready) and ready > 0,
-                 f"start-{start.start_index}: ready after {ready!r} s: the launch recorded no time to ready")
+        c.expect(
+            isinstance(ready, float | int) and math.isfinite(ready) and ready > 0,
+            f"start-{start.start_index}: ready after {ready!r} s: the launch recorded no time to ready",
+        )
     return c.done()
 
 
@@ -165,16 +192,21 @@ def evidence_ranks(start: Evidence, contract: Contract, log_sizes: Mapping[str, 
     tp = contract.engine.tensor_parallel
     ranks = sorted((a.get("tp_rank") for a in start.audits), key=str)
     c.observe(audited_ranks=ranks)
-    c.expect(ranks == list(range(tp)), f"start-{start.start_index}: audits from TP ranks {ranks}, expected one "
-                                       f"from each of 0..{tp - 1}")
+    c.expect(
+        ranks == list(range(tp)),
+        f"start-{start.start_index}: audits from TP ranks {ranks}, expected one from each of 0..{tp - 1}",
+    )
     want = {rank_log_name(contract, r) for r in range(tp)}
     missing = sorted(name.removeprefix("rank:") for name in want - set(start.logs))
     c.expect(not missing, f"start-{start.start_index}: no log of {', '.join(missing)}; logs: {sorted(start.logs)}")
     for name in sorted(want & set(start.logs)):
         if log_sizes is not None:
             size = log_sizes.get(start.logs[name])
-            c.expect(bool(size), f"start-{start.start_index}: the log {start.logs[name]} of "
-                                 f"{name.removeprefix('rank:')} is {'empty' if size == 0 else 'missing'}")
+            c.expect(
+                bool(size),
+                f"start-{start.start_index}: the log {start.logs[name]} of "
+                f"{name.removeprefix('rank:')} is {'empty' if size == 0 else 'missing'}",
+            )
     return c.done()
 
 
@@ -183,9 +215,11 @@ def evidence_metrics(start: Evidence) -> Verdict:
     c = _Check("evidence-metrics", subject(start.start_index))
     if _started(c, start):
         for when, text in (("before", start.metrics_before), ("after", start.metrics_after)):
-            c.expect(bool(text) and "vllm:cache_config_info" in str(text),
-                     f"start-{start.start_index}: no /metrics scrape {when} the prompts (or one without "
-                     f"vllm:cache_config_info)")
+            c.expect(
+                bool(text) and "vllm:cache_config_info" in str(text),
+                f"start-{start.start_index}: no /metrics scrape {when} the prompts (or one without "
+                f"vllm:cache_config_info)",
+            )
     return c.done()
 
 
@@ -212,15 +246,23 @@ def evidence_teardown(start: Evidence) -> Verdict:
     teardown = start.teardown or {}
     processes = teardown.get("processes") or []
     c.observe(processes=len(processes))
-    if not c.expect(bool(processes), f"start-{start.start_index}: the evidence records no teardown, or one that "
-                                     f"saw no process: whether anything outlived the start cannot be told"):
+    if not c.expect(
+        bool(processes),
+        f"start-{start.start_index}: the evidence records no teardown, or one that "
+        f"saw no process: whether anything outlived the start cannot be told",
+    ):
         return c.done()
-    survivors = [f"pid {p.get('pid')} {p.get('name')} ({str(p.get('cmdline'))[:80]})"
-                 for p in processes if p.get("gone") is not True]
+    survivors = [
+        f"pid {p.get('pid')} {p.get('name')} ({str(p.get('cmdline'))[:80]})"
+        for p in processes
+        if p.get("gone") is not True
+    ]
     c.expect(not survivors, f"start-{start.start_index}: still running after teardown: {'; '.join(survivors)}")
-    c.expect(teardown.get("clean") is True or bool(survivors),
-             f"start-{start.start_index}: teardown says it was not clean ({teardown.get('clean')!r}), though "
-             f"every process it lists is gone")
+    c.expect(
+        teardown.get("clean") is True or bool(survivors),
+        f"start-{start.start_index}: teardown says it was not clean ({teardown.get('clean')!r}), though "
+        f"every process it lists is gone",
+    )
     return c.done()
 
 
@@ -229,23 +271,33 @@ def evidence_exposure(start: Evidence) -> Verdict:
     socket only, the ranks' rendezvous and Gloo sockets on loopback only. No record proves nothing: it fails."""
     c = _Check("evidence-exposure", subject(start.start_index))
     exposure = start.exposure
-    if not c.expect(bool(exposure), f"start-{start.start_index}: the evidence does not record who could reach "
-                                    f"the engine"):
+    if not c.expect(
+        bool(exposure), f"start-{start.start_index}: the evidence does not record who could reach the engine"
+    ):
         return c.done()
     assert exposure is not None
     problems = exposure.get("problems")
-    c.expect(problems == [], f"start-{start.start_index}: " + ("; ".join(map(str, problems)) if problems
-                                                                else f"exposure problems recorded as {problems!r}"))
+    c.expect(
+        problems == [],
+        f"start-{start.start_index}: "
+        + ("; ".join(map(str, problems)) if problems else f"exposure problems recorded as {problems!r}"),
+    )
     listening = exposure.get("listening")
     if c.expect(isinstance(listening, list), f"start-{start.start_index}: the exposure record lists no sockets"):
-        exposed = [f"{s.get('process')} on {s.get('address')}:{s.get('port')}" for s in listening
-                   if s.get("loopback") is not True]
+        exposed = [
+            f"{s.get('process')} on {s.get('address')}:{s.get('port')}"
+            for s in listening
+            if s.get("loopback") is not True
+        ]
         c.expect(not exposed, f"start-{start.start_index}: listening beyond loopback: {'; '.join(exposed)}")
     api = str(exposure.get("api"))
-    c.expect(api.startswith("unix "), f"start-{start.start_index}: the API listened on {api}, not the private "
-                                      f"Unix socket")
-    c.expect(exposure.get("socket_dir_mode") == "0o700",
-             f"start-{start.start_index}: the socket folder's mode is {exposure.get('socket_dir_mode')!r}, not 0o700")
+    c.expect(
+        api.startswith("unix "), f"start-{start.start_index}: the API listened on {api}, not the private Unix socket"
+    )
+    c.expect(
+        exposure.get("socket_dir_mode") == "0o700",
+        f"start-{start.start_index}: the socket folder's mode is {exposure.get('socket_dir_mode')!r}, not 0o700",
+    )
     return c.done()
 
 
@@ -257,14 +309,16 @@ LOG_FINDING_KINDS = {
     "error_record": "judged by evidence-logs: vLLM logged an error",
     "exception": "judged by evidence-logs: a process raised an exception",
     "kv_scale_notice": "informational where it is vLLM's generic FP8 notice (KV_SCALE_NOTICE); any other line "
-                       "about KV scales is judged by evidence-logs",
+    "about KV scales is judged by evidence-logs",
 }
 FAILING_FINDINGS = ("native_crash", "error_record", "exception")
 # vLLM prints this in every start with an FP8 KV cache, whether or not calibrated scales were loaded: it says
 # nothing about this start's scales, which target-scale-audit reads from the engine itself.
-KV_SCALE_NOTICE = re.compile(r"Using fp8 data type to store kv cache\. It reduces the GPU memory footprint and "
-                             r"boosts the performance\. Meanwhile, it may cause accuracy drop without a proper "
-                             r"scaling factor\.?\s*$")
+KV_SCALE_NOTICE = re.compile(
+    r"Using fp8 data type to store kv cache\. It reduces the GPU memory footprint and "
+    r"boosts the performance\. Meanwhile, it may cause accuracy drop without a proper "
+    r"scaling factor\.?\s*$"
+)
 
 
 def evidence_logs(start: Evidence) -> Verdict:
@@ -274,18 +328,28 @@ def evidence_logs(start: Evidence) -> Verdict:
     found = start.log_findings
     c.observe(log_findings={kind: len(lines) for kind, lines in sorted(found.items())})
     unscanned = sorted(set(LOG_FINDING_KINDS) - set(found))
-    c.expect(not unscanned, f"start-{start.start_index}: the server log was not scanned for {', '.join(unscanned)} "
-                            f"(evidence recorded before b70lab looked for them): re-record the run")
+    c.expect(
+        not unscanned,
+        f"start-{start.start_index}: the server log was not scanned for {', '.join(unscanned)} "
+        f"(evidence recorded before b70lab looked for them): re-record the run",
+    )
     unknown = sorted(set(found) - set(LOG_FINDING_KINDS))
-    c.expect(not unknown, f"start-{start.start_index}: log findings of unknown kind {unknown}: nothing here "
-                          f"judges them")
+    c.expect(
+        not unknown, f"start-{start.start_index}: log findings of unknown kind {unknown}: nothing here judges them"
+    )
     for kind in FAILING_FINDINGS:
         lines = found.get(kind) or []
-        c.expect(not lines, f"start-{start.start_index}: {LOG_FINDING_KINDS[kind].split(': ', 1)[1]}: "
-                            f"{lines[0] if lines else ''}" + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""))
+        c.expect(
+            not lines,
+            f"start-{start.start_index}: {LOG_FINDING_KINDS[kind].split(': ', 1)[1]}: "
+            f"{lines[0] if lines else ''}" + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""),
+        )
     odd = [line for line in found.get("kv_scale_notice") or [] if not KV_SCALE_NOTICE.search(line)]
-    c.expect(not odd, f"start-{start.start_index}: a log line about KV scales that is not vLLM's generic FP8 notice: "
-                      f"{odd[0] if odd else ''}")
+    c.expect(
+        not odd,
+        f"start-{start.start_index}: a log line about KV scales that is not vLLM's generic FP8 notice: "
+        f"{odd[0] if odd else ''}",
+    )
     return c.done()
 
 
@@ -294,26 +358,34 @@ def evidence_probe(start: Evidence, contract: Contract) -> Verdict:
     the evidence says that the session turned the probe off)."""
     c = _Check("evidence-probe", subject(start.start_index))
     probe = start.probe
-    if not c.expect(bool(probe), f"start-{start.start_index}: the evidence does not record the preflight "
-                                 f"collective probe"):
+    if not c.expect(
+        bool(probe), f"start-{start.start_index}: the evidence does not record the preflight collective probe"
+    ):
         return c.done()
     assert probe is not None
     if "skipped" in probe:
         c.observe(probe=f"skipped: {probe['skipped']}")
         return c.done()
     c.expect(probe.get("passed") is True, f"start-{start.start_index}: the probe did not pass: {probe.get('problems')}")
-    ranks = [r.get("rank") for r in probe.get("ranks") or []
-             if r.get("correct") is True and "torn_down" in (r.get("reached") or [])]
-    c.expect(ranks == list(range(contract.engine.tensor_parallel)),
-             f"start-{start.start_index}: the probe's ranks that answered correctly and were torn down: {ranks}, "
-             f"expected 0..{contract.engine.tensor_parallel - 1}")
+    ranks = [
+        r.get("rank")
+        for r in probe.get("ranks") or []
+        if r.get("correct") is True and "torn_down" in (r.get("reached") or [])
+    ]
+    c.expect(
+        ranks == list(range(contract.engine.tensor_parallel)),
+        f"start-{start.start_index}: the probe's ranks that answered correctly and were torn down: {ranks}, "
+        f"expected 0..{contract.engine.tensor_parallel - 1}",
+    )
     return c.done()
 
 
 # --- 1. target scale audit ---------------------------------------------------------------------------
 
-def target_scale_audit(start: Evidence, rank: int, contract: Contract,
-                       calibrated: dict[str, dict[str, float]] | None) -> Verdict:
+
+def target_scale_audit(
+    start: Evidence, rank: int, contract: Contract, calibrated: dict[str, dict[str, float]] | None
+) -> Verdict:
     """Every target attention layer holds FP8 KV with the checkpoint's calibrated scalar scales; their
     count and digest are the contract's; nothing calculates scales at run time. `calibrated` is the
     checkpoint's per-layer table (engine layer -> k_scale, v_scale): without it the gate cannot say which
@@ -325,14 +397,21 @@ def target_scale_audit(start: Evidence, rank: int, contract: Contract,
     scales = {n: (layer["k_scale"], layer["v_scale"]) for n, layer in layers.items()}
     digest = kv_scale_digest(scales) if all(isinstance(v, float) for pair in scales.values() for v in pair) else None
     c.observe(scale_count=2 * len(layers), scale_digest=digest)
-    c.expect(2 * len(layers) == contract.expect.target_kv_scale_count,
-             f"{2 * len(layers)} K/V scales on {len(layers)} target layers, the contract expects "
-             f"{contract.expect.target_kv_scale_count}")
-    c.expect(calibrated is not None, "no checkpoint table of calibrated scales to compare the engine's with "
-                                     "(the target checkpoint could not be read: see the load-audit gate)")
+    c.expect(
+        2 * len(layers) == contract.expect.target_kv_scale_count,
+        f"{2 * len(layers)} K/V scales on {len(layers)} target layers, the contract expects "
+        f"{contract.expect.target_kv_scale_count}",
+    )
+    c.expect(
+        calibrated is not None,
+        "no checkpoint table of calibrated scales to compare the engine's with "
+        "(the target checkpoint could not be read: see the load-audit gate)",
+    )
     for name, layer in sorted(layers.items()):
-        c.expect(layer.get("kv_cache_dtype") in FP8_KV_DTYPES,
-                 f"{name}: KV cache dtype {layer.get('kv_cache_dtype')!r}, expected FP8")
+        c.expect(
+            layer.get("kv_cache_dtype") in FP8_KV_DTYPES,
+            f"{name}: KV cache dtype {layer.get('kv_cache_dtype')!r}, expected FP8",
+        )
         # None: the engine has no run-time scale calculation at all (vLLM 0.32); an absent key: not audited.
         c.expect("calculate_kv_scales" in layer, f"{name}: the audit did not record calculate_kv_scales")
         c.expect(layer.get("calculate_kv_scales") in (False, None), f"{name}: calculates KV scales at run time")
@@ -345,16 +424,21 @@ def target_scale_audit(start: Evidence, rank: int, contract: Contract,
             c.expect(scales[name] == want, f"{name}: engine scales (k, v) = {scales[name]}, checkpoint has {want}")
     for name in sorted(set(calibrated or {}) - set(layers)):
         c.expect(False, f"{name}: calibrated in the checkpoint, but no such target attention layer in the engine")
-    c.expect(digest == contract.expect.target_kv_scale_digest,
-             f"scale digest {digest} != contract's {contract.expect.target_kv_scale_digest}")
+    c.expect(
+        digest == contract.expect.target_kv_scale_digest,
+        f"scale digest {digest} != contract's {contract.expect.target_kv_scale_digest}",
+    )
     cache_config = audit.get("cache_config") or {}
     c.expect("calculate_kv_scales" in cache_config, "the audit did not record the cache config's calculate_kv_scales")
-    c.expect(cache_config.get("calculate_kv_scales") in (False, None),
-             "the engine's cache config calculates KV scales at run time")
+    c.expect(
+        cache_config.get("calculate_kv_scales") in (False, None),
+        "the engine's cache config calculates KV scales at run time",
+    )
     return c.done()
 
 
 # --- 2. draft cache audit ----------------------------------------------------------------------------
+
 
 def draft_cache_audit(start: Evidence, rank: int, contract: Contract) -> Verdict:
     """The draft's cache layers: the contract's count, FP8, unit scale; the draft declares no KV scheme."""
@@ -363,27 +447,38 @@ def draft_cache_audit(start: Evidence, rank: int, contract: Contract) -> Verdict
         return c.done()
     layers = _layers(audit, "draft")
     c.observe(draft_cache_layers=len(layers))
-    c.expect(len(layers) == contract.expect.draft_unit_scale_layers,
-             f"{len(layers)} draft cache layers, the contract expects {contract.expect.draft_unit_scale_layers}")
+    c.expect(
+        len(layers) == contract.expect.draft_unit_scale_layers,
+        f"{len(layers)} draft cache layers, the contract expects {contract.expect.draft_unit_scale_layers}",
+    )
     for name, layer in sorted(layers.items()):
-        c.expect(layer.get("kv_cache_dtype") in FP8_KV_DTYPES,
-                 f"{name}: draft KV cache dtype {layer.get('kv_cache_dtype')!r}, expected FP8")
-        c.expect((layer.get("k_scale"), layer.get("v_scale")) == (1.0, 1.0),
-                 f"{name}: draft scales (k, v) = {(layer.get('k_scale'), layer.get('v_scale'))}, expected unit scale")
+        c.expect(
+            layer.get("kv_cache_dtype") in FP8_KV_DTYPES,
+            f"{name}: draft KV cache dtype {layer.get('kv_cache_dtype')!r}, expected FP8",
+        )
+        c.expect(
+            (layer.get("k_scale"), layer.get("v_scale")) == (1.0, 1.0),
+            f"{name}: draft scales (k, v) = {(layer.get('k_scale'), layer.get('v_scale'))}, expected unit scale",
+        )
     # None: the draft's config has no quantization_config; a dict: it has one; anything else (absent, or
     # the audit's "unavailable: ..." note) means nobody looked, which is not "declares none".
     if not c.expect("draft_quantization" in audit, "the audit did not record the draft's quantization config"):
         return c.done()
     quant = audit["draft_quantization"]
-    if not c.expect(quant is None or isinstance(quant, dict),
-                    f"the draft's quantization config could not be read: {quant!r}"):
+    if not c.expect(
+        quant is None or isinstance(quant, dict), f"the draft's quantization config could not be read: {quant!r}"
+    ):
         return c.done()
     declares = isinstance(quant, dict) and quant.get("kv_cache_scheme") is not None
-    c.expect(not declares, f"the draft checkpoint declares a KV calibration: {quant.get('kv_cache_scheme') if declares else ''}")
+    c.expect(
+        not declares,
+        f"the draft checkpoint declares a KV calibration: {quant.get('kv_cache_scheme') if declares else ''}",
+    )
     return c.done()
 
 
 # --- 3. engine resolution ----------------------------------------------------------------------------
+
 
 def rank_log_name(contract: Contract, rank: int) -> str:
     """The evidence's log entry for a TP rank (vLLM tags worker lines `Worker`, `Worker_TP1` or
@@ -405,27 +500,42 @@ def engine_resolution(start: Evidence, rank: int, contract: Contract) -> Verdict
     c.observe(backends=sorted({str(layer.get("backend")) for layer in layers.values()}))
     c.expect(bool(layers), "the audit found no attention layers")
     for name, layer in sorted(layers.items()):
-        c.expect(layer.get("backend") == want, f"{name} ({layer.get('owner')}): backend {layer.get('backend')!r}, "
-                                               f"expected {want!r}")
-        c.expect(layer.get("kv_cache_dtype") == contract.engine.kv_cache_dtype,
-                 f"{name}: KV dtype {layer.get('kv_cache_dtype')!r}, contract says {contract.engine.kv_cache_dtype!r}")
+        c.expect(
+            layer.get("backend") == want,
+            f"{name} ({layer.get('owner')}): backend {layer.get('backend')!r}, expected {want!r}",
+        )
+        c.expect(
+            layer.get("kv_cache_dtype") == contract.engine.kv_cache_dtype,
+            f"{name}: KV dtype {layer.get('kv_cache_dtype')!r}, contract says {contract.engine.kv_cache_dtype!r}",
+        )
         tensor = layer.get("kv_tensor") or {}
         if contract.engine.kv_cache_dtype in FP8_KV_DTYPES:
-            c.expect(tensor.get("dtype") in FP8_STORAGE_DTYPES,
-                     f"{name}: KV cache tensor is {tensor.get('dtype')!r}, not 8-bit FP8 storage")
+            c.expect(
+                tensor.get("dtype") in FP8_STORAGE_DTYPES,
+                f"{name}: KV cache tensor is {tensor.get('dtype')!r}, not 8-bit FP8 storage",
+            )
         else:  # "auto": the cache is stored in the model's dtype
-            c.expect(str(tensor.get("dtype")).removeprefix("torch.") == contract.engine.dtype,
-                     f"{name}: KV cache tensor is {tensor.get('dtype')!r}, the contract's KV dtype "
-                     f"{contract.engine.kv_cache_dtype!r} stores it as {contract.engine.dtype!r}")
+            c.expect(
+                str(tensor.get("dtype")).removeprefix("torch.") == contract.engine.dtype,
+                f"{name}: KV cache tensor is {tensor.get('dtype')!r}, the contract's KV dtype "
+                f"{contract.engine.kv_cache_dtype!r} stores it as {contract.engine.dtype!r}",
+            )
     if contract.engine.kv_cache_dtype.startswith("fp8"):
         _fp8_attention_path(c, audit, rank, contract.expect.fp8_attention)
-    c.expect("server" in start.logs, f"start-{start.start_index}: no server log recorded, so a backend fallback "
-                                     "could not be looked for")
+    c.expect(
+        "server" in start.logs,
+        f"start-{start.start_index}: no server log recorded, so a backend fallback could not be looked for",
+    )
     rank_log = rank_log_name(contract, rank)
-    c.expect(rank_log in start.logs, f"start-{start.start_index}: no log of rank {rank} ({rank_log.removeprefix('rank:')}) "
-                                     f"recorded; logs: {sorted(start.logs)}")
-    if c.expect("backend_fallback" in start.log_findings,
-                f"start-{start.start_index}: the server log was not scanned for backend fallbacks"):
+    c.expect(
+        rank_log in start.logs,
+        f"start-{start.start_index}: no log of rank {rank} ({rank_log.removeprefix('rank:')}) "
+        f"recorded; logs: {sorted(start.logs)}",
+    )
+    if c.expect(
+        "backend_fallback" in start.log_findings,
+        f"start-{start.start_index}: the server log was not scanned for backend fallbacks",
+    ):
         fallbacks = [line for line in start.log_findings["backend_fallback"] if not _declared_fallback(start, line)]
         c.expect(not fallbacks, f"backend fallback in the log: {fallbacks[0] if fallbacks else ''}")
     return c.done()
@@ -435,19 +545,24 @@ def _fp8_attention_path(c: _Check, audit: dict, rank: int, accepted: str) -> Non
     """Which FP8 attention the rank ran (vLLM's own ops or the portable path) is the contract's to accept:
     a switch between them is never silent."""
     path = audit.get("fp8_attention")
-    if not c.expect(isinstance(path, dict) and isinstance(path.get("portable"), bool),
-                    f"rank {rank}: the audit does not say which FP8 attention implementation ran "
-                    f"(fp8_attention: {path!r})"):
+    if not c.expect(
+        isinstance(path, dict) and isinstance(path.get("portable"), bool),
+        f"rank {rank}: the audit does not say which FP8 attention implementation ran (fp8_attention: {path!r})",
+    ):
         return
     ran = "portable" if path["portable"] else "native"
     c.observe(fp8_attention=ran, op_library=path.get("op_library"), emulated_cpu=path.get("emulated_cpu"))
-    c.expect(ran == "portable" or path.get("native_supported") is not False,
-             f"rank {rank}: the audit says vLLM's native FP8 attention ran, yet that this CPU cannot run it "
-             f"(op library {path.get('op_library')}): the audit contradicts itself")
+    c.expect(
+        ran == "portable" or path.get("native_supported") is not False,
+        f"rank {rank}: the audit says vLLM's native FP8 attention ran, yet that this CPU cannot run it "
+        f"(op library {path.get('op_library')}): the audit contradicts itself",
+    )
     why = f" ({path['reason']})" if path.get("reason") else ""
-    c.expect(accepted in ("either", ran),
-             f"rank {rank}: FP8 attention ran {ran}: {path.get('implementation')}{why}, op library "
-             f"{path.get('op_library')}; the contract accepts {accepted} only")
+    c.expect(
+        accepted in ("either", ran),
+        f"rank {rank}: FP8 attention ran {ran}: {path.get('implementation')}{why}, op library "
+        f"{path.get('op_library')}; the contract accepts {accepted} only",
+    )
 
 
 # The launch turns vLLM's spinning CPU SHM all-reduce off when the ranks lack cores (launch.
@@ -469,16 +584,23 @@ def metrics_agree(start: Evidence, contract: Contract) -> Verdict:
     c.observe(cache_config_info=labels)
     if not c.expect(labels is not None, "/metrics has no vllm:cache_config_info"):
         return c.done()
-    c.expect(labels.get("cache_dtype") == contract.engine.kv_cache_dtype,
-             f"/metrics cache_dtype={labels.get('cache_dtype')!r}, contract says {contract.engine.kv_cache_dtype!r}")
-    c.expect(labels.get("block_size") == str(contract.engine.block_size),
-             f"/metrics block_size={labels.get('block_size')!r}, contract says {contract.engine.block_size}")
-    c.expect(labels.get("enable_prefix_caching") == "False",
-             f"/metrics enable_prefix_caching={labels.get('enable_prefix_caching')!r}, expected False")
+    c.expect(
+        labels.get("cache_dtype") == contract.engine.kv_cache_dtype,
+        f"/metrics cache_dtype={labels.get('cache_dtype')!r}, contract says {contract.engine.kv_cache_dtype!r}",
+    )
+    c.expect(
+        labels.get("block_size") == str(contract.engine.block_size),
+        f"/metrics block_size={labels.get('block_size')!r}, contract says {contract.engine.block_size}",
+    )
+    c.expect(
+        labels.get("enable_prefix_caching") == "False",
+        f"/metrics enable_prefix_caching={labels.get('enable_prefix_caching')!r}, expected False",
+    )
     return c.done()
 
 
 # --- 5. cold prompts ---------------------------------------------------------------------------------
+
 
 def cold_prompt(start: Evidence, prompt_id: str) -> Verdict:
     """The prompt was computed from scratch: no cached tokens, and the prefix-cache hit counter did not move
@@ -490,8 +612,11 @@ def cold_prompt(start: Evidence, prompt_id: str) -> Verdict:
     c.expect(request.cached_tokens == 0, f"{prompt_id}: {request.cached_tokens} cached prompt tokens, expected 0")
     hits = "vllm:prefix_cache_hits_total"
     for when, text in (("before", start.metrics_before), ("after", start.metrics_after)):
-        if not c.expect(has_counter(text, hits), f"start-{start.start_index}: /metrics {when} the prompts has no "
-                                                 f"{hits}: whether the prefix cache was hit cannot be told"):
+        if not c.expect(
+            has_counter(text, hits),
+            f"start-{start.start_index}: /metrics {when} the prompts has no "
+            f"{hits}: whether the prefix cache was hit cannot be told",
+        ):
             return c.done()
     delta = counter_total(start.metrics_after, hits) - counter_total(start.metrics_before, hits)
     c.observe(prefix_cache_hits_delta=delta)
@@ -501,6 +626,7 @@ def cold_prompt(start: Evidence, prompt_id: str) -> Verdict:
 
 # --- 6. compile topology -----------------------------------------------------------------------------
 
+
 def compile_topology(start: Evidence, rank: int, contract: Contract) -> Verdict:
     """Graphs = the compiled pieces vLLM saw (piecewise graphs, or whole graphs where nothing is split);
     breaks = the split points between them plus Dynamo graph breaks."""
@@ -508,8 +634,10 @@ def compile_topology(start: Evidence, rank: int, contract: Contract) -> Verdict:
     if (audit := _rank_audit(c, start, rank)) is None:
         return c.done()
     counters = audit.get("compile_counters")
-    if not c.expect(isinstance(counters, dict) and isinstance(counters.get("vllm"), dict),
-                    f"the audit has no compile counters ({counters!r})"):
+    if not c.expect(
+        isinstance(counters, dict) and isinstance(counters.get("vllm"), dict),
+        f"the audit has no compile counters ({counters!r})",
+    ):
         return c.done()
     needed = {"num_graphs_seen", "num_piecewise_graphs_seen"} - set(counters["vllm"])
     needed |= {"dynamo_unique_graphs", "dynamo_graph_breaks"} - set(counters)
@@ -519,17 +647,29 @@ def compile_topology(start: Evidence, rank: int, contract: Contract) -> Verdict:
     c.observe(compile_graphs=graphs, compile_breaks=breaks, compilation_mode=audit.get("compilation", {}).get("mode"))
     modules = audit.get("compiled_modules")
     if isinstance(modules, list):  # bundles recorded before the audit listed its compiled modules lack it
-        c.observe(compiled_modules={f"{m.get('owner')}/{m.get('tag') or m.get('class')}": m.get("source")
-                                    for m in modules if isinstance(m, dict)})
+        c.observe(
+            compiled_modules={
+                f"{m.get('owner')}/{m.get('tag') or m.get('class')}": m.get("source")
+                for m in modules
+                if isinstance(m, dict)
+            }
+        )
         loaded = sum(1 for m in modules if isinstance(m, dict) and m.get("source") == "loaded")
         counted = int(counters["vllm"].get("num_aot_artifacts_loaded", 0))
-        c.expect(loaded == counted, f"the audit lists {loaded} modules loaded from the AOT compile cache, "
-                                    f"vLLM's counter says {counted}: which graphs this start compiled is unknown")
-    c.expect(graphs == contract.expect.compile_graphs,
-             f"{graphs} compiled graphs, the contract expects {contract.expect.compile_graphs}")
-    c.expect(breaks == contract.expect.compile_breaks,
-             f"{breaks} graph breaks, the contract expects {contract.expect.compile_breaks} "
-             f"(Dynamo reasons: {counters.get('dynamo_graph_break_reasons')})")
+        c.expect(
+            loaded == counted,
+            f"the audit lists {loaded} modules loaded from the AOT compile cache, "
+            f"vLLM's counter says {counted}: which graphs this start compiled is unknown",
+        )
+    c.expect(
+        graphs == contract.expect.compile_graphs,
+        f"{graphs} compiled graphs, the contract expects {contract.expect.compile_graphs}",
+    )
+    c.expect(
+        breaks == contract.expect.compile_breaks,
+        f"{breaks} graph breaks, the contract expects {contract.expect.compile_breaks} "
+        f"(Dynamo reasons: {counters.get('dynamo_graph_break_reasons')})",
+    )
     return c.done()
 
 
@@ -553,6 +693,7 @@ def topology(counters: dict[str, Any]) -> tuple[int, int]:
 
 # --- 7. fresh-start reproduction ---------------------------------------------------------------------
 
+
 def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
     """Every later start reproduces the first one's output exactly, its endpoint median decode rate within
     the contract's throughput tolerance, and its paired figure (the geometric mean of per-prompt
@@ -574,7 +715,7 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
     c.observe(endpoint_medians=medians)
     tolerance, paired_tolerance = contract.reproduction.throughput_tolerance, contract.reproduction.paired
     first_rates = rates[0]
-    for later, later_rates, later_median in zip(starts[1:], rates[1:], medians[1:]):
+    for later, later_rates, later_median in zip(starts[1:], rates[1:], medians[1:], strict=False):
         n = later.start_index
         for r in first.requests:
             other = later.request(r.prompt_id)
@@ -582,26 +723,35 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
                 continue
             if (at := first_difference(other.token_ids, r.token_ids)) is not None:
                 c.expect(False, f"{r.prompt_id}: start-{n} differs from start-1 at token {at}")
-            c.expect(other.text_sha256 == r.text_sha256,
-                     f"{r.prompt_id}: decoded text differs between start-1 and start-{n}")
+            c.expect(
+                other.text_sha256 == r.text_sha256, f"{r.prompt_id}: decoded text differs between start-1 and start-{n}"
+            )
         m0, m1 = medians[0], later_median
-        if c.expect(m0 is not None and m1 is not None and m0 > 0,
-                    f"start-1 or start-{n}: no request has a decode rate from its arrival times, so no endpoint "
-                    f"median"):
+        if c.expect(
+            m0 is not None and m1 is not None and m0 > 0,
+            f"start-1 or start-{n}: no request has a decode rate from its arrival times, so no endpoint median",
+        ):
             drift = abs(m1 - m0) / m0
             c.observe(**{f"throughput_drift_start{n}": round(drift, 4)})
-            c.expect(drift <= tolerance,
-                     f"endpoint median {m1:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
-                     f"{drift:.1%} apart, tolerance {tolerance:.0%}")
+            c.expect(
+                drift <= tolerance,
+                f"endpoint median {m1:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
+                f"{drift:.1%} apart, tolerance {tolerance:.0%}",
+            )
         paired = throughput.paired_ratio(first_rates, later_rates)
-        if c.expect(paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: "
-                                        f"no paired figure"):
+        if c.expect(paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: no paired figure"):
             assert paired is not None
-            c.observe(**{f"paired_ratio_start{n}": round(paired.ratio, 4),
-                         f"paired_interval_start{n}": [round(paired.low, 4), round(paired.high, 4)]})
-            c.expect(paired.drift <= paired_tolerance,
-                     f"paired figure start-{n} / start-1 {paired.line()}: the geometric mean of the per-prompt "
-                     f"decode-rate ratios is {paired.drift:.1%} from 1, tolerance {paired_tolerance:.0%}")
+            c.observe(
+                **{
+                    f"paired_ratio_start{n}": round(paired.ratio, 4),
+                    f"paired_interval_start{n}": [round(paired.low, 4), round(paired.high, 4)],
+                }
+            )
+            c.expect(
+                paired.drift <= paired_tolerance,
+                f"paired figure start-{n} / start-1 {paired.line()}: the geometric mean of the per-prompt "
+                f"decode-rate ratios is {paired.drift:.1%} from 1, tolerance {paired_tolerance:.0%}",
+            )
     return c.done()
 
 
@@ -614,32 +764,48 @@ def _fresh_starts(c: _Check, starts: list[Evidence]) -> None:
     seen_process: dict[tuple[Any, Any], int] = {}
     for s in starts:
         n = s.start_index
-        if not c.expect(s.identity is not None,
-                        f"start-{n} records no start identity (evidence recorded before each start got a nonce): "
-                        f"nothing shows that it was a fresh start; re-record the run"):
+        if not c.expect(
+            s.identity is not None,
+            f"start-{n} records no start identity (evidence recorded before each start got a nonce): "
+            f"nothing shows that it was a fresh start; re-record the run",
+        ):
             continue
         assert s.identity is not None
         nonce = s.identity.nonce
         if (other := seen_nonce.setdefault(nonce, n)) != n:
-            c.expect(False, f"start-{n} has start-{other}'s identity (nonce {nonce[:12]}...): a copy of one start, "
-                            f"not a second fresh start")
+            c.expect(
+                False,
+                f"start-{n} has start-{other}'s identity (nonce {nonce[:12]}...): a copy of one start, "
+                f"not a second fresh start",
+            )
             continue
         if (other := seen_launch.setdefault(s.identity.launched_at, n)) != n:
-            c.expect(False, f"start-{n} was launched at {s.identity.launched_at}, as start-{other} was: not a "
-                            f"fresh start of its own")
+            c.expect(
+                False,
+                f"start-{n} was launched at {s.identity.launched_at}, as start-{other} was: not a "
+                f"fresh start of its own",
+            )
         for audit in s.audits:
             rank, echoed = audit.get("tp_rank"), audit.get("start_nonce")
             if echoed != nonce:
                 whose = f"start-{owner[echoed]}'s" if echoed in owner else "another"
-                c.expect(False, f"start-{n} rank {rank} echoes {whose} nonce ({str(echoed)[:12]}...), not its own "
-                                f"start's ({nonce[:12]}...): its audit is not of this start")
+                c.expect(
+                    False,
+                    f"start-{n} rank {rank} echoes {whose} nonce ({str(echoed)[:12]}...), not its own "
+                    f"start's ({nonce[:12]}...): its audit is not of this start",
+                )
             process = (audit.get("pid"), audit.get("process_started"))
-            if not c.expect(isinstance(process[1], float), f"start-{n} rank {rank}: the audit records no process "
-                                                           f"creation time ({process[1]!r})"):
+            if not c.expect(
+                isinstance(process[1], float),
+                f"start-{n} rank {rank}: the audit records no process creation time ({process[1]!r})",
+            ):
                 continue
             if (other := seen_process.setdefault(process, n)) != n:
-                c.expect(False, f"start-{n} rank {rank} is process {process[0]} created at {process[1]}, a rank of "
-                                f"start-{other}: the same engine, not a fresh start")
+                c.expect(
+                    False,
+                    f"start-{n} rank {rank} is process {process[0]} created at {process[1]}, a rank of "
+                    f"start-{other}: the same engine, not a fresh start",
+                )
 
 
 def arrival_rates(c: _Check, start: Evidence) -> dict[str, float]:
@@ -651,6 +817,7 @@ def arrival_rates(c: _Check, start: Evidence) -> dict[str, float]:
 
 
 # --- beyond the seed ---------------------------------------------------------------------------------
+
 
 def launch_flags(start: Evidence, rank: int, contract: Contract) -> Verdict:
     """The engine's own view of its configuration equals the contract, field by field: every engine field
@@ -683,23 +850,31 @@ def launch_flags(start: Evidence, rank: int, contract: Contract) -> Verdict:
         "async_scheduling": (at("scheduler_config", "async_scheduling"), e.async_scheduling),
         "max_num_seqs": (at("scheduler_config", "max_num_seqs"), e.max_num_seqs),
         # vLLM 0.32 has no run-time KV scale calculation: it reports None, which is "off".
-        "calculate_kv_scales": (False if (calc := at("cache_config", "calculate_kv_scales")) is None else calc,
-                                e.calculate_kv_scales),
+        "calculate_kv_scales": (
+            False if (calc := at("cache_config", "calculate_kv_scales")) is None else calc,
+            e.calculate_kv_scales,
+        ),
         "max_model_len": (at("model_config", "max_model_len"), e.max_model_len),
         "compile_mode": (at("model_config", "enforce_eager"), e.compile_mode == "eager"),
         "attention_backend": (at("attention_config", "backend"), e.attention_backend),
         "seed": (at("model_config", "seed"), e.seed),
-        "speculative.method": (engine_spec.get("method") if isinstance(engine_spec, dict) else engine_spec,
-                               spec.method if spec else None),
+        "speculative.method": (
+            engine_spec.get("method") if isinstance(engine_spec, dict) else engine_spec,
+            spec.method if spec else None,
+        ),
         "speculative.num_speculative_tokens": (
             engine_spec.get("num_speculative_tokens") if isinstance(engine_spec, dict) else engine_spec,
-            spec.num_speculative_tokens if spec else None),
+            spec.num_speculative_tokens if spec else None,
+        ),
     }
-    c.observe(**{f"engine_{k.replace('.', '_')}": (None if seen is missing else seen)
-                 for k, (seen, _) in compared.items()})
+    c.observe(
+        **{f"engine_{k.replace('.', '_')}": (None if seen is missing else seen) for k, (seen, _) in compared.items()}
+    )
     for key, (seen, want) in compared.items():
-        if not c.expect(seen is not missing, f"{key}: the audit did not record the engine's value "
-                                             f"(evidence from an older b70lab audit?)"):
+        if not c.expect(
+            seen is not missing,
+            f"{key}: the audit did not record the engine's value (evidence from an older b70lab audit?)",
+        ):
             continue
         if key == "compile_mode":
             c.expect(seen == want, f"compile_mode: engine has enforce_eager={seen!r}, contract says {e.compile_mode!r}")
@@ -713,8 +888,10 @@ def checkpoint_sources(engine_name: str, checkpoint: dict[str, dict[str, Any]]) 
     experts (`experts.w13_<part>` = every expert's gate and up `<part>`); quantized layers keep the
     checkpoint's part names (`weight_packed`, `weight_scale`, ...), so the part carries through."""
     name = engine_name.replace(".routed_experts.", ".")
-    for fused, members in ((".qkv_proj.", (".q_proj.", ".k_proj.", ".v_proj.")),
-                           (".gate_up_proj.", (".gate_proj.", ".up_proj."))):
+    for fused, members in (
+        (".qkv_proj.", (".q_proj.", ".k_proj.", ".v_proj.")),
+        (".gate_up_proj.", (".gate_proj.", ".up_proj.")),
+    ):
         if fused in name:
             stem, part = name.rsplit(fused, 1)
             found = [stem + m + part for m in members if stem + m + part in checkpoint]
@@ -724,8 +901,13 @@ def checkpoint_sources(engine_name: str, checkpoint: dict[str, dict[str, Any]]) 
     for stacked, members in (("w13_", (".gate_proj.", ".up_proj.")), ("w2_", (".down_proj.",))):
         if stem and leaf.startswith(stacked):
             prefix, part = stem + ".experts.", leaf.removeprefix(stacked)
-            return sorted(k for k in checkpoint if k.startswith(prefix) and k[len(prefix):].split(".")[0].isdigit()
-                          and any(k.endswith(m + part) for m in members))
+            return sorted(
+                k
+                for k in checkpoint
+                if k.startswith(prefix)
+                and k[len(prefix) :].split(".")[0].isdigit()
+                and any(k.endswith(m + part) for m in members)
+            )
     return [name] if name in checkpoint else []
 
 
@@ -743,8 +925,11 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
-def _moment_mismatches(per_rank: dict[Any, dict[str, dict[str, Any]]], checkpoint: dict[str, dict[str, Any]],
-                       sources: Callable[[str], list[str]]) -> tuple[int, set[str], list[str]]:
+def _moment_mismatches(
+    per_rank: dict[Any, dict[str, dict[str, Any]]],
+    checkpoint: dict[str, dict[str, Any]],
+    sources: Callable[[str], list[str]],
+) -> tuple[int, set[str], list[str]]:
     """Compare each engine parameter's moments with those of the checkpoint tensors it is made of: per rank
     where it is replicated, added over the ranks where it is sharded (zero padding adds nothing)."""
     covered: set[str] = set()
@@ -767,20 +952,30 @@ def _moment_mismatches(per_rank: dict[Any, dict[str, dict[str, Any]]], checkpoin
         if all(m["numel"] == want["numel"] for m in seen.values()):
             for rank, m in sorted(seen.items()):
                 if not (_close(m["sum"], want["sum"]) and _close(m["sumsq"], want["sumsq"])):
-                    problems.append(f"{name} on rank {rank}: sum {m['sum']:.6g}, sum of squares {m['sumsq']:.6g}; "
-                                    f"checkpoint {want['sum']:.6g}, {want['sumsq']:.6g}")
+                    problems.append(
+                        f"{name} on rank {rank}: sum {m['sum']:.6g}, sum of squares {m['sumsq']:.6g}; "
+                        f"checkpoint {want['sum']:.6g}, {want['sumsq']:.6g}"
+                    )
         else:
             total = {k: sum(m[k] for m in seen.values()) for k in ("sum", "sumsq", "numel")}
-            if total["numel"] < want["numel"] or not (_close(total["sum"], want["sum"])
-                                                       and _close(total["sumsq"], want["sumsq"])):
-                problems.append(f"{name} over ranks {sorted(seen)}: sum {total['sum']:.6g}, sum of squares "
-                                f"{total['sumsq']:.6g} over {total['numel']} values; checkpoint {want['sum']:.6g}, "
-                                f"{want['sumsq']:.6g} over {want['numel']}")
+            if total["numel"] < want["numel"] or not (
+                _close(total["sum"], want["sum"]) and _close(total["sumsq"], want["sumsq"])
+            ):
+                problems.append(
+                    f"{name} over ranks {sorted(seen)}: sum {total['sum']:.6g}, sum of squares "
+                    f"{total['sumsq']:.6g} over {total['numel']} values; checkpoint {want['sum']:.6g}, "
+                    f"{want['sumsq']:.6g} over {want['numel']}"
+                )
     return compared, covered, problems
 
 
-def load_audit(start: Evidence, contract: Contract, target: dict[str, Any] | None,
-               draft: dict[str, Any] | None, problems: dict[str, str] | None = None) -> Verdict:
+def load_audit(
+    start: Evidence,
+    contract: Contract,
+    target: dict[str, Any] | None,
+    draft: dict[str, Any] | None,
+    problems: dict[str, str] | None = None,
+) -> Verdict:
     """Every tensor of the target (and draft) checkpoint reached the engine with its values: the float64
     sum and sum of squares of what the ranks loaded equal those of the checkpoint tensors each engine
     parameter is made of. Moments see through tensor-parallel sharding, fusion, kernel repacking and zero
@@ -803,26 +998,47 @@ def load_audit(start: Evidence, contract: Contract, target: dict[str, Any] | Non
             continue
         served = start.target if label == "target" else start.draft
         if served is not None and served.digest is not None:
-            c.expect(served.digest == table.get("digest"),
-                     f"{label}: the engine served checkpoint {served.digest[:16]}..., the checkpoint table is of "
-                     f"{str(table.get('digest'))[:16]}...: the table is not of the served model")
+            c.expect(
+                served.digest == table.get("digest"),
+                f"{label}: the engine served checkpoint {served.digest[:16]}..., the checkpoint table is of "
+                f"{str(table.get('digest'))[:16]}...: the table is not of the served model",
+            )
         per_rank = {a.get("tp_rank"): a.get(key) or {} for a in start.audits}
         if not c.expect(any(per_rank.values()), f"{label}: the audit recorded no {label} parameters"):
             continue
         compared, covered, mismatches = _moment_mismatches(
-            per_rank, tensors, lambda n, t=tensors, f=to_checkpoint: checkpoint_sources(f(n), t))
+            per_rank, tensors, lambda n, t=tensors, f=to_checkpoint: checkpoint_sources(f(n), t)
+        )
         uncovered = sorted(k for k in tensors if k not in covered)
-        exempted = {k: reason for k in uncovered
-                    if (reason := next((r for pattern, r in exempt.items() if fnmatch.fnmatchcase(k, pattern)), None))}
+        exempted = {
+            k: reason
+            for k in uncovered
+            if (reason := next((r for pattern, r in exempt.items() if fnmatch.fnmatchcase(k, pattern)), None))
+        }
         missing = [k for k in uncovered if k not in exempted]
-        c.observe(**{f"{label}_parameters_compared": compared, f"{label}_tensors_covered": len(covered),
-                     f"{label}_tensors": len(tensors), f"{label}_coverage": f"{len(covered)}/{len(tensors)}",
-                     f"{label}_exempted": len(exempted), f"{label}_mismatched": len(mismatches)})
-        c.expect(not mismatches, f"{label}: {len(mismatches)} mismatch(es) with the checkpoint: "
-                 + "; ".join(mismatches[:3]) + (f"; and {len(mismatches) - 3} more" if len(mismatches) > 3 else ""))
-        c.expect(not missing, f"{label}: {len(missing)} of {len(tensors)} checkpoint tensors never reached an engine "
-                              f"parameter (and the contract does not exempt them): " + ", ".join(missing[:5])
-                              + (" ..." if len(missing) > 5 else ""))
+        c.observe(
+            **{
+                f"{label}_parameters_compared": compared,
+                f"{label}_tensors_covered": len(covered),
+                f"{label}_tensors": len(tensors),
+                f"{label}_coverage": f"{len(covered)}/{len(tensors)}",
+                f"{label}_exempted": len(exempted),
+                f"{label}_mismatched": len(mismatches),
+            }
+        )
+        c.expect(
+            not mismatches,
+            f"{label}: {len(mismatches)} mismatch(es) with the checkpoint: "
+            + "; ".join(mismatches[:3])
+            + (f"; and {len(mismatches) - 3} more" if len(mismatches) > 3 else ""),
+        )
+        c.expect(
+            not missing,
+            f"{label}: {len(missing)} of {len(tensors)} checkpoint tensors never reached an engine "
+            f"parameter (and the contract does not exempt them): "
+            + ", ".join(missing[:5])
+            + (" ..." if len(missing) > 5 else ""),
+        )
     return c.done()
 
 
@@ -836,13 +1052,21 @@ def spec_counters(start: Evidence, contract: Contract) -> Verdict:
         return c.done()
     k = contract.speculative.num_speculative_tokens
 
-    names = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-             "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total")
-    absent = [f"{n} ({when})" for n in names for when, text in (("before", start.metrics_before),
-                                                                   ("after", start.metrics_after))
-              if not has_counter(text, n)]
-    if not c.expect(not absent, f"start-{start.start_index}: the contract speculates, but /metrics lacks "
-                                f"{', '.join(absent)}"):
+    names = (
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    )
+    absent = [
+        f"{n} ({when})"
+        for n in names
+        for when, text in (("before", start.metrics_before), ("after", start.metrics_after))
+        if not has_counter(text, n)
+    ]
+    if not c.expect(
+        not absent, f"start-{start.start_index}: the contract speculates, but /metrics lacks {', '.join(absent)}"
+    ):
         return c.done()
 
     def delta(name: str) -> float:
@@ -857,11 +1081,15 @@ def spec_counters(start: Evidence, contract: Contract) -> Verdict:
     c.observe(drafts=drafts, draft_tokens=draft_tokens, accepted=accepted, accepted_per_position=per_pos)
     c.expect(drafts > 0, "no drafts were proposed: speculation did not run")
     c.expect(draft_tokens == k * drafts, f"draft tokens {draft_tokens:g} != {k} × drafts {drafts:g}")
-    c.expect(all(a >= b for a, b in zip(per_pos, per_pos[1:])),
-             f"per-position accepted counts increase somewhere: {per_pos}")
+    c.expect(
+        all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False)),
+        f"per-position accepted counts increase somewhere: {per_pos}",
+    )
     c.expect(sum(per_pos) == accepted, f"per-position accepted sum {sum(per_pos):g} != accepted {accepted:g}")
-    c.expect(sorted(after, key=int) == [str(i) for i in range(k)],
-             f"acceptance recorded at positions {sorted(after, key=int)}, expected 0..{k - 1}")
+    c.expect(
+        sorted(after, key=int) == [str(i) for i in range(k)],
+        f"acceptance recorded at positions {sorted(after, key=int)}, expected 0..{k - 1}",
+    )
     return c.done()
 
 
@@ -873,9 +1101,13 @@ def token_count(start: Evidence, prompt_id: str, contract: Contract) -> Verdict:
     reported = r.usage.get("completion_tokens")
     c.observe(reported=reported, received=len(r.token_ids), chunk_tokens=sum(r.chunk_tokens))
     n = contract.decode.tokens_per_request
-    c.expect(reported == len(r.token_ids), f"{prompt_id}: usage says {reported} tokens, {len(r.token_ids)} IDs received")
-    c.expect(sum(r.chunk_tokens) == len(r.token_ids), f"{prompt_id}: chunks carried {sum(r.chunk_tokens)} tokens, "
-                                                      f"{len(r.token_ids)} IDs received")
+    c.expect(
+        reported == len(r.token_ids), f"{prompt_id}: usage says {reported} tokens, {len(r.token_ids)} IDs received"
+    )
+    c.expect(
+        sum(r.chunk_tokens) == len(r.token_ids),
+        f"{prompt_id}: chunks carried {sum(r.chunk_tokens)} tokens, {len(r.token_ids)} IDs received",
+    )
     c.expect(len(r.token_ids) == n, f"{prompt_id}: {len(r.token_ids)} tokens, the contract asks for {n}")
     c.expect(r.token_ids_sha256 == sha256_ids(r.token_ids), f"{prompt_id}: recorded token hash does not match the IDs")
     return c.done()
@@ -883,14 +1115,21 @@ def token_count(start: Evidence, prompt_id: str, contract: Contract) -> Verdict:
 
 # --- 4. teacher exactness ----------------------------------------------------------------------------
 
-TEACHER_IDENTITY_FIELDS = ("kind", "output_digest", "model_digest", "kv_cache_dtype", "engine_kv_cache_dtypes",
-                           "engine_speculative_config", "engine_version")
+TEACHER_IDENTITY_FIELDS = (
+    "kind",
+    "output_digest",
+    "model_digest",
+    "kv_cache_dtype",
+    "engine_kv_cache_dtypes",
+    "engine_speculative_config",
+    "engine_version",
+)
 
 
 def first_difference(mine: Sequence, theirs: Sequence) -> int | None:
     """The first position where two sequences (token IDs, texts) differ (the shorter one's end counts), or
     None."""
-    at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+    at = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs)))
     return None if at == len(mine) == len(theirs) else at
 
 
@@ -899,11 +1138,12 @@ def _around(text: str, other: str, width: int = 30) -> tuple[str, str]:
     at = first_difference(text, other)
     at = len(text) if at is None else at
     lo = max(0, at - width)
-    return text[lo:at + width], other[lo:at + width]
+    return text[lo : at + width], other[lo : at + width]
 
 
-def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snapshot: dict[str, Any] | None,
-                      snapshot_file: str) -> Verdict:
+def teacher_exactness(
+    start: Evidence, prompt_id: str, contract: Contract, snapshot: dict[str, Any] | None, snapshot_file: str
+) -> Verdict:
     """Token IDs and text equal the FP8 teacher's, and the snapshot is this contract's teacher: target-only,
     FP8, same engine version and target checkpoint (the draft is not part of a teacher). A missing, stale,
     non-FP8, foreign or incomplete snapshot fails."""
@@ -913,13 +1153,17 @@ def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snaps
     record = teacher.RECORD_COMMAND.format(name=contract.name)
     if not _started(c, start):
         return c.done()
-    if not c.expect(snapshot is not None, f"no teacher snapshot for {prompt_id} at {snapshot_file}; "
-                                          f"record one with `{record}`"):
+    if not c.expect(
+        snapshot is not None, f"no teacher snapshot for {prompt_id} at {snapshot_file}; record one with `{record}`"
+    ):
         return c.done()
     have = snapshot["teacher"]
     absent = [f for f in TEACHER_IDENTITY_FIELDS if f not in have]
-    if not c.expect(not absent, f"the teacher snapshot {snapshot_file} lacks {absent}: what recorded it cannot be "
-                                f"told; re-record with `{record}`"):
+    if not c.expect(
+        not absent,
+        f"the teacher snapshot {snapshot_file} lacks {absent}: what recorded it cannot be "
+        f"told; re-record with `{record}`",
+    ):
         return c.done()
     _teacher_identity_matches(c, have, teacher.identity(contract, start), snapshot_file, record)
     c.expect(snapshot.get("prompt_id") == prompt_id, f"snapshot is of prompt {snapshot.get('prompt_id')!r}")
@@ -929,49 +1173,73 @@ def teacher_exactness(start: Evidence, prompt_id: str, contract: Contract, snaps
     return c.done()
 
 
-def _teacher_identity_matches(c: _Check, have: dict[str, Any], want: dict[str, Any], snapshot_file: str,
-                              record: str) -> None:
+def _teacher_identity_matches(
+    c: _Check, have: dict[str, Any], want: dict[str, Any], snapshot_file: str, record: str
+) -> None:
     """The snapshot is of a target-only FP8 teacher of this contract: output digest, target, engine."""
     c.observe(teacher_output_digest=have["output_digest"], snapshot=snapshot_file)
-    c.expect(have["kind"] == "teacher" and isinstance(have["engine_speculative_config"], list)
-             and not any(have["engine_speculative_config"]),
-             f"the snapshot {snapshot_file} was not recorded by a target-only teacher "
-             f"({have['engine_speculative_config']})")
-    fp8 = have["kv_cache_dtype"] in FP8_KV_DTYPES and bool(have["engine_kv_cache_dtypes"]) and all(
-        d in FP8_KV_DTYPES for d in have["engine_kv_cache_dtypes"])
-    c.expect(fp8, f"the teacher of {snapshot_file} did not run an FP8 KV cache (contract "
-                  f"{have['kv_cache_dtype']!r}, engine {have['engine_kv_cache_dtypes']!r})")
-    c.expect(have["output_digest"] == want["output_digest"],
-             f"stale teacher: {snapshot_file} is of a teacher with output digest {str(have['output_digest'])[:16]}..., "
-             f"this contract's teacher is {want['output_digest'][:16]}... (target, engine arguments, prompts or "
-             f"token count changed); re-record with `{record}`")
-    c.expect(have["model_digest"] == want["model_digest"],
-             f"foreign teacher: {snapshot_file} was recorded on target checkpoint {have['model_digest']}, this run "
-             f"serves target "
-             f"{want['model_digest']}; re-record with `{record}`")
-    c.expect(have["engine_version"] == want["engine_version"],
-             f"teacher {snapshot_file} recorded on engine {have['engine_version']}, this run is "
-             f"{want['engine_version']}")
+    c.expect(
+        have["kind"] == "teacher"
+        and isinstance(have["engine_speculative_config"], list)
+        and not any(have["engine_speculative_config"]),
+        f"the snapshot {snapshot_file} was not recorded by a target-only teacher ({have['engine_speculative_config']})",
+    )
+    fp8 = (
+        have["kv_cache_dtype"] in FP8_KV_DTYPES
+        and bool(have["engine_kv_cache_dtypes"])
+        and all(d in FP8_KV_DTYPES for d in have["engine_kv_cache_dtypes"])
+    )
+    c.expect(
+        fp8,
+        f"the teacher of {snapshot_file} did not run an FP8 KV cache (contract "
+        f"{have['kv_cache_dtype']!r}, engine {have['engine_kv_cache_dtypes']!r})",
+    )
+    c.expect(
+        have["output_digest"] == want["output_digest"],
+        f"stale teacher: {snapshot_file} is of a teacher with output digest {str(have['output_digest'])[:16]}..., "
+        f"this contract's teacher is {want['output_digest'][:16]}... (target, engine arguments, prompts or "
+        f"token count changed); re-record with `{record}`",
+    )
+    c.expect(
+        have["model_digest"] == want["model_digest"],
+        f"foreign teacher: {snapshot_file} was recorded on target checkpoint {have['model_digest']}, this run "
+        f"serves target "
+        f"{want['model_digest']}; re-record with `{record}`",
+    )
+    c.expect(
+        have["engine_version"] == want["engine_version"],
+        f"teacher {snapshot_file} recorded on engine {have['engine_version']}, this run is {want['engine_version']}",
+    )
 
 
-def _tokens_match_teacher(c: _Check, r: Request, snapshot: dict[str, Any], prompt_id: str, snapshot_file: str,
-                          record: str) -> None:
+def _tokens_match_teacher(
+    c: _Check, r: Request, snapshot: dict[str, Any], prompt_id: str, snapshot_file: str, record: str
+) -> None:
     """Token for token, then the hashes and the text: the first differing token is named with its context."""
     c.observe(token_ids_sha256=r.token_ids_sha256, teacher_token_ids_sha256=snapshot["token_ids_sha256"])
     ids = snapshot.get("token_ids")
-    if not c.expect(isinstance(ids, list) and sha256_ids(ids) == snapshot["token_ids_sha256"],
-                    f"the teacher snapshot {snapshot_file} does not keep its token IDs (or they do not match its "
-                    f"hash): re-record with `{record}`"):
+    if not c.expect(
+        isinstance(ids, list) and sha256_ids(ids) == snapshot["token_ids_sha256"],
+        f"the teacher snapshot {snapshot_file} does not keep its token IDs (or they do not match its "
+        f"hash): re-record with `{record}`",
+    ):
         return
-    c.expect(len(r.token_ids) == snapshot["token_count"] == len(ids),
-             f"{prompt_id}: {len(r.token_ids)} tokens, the teacher produced {snapshot['token_count']}")
+    c.expect(
+        len(r.token_ids) == snapshot["token_count"] == len(ids),
+        f"{prompt_id}: {len(r.token_ids)} tokens, the teacher produced {snapshot['token_count']}",
+    )
     at = first_difference(r.token_ids, ids)
     if at is not None:
         mine, theirs = (r.token_ids[at] if at < len(r.token_ids) else None), (ids[at] if at < len(ids) else None)
         here, there = _around(r.text, snapshot.get("text", ""))
         c.observe(first_differing_token=at)
-        c.expect(False, f"{prompt_id}: token IDs differ from the teacher from token {at} on (this run {mine}, "
-                        f"teacher {theirs}); text here {here!r}, teacher {there!r}")
-    c.expect(r.token_ids_sha256 == snapshot["token_ids_sha256"] or at is not None,
-             f"{prompt_id}: token-ID hash {r.token_ids_sha256[:16]}... differs from the teacher's")
+        c.expect(
+            False,
+            f"{prompt_id}: token IDs differ from the teacher from token {at} on (this run {mine}, "
+            f"teacher {theirs}); text here {here!r}, teacher {there!r}",
+        )
+    c.expect(
+        r.token_ids_sha256 == snapshot["token_ids_sha256"] or at is not None,
+        f"{prompt_id}: token-ID hash {r.token_ids_sha256[:16]}... differs from the teacher's",
+    )
     c.expect(r.text_sha256 == snapshot["text_sha256"], f"{prompt_id}: decoded text differs from the teacher")

@@ -27,8 +27,9 @@ def pytest_b70lab_gates(config: pytest.Config) -> Mapping[str, str] | None:
 
 
 @pytest.hookspec
-def pytest_b70lab_verdict(config: pytest.Config, decision: Decision | None, quality: QualityDecision | None,
-                          run_dir: Path) -> None:
+def pytest_b70lab_verdict(
+    config: pytest.Config, decision: Decision | None, quality: QualityDecision | None, run_dir: Path
+) -> None:
     """Called once, on the controller, after the verdict was decided and RUN/promotion.json written;
     `decision` is None when no gate ran, `quality` None when gate 8 did not. Read-only: a plugin that
     disagrees adds a gate instead."""

@@ -14,8 +14,19 @@ from .in_engine import cpu_emulation
 
 CPUINFO = Path("/proc/cpuinfo")
 # The flags that matter to vLLM's CPU build and to torch's kernels, in the kernel's spelling.
-RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
-                  "amx_tile", "amx_bf16", "amx_int8")
+RELEVANT_FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_bf16",
+    "avx512_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def read_cpuinfo(path: Path = CPUINFO) -> str:
@@ -43,8 +54,13 @@ def cpu_identity(cpuinfo: str | None = None, environ=os.environ) -> dict[str, An
     model = next((value.strip() for key, value in _fields(text) if key == "model name"), None)
     flags = cpu_flags(text)
     present = [f for f in RELEVANT_FLAGS if f in flags]
-    return {"model": model, "flags": present, "avx512": "avx512f" in flags, "amx": "amx_tile" in flags,
-            "emulated": cpu_emulation.requested(environ)}
+    return {
+        "model": model,
+        "flags": present,
+        "avx512": "avx512f" in flags,
+        "amx": "amx_tile" in flags,
+        "emulated": cpu_emulation.requested(environ),
+    }
 
 
 def native_fp8_possible(identity: dict[str, Any]) -> bool:
@@ -55,8 +71,7 @@ def native_fp8_possible(identity: dict[str, Any]) -> bool:
 
 def describe(identity: dict[str, Any]) -> str:
     """One line: 'AMD EPYC (AVX-512, no AMX)', with the emulation where one is on."""
-    isa = ", ".join(("AVX-512" if identity.get("avx512") else "no AVX-512",
-                     "AMX" if identity.get("amx") else "no AMX"))
+    isa = ", ".join(("AVX-512" if identity.get("avx512") else "no AVX-512", "AMX" if identity.get("amx") else "no AMX"))
     text = f"{identity.get('model') or 'unknown CPU'} ({isa})"
     return text + (f", emulating {identity['emulated'].upper()}" if identity.get("emulated") else "")
 

@@ -29,8 +29,10 @@ def info_labels(text: str | None, name: str) -> dict[str, str] | None:
 
 def has_counter(text: str | None, name: str) -> bool:
     """Whether /metrics carries the counter at all (an absent counter is not a zero one)."""
-    return any(f.name == name.removesuffix("_total") and any(s.name.endswith("_total") for s in f.samples)
-               for f in families(text))
+    return any(
+        f.name == name.removesuffix("_total") and any(s.name.endswith("_total") for s in f.samples)
+        for f in families(text)
+    )
 
 
 def counter_total(text: str | None, name: str, **labels: str) -> float:
@@ -58,6 +60,7 @@ def counter_by_label(text: str | None, name: str, label: str) -> dict[str, float
 
 def histogram_mean(before: str | None, after: str | None, name: str) -> float | None:
     """Mean of what a vLLM histogram observed between two /metrics texts (sum and count deltas)."""
+
     def totals(text: str | None) -> tuple[float, float]:
         s = c = 0.0
         for family in families(text):
@@ -76,6 +79,7 @@ def histogram_mean(before: str | None, after: str | None, name: str) -> float | 
 @dataclass(frozen=True)
 class Acceptance:
     """Speculative acceptance over one start: drafts proposed, and tokens accepted at each draft position."""
+
     drafts: float
     accepted: dict[int, float]
 
@@ -104,6 +108,7 @@ def acceptance(before: str | None, after: str | None) -> Acceptance | str:
 class KvCapacity:
     """The KV cache the engine allocated, as vLLM's cache_config_info reports it (never computed here: the
     point of reporting it is to see what the engine did with the space)."""
+
     blocks: int
     tokens: int | None
     block_size: int | None
@@ -124,5 +129,10 @@ def kv_capacity(text: str | None) -> KvCapacity | str:
 
     if (blocks := number("num_gpu_blocks")) is None:
         return f"{CACHE_CONFIG} has no block count (num_gpu_blocks={labels.get('num_gpu_blocks')!r})"
-    return KvCapacity(blocks, number("kv_cache_size_tokens"), number("block_size"), number("kv_cache_memory_bytes"),
-                      labels.get("cache_dtype"))
+    return KvCapacity(
+        blocks,
+        number("kv_cache_size_tokens"),
+        number("block_size"),
+        number("kv_cache_memory_bytes"),
+        labels.get("cache_dtype"),
+    )

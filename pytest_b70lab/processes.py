@@ -61,7 +61,7 @@ def own_group_dying_with_parent() -> None:
 class ProcStat:
     pid: int
     name: str
-    state: str      # R, S, D, Z (zombie), X (dead), ...
+    state: str  # R, S, D, Z (zombie), X (dead), ...
     pgid: int
     session: int
 
@@ -81,10 +81,17 @@ def proc_stats() -> list[ProcStat]:
                 raw = f.read()
         except OSError:
             continue
-        head, _, rest = raw.rpartition(b")")   # the command name may hold spaces and ")"
+        head, _, rest = raw.rpartition(b")")  # the command name may hold spaces and ")"
         fields = rest.split()
-        rows.append(ProcStat(int(name), head.split(b"(", 1)[-1].decode(errors="replace"), fields[0].decode(),
-                             int(fields[2]), int(fields[3])))
+        rows.append(
+            ProcStat(
+                int(name),
+                head.split(b"(", 1)[-1].decode(errors="replace"),
+                fields[0].decode(),
+                int(fields[2]),
+                int(fields[3]),
+            )
+        )
     return rows
 
 

@@ -31,18 +31,24 @@ def recorded_contract(starts: Sequence[Evidence], where: Path) -> Contract:
     try:
         contract = Contract.model_validate(first.canonical, strict=False)
     except ValueError as e:
-        raise EvidenceError(f"start-{starts[0].start_index} of {where}: the embedded contract is not a valid "
-                            f"contract ({str(e).splitlines()[0]})") from e
+        raise EvidenceError(
+            f"start-{starts[0].start_index} of {where}: the embedded contract is not a valid "
+            f"contract ({str(e).splitlines()[0]})"
+        ) from e
     for start in starts:
         ref = start.contract
         if ref.digest != first.digest:
-            raise EvidenceError(f"start-{start.start_index} of {where} was recorded under contract {ref.name} "
-                                f"{ref.digest[:SHOWN_DIGEST]}, start-1 under {first.name} "
-                                f"{first.digest[:SHOWN_DIGEST]}: one run is recorded under one contract, so this "
-                                f"run folder cannot be judged")
+            raise EvidenceError(
+                f"start-{start.start_index} of {where} was recorded under contract {ref.name} "
+                f"{ref.digest[:SHOWN_DIGEST]}, start-1 under {first.name} "
+                f"{first.digest[:SHOWN_DIGEST]}: one run is recorded under one contract, so this "
+                f"run folder cannot be judged"
+            )
         if (ref.name, ref.kind) != (contract.name, contract.kind):
-            raise EvidenceError(f"start-{start.start_index} of {where} names contract {ref.name} ({ref.kind}), "
-                                f"its canonical text is {contract.name} ({contract.kind})")
+            raise EvidenceError(
+                f"start-{start.start_index} of {where} names contract {ref.name} ({ref.kind}), "
+                f"its canonical text is {contract.name} ({contract.kind})"
+            )
     return contract
 
 
@@ -77,9 +83,11 @@ def recorded_before_identity(starts: Sequence[Evidence], where: Path) -> list[st
     old = [f"start-{s.start_index}" for s in starts if s.identity is None]
     if not old:
         return []
-    return [f"{', '.join(old)} of {where} {'was' if len(old) == 1 else 'were'} recorded before each start had an "
-            f"identity (a nonce its ranks echo): nothing shows that {'it was a fresh start' if len(old) == 1 else 'they were fresh starts'}; "
-            f"re-record the run"]
+    return [
+        f"{', '.join(old)} of {where} {'was' if len(old) == 1 else 'were'} recorded before each start had an "
+        f"identity (a nonce its ranks echo): nothing shows that {'it was a fresh start' if len(old) == 1 else 'they were fresh starts'}; "
+        f"re-record the run"
+    ]
 
 
 def judged_contract(starts: Sequence[Evidence], where: Path, named: str | None) -> tuple[Contract, list[str]]:
@@ -92,20 +100,25 @@ def judged_contract(starts: Sequence[Evidence], where: Path, named: str | None) 
         if (m := PINNED.match(named)) is not None:
             if m["name"] == recorded.name and recorded.digest.startswith(m["digest"]):
                 return recorded, []
-            raise ContractError(f"--b70-contract {named} does not name the contract {where} was recorded under "
-                                f"({recorded.name}@{short}): a replay is judged under its recorded contract only")
+            raise ContractError(
+                f"--b70-contract {named} does not name the contract {where} was recorded under "
+                f"({recorded.name}@{short}): a replay is judged under its recorded contract only"
+            )
         chosen = load(named)
         if chosen.digest == recorded.digest:
             return recorded, []
         raise ContractError(
             f"--b70-contract {named} is {chosen.name} {chosen.digest[:SHOWN_DIGEST]}, but {where} was recorded under "
             f"{recorded.name} {short}: a replay is judged under the contract it was recorded under, never another. "
-            f"Name that one (--b70-contract {pin}), or leave --b70-contract out")
+            f"Name that one (--b70-contract {pin}), or leave --b70-contract out"
+        )
     counterpart, path = _repository_counterpart(recorded)
     if counterpart is None:
         return recorded, [path] if path else []
     if counterpart.digest != recorded.digest:
-        return recorded, [f"recorded under {recorded.name} {short}, {path} is now {counterpart.digest[:SHOWN_DIGEST]}: "
-                          f"the contract changed since this evidence was recorded; re-record it, or judge it under "
-                          f"the recorded contract with --b70-contract {pin}"]
+        return recorded, [
+            f"recorded under {recorded.name} {short}, {path} is now {counterpart.digest[:SHOWN_DIGEST]}: "
+            f"the contract changed since this evidence was recorded; re-record it, or judge it under "
+            f"the recorded contract with --b70-contract {pin}"
+        ]
     return recorded, []

@@ -48,8 +48,8 @@ class Run:
     """What a run folder holds of one kind: its starts in order, and (for the candidate) the verdict."""
 
     folder: Path
-    starts: tuple[Evidence, ...]             # start-1, start-2, ... in order
-    promotion: dict[str, Any] | None         # promotion.json, when a session recorded a verdict
+    starts: tuple[Evidence, ...]  # start-1, start-2, ... in order
+    promotion: dict[str, Any] | None  # promotion.json, when a session recorded a verdict
 
     @property
     def first(self) -> Evidence:
@@ -69,14 +69,19 @@ def read(folder: Path, kind: str = "candidate", verdict: bool = True) -> Run:
     if not folder.is_dir():
         raise EvidenceError(f"no run folder at {folder}")
     base = kind_dir(folder, kind)
-    numbered = sorted((int(p.name.removeprefix("start-")), p) for p in base.glob("start-*")
-                      if p.is_dir() and p.name.removeprefix("start-").isdigit())
+    numbered = sorted(
+        (int(p.name.removeprefix("start-")), p)
+        for p in base.glob("start-*")
+        if p.is_dir() and p.name.removeprefix("start-").isdigit()
+    )
     starts = []
     for index, folder_of_start in numbered:
         start = evidence.read(folder_of_start / evidence.FILENAME)
         if start.start_index != index:
-            raise EvidenceError(f"{folder_of_start / evidence.FILENAME} records start {start.start_index}, but lies "
-                                f"in {folder_of_start.name}: the run folder was rearranged")
+            raise EvidenceError(
+                f"{folder_of_start / evidence.FILENAME} records start {start.start_index}, but lies "
+                f"in {folder_of_start.name}: the run folder was rearranged"
+            )
         starts.append(start)
     return Run(folder, tuple(starts), read_promotion(folder) if verdict else None)
 
@@ -89,10 +94,10 @@ def read_promotion(folder: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     promotion = evidence.read_json(path, "promotion verdict", EvidenceError)
-    if not isinstance(promotion, dict) or not all(isinstance(promotion.get(k), bool)
-                                                  for k in ("promotable", "complete")):
-        raise EvidenceError(f"{path} is not a b70lab promotion verdict: it lacks the booleans promotable and "
-                            f"complete")
+    if not isinstance(promotion, dict) or not all(
+        isinstance(promotion.get(k), bool) for k in ("promotable", "complete")
+    ):
+        raise EvidenceError(f"{path} is not a b70lab promotion verdict: it lacks the booleans promotable and complete")
     return promotion
 
 
@@ -103,6 +108,5 @@ def read_starts(folder: Path, kind: str = "candidate") -> list[Evidence]:
 
     starts = read(folder, kind, verdict=False).starts
     if not starts:
-        raise EvidenceError(f"no {kind} evidence under {kind_dir(Path(folder), kind)} "
-                            f"(expected start-N/{FILENAME})")
+        raise EvidenceError(f"no {kind} evidence under {kind_dir(Path(folder), kind)} (expected start-N/{FILENAME})")
     return list(starts)

@@ -45,8 +45,7 @@ def snapshot_extension(contract: Contract):
 def snapshot_path(snapshots_dir: Path, contract: Contract, prompt_id: str) -> Path:
     """Where syrupy keeps the snapshot that `test_record_teacher[<prompt>]` writes for this contract's teacher
     (`snapshots_dir`: tests/gates/__snapshots__, or a sweep's folder of the teachers it recorded)."""
-    return (snapshots_dir / folder_name(contract) / Path(SNAPSHOT_TEST_FILE).stem
-            / f"{RECORD_TEST}[{prompt_id}].json")
+    return snapshots_dir / folder_name(contract) / Path(SNAPSHOT_TEST_FILE).stem / f"{RECORD_TEST}[{prompt_id}].json"
 
 
 def write_snapshots(snapshots_dir: Path, contract: Contract, evidence: Evidence, prompt_ids: list[str]) -> list[Path]:
@@ -75,9 +74,14 @@ def model_digest(evidence: Evidence) -> str:
 def identity(contract: Contract, evidence: Evidence) -> dict[str, Any]:
     """The teacher this candidate (or teacher) run must be compared with."""
     teacher = contract.teacher()
-    return {"recorded_by": teacher.name, "output_digest": teacher.output_digest, "kind": "teacher",
-            "kv_cache_dtype": teacher.engine.kv_cache_dtype, "engine_version": evidence.engine.vllm_version,
-            "model_digest": model_digest(evidence)}
+    return {
+        "recorded_by": teacher.name,
+        "output_digest": teacher.output_digest,
+        "kind": "teacher",
+        "kv_cache_dtype": teacher.engine.kv_cache_dtype,
+        "engine_version": evidence.engine.vllm_version,
+        "model_digest": model_digest(evidence),
+    }
 
 
 def payload(contract: Contract, evidence: Evidence, prompt_id: str) -> dict[str, Any]:
@@ -87,11 +91,19 @@ def payload(contract: Contract, evidence: Evidence, prompt_id: str) -> dict[str,
         raise TeacherSnapshotError(f"the teacher run has no request for prompt {prompt_id!r}")
     audit_dtypes = sorted({a.get("cache_config", {}).get("cache_dtype") for a in evidence.audits})
     spec = sorted({json.dumps(a.get("speculative_config")) for a in evidence.audits})
-    return {"teacher": {**identity(contract, evidence), "engine_kv_cache_dtypes": audit_dtypes,
-                        "engine_speculative_config": [json.loads(s) for s in spec]},
-            "prompt_id": prompt_id, "token_count": len(request.token_ids),
-            "token_ids_sha256": request.token_ids_sha256, "text_sha256": request.text_sha256,
-            "token_ids": list(request.token_ids), "text": request.text}
+    return {
+        "teacher": {
+            **identity(contract, evidence),
+            "engine_kv_cache_dtypes": audit_dtypes,
+            "engine_speculative_config": [json.loads(s) for s in spec],
+        },
+        "prompt_id": prompt_id,
+        "token_count": len(request.token_ids),
+        "token_ids_sha256": request.token_ids_sha256,
+        "text_sha256": request.text_sha256,
+        "token_ids": list(request.token_ids),
+        "text": request.text,
+    }
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -106,10 +118,13 @@ def read(path: Path) -> dict[str, Any]:
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise TeacherSnapshotError(f"teacher snapshot {path}: token_ids is not a list of integers")
         if sha256_ids(ids) != data["token_ids_sha256"] or len(ids) != data["token_count"]:
-            raise TeacherSnapshotError(f"teacher snapshot {path}: its token_ids do not match its token_ids_sha256 "
-                                       f"and token_count: the snapshot was edited after it was recorded")
-    if text is not None and (not isinstance(text, str)
-                             or text_sha256(text) != data["text_sha256"]):
-        raise TeacherSnapshotError(f"teacher snapshot {path}: its text does not match its text_sha256: the snapshot "
-                                   f"was edited after it was recorded")
+            raise TeacherSnapshotError(
+                f"teacher snapshot {path}: its token_ids do not match its token_ids_sha256 "
+                f"and token_count: the snapshot was edited after it was recorded"
+            )
+    if text is not None and (not isinstance(text, str) or text_sha256(text) != data["text_sha256"]):
+        raise TeacherSnapshotError(
+            f"teacher snapshot {path}: its text does not match its text_sha256: the snapshot "
+            f"was edited after it was recorded"
+        )
     return data

@@ -16,7 +16,7 @@ def token_arrival_times(chunk_times: Sequence[float], chunk_tokens: Sequence[int
     all at its own arrival time."""
     if len(chunk_times) != len(chunk_tokens):
         raise ValueError(f"{len(chunk_times)} chunk times for {len(chunk_tokens)} chunk token counts")
-    return [t for t, n in zip(chunk_times, chunk_tokens) for _ in range(n)]
+    return [t for t, n in zip(chunk_times, chunk_tokens, strict=False) for _ in range(n)]
 
 
 def decode_rate(chunk_times: Sequence[float], chunk_tokens: Sequence[int]) -> float:
@@ -82,12 +82,20 @@ class PairedRatio:
         return abs(self.ratio - 1)
 
     def line(self) -> str:
-        return (f"{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] "
-                f"({self.confidence * 100:g} %, {self.prompts} prompt{'s' if self.prompts != 1 else ''})")
+        return (
+            f"{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] "
+            f"({self.confidence * 100:g} %, {self.prompts} prompt{'s' if self.prompts != 1 else ''})"
+        )
 
 
-def paired_ratio(rates_a: Mapping[str, float], rates_b: Mapping[str, float], *, confidence: float = 0.95,
-                 resamples: int = 10_000, seed: int = 0) -> PairedRatio | None:
+def paired_ratio(
+    rates_a: Mapping[str, float],
+    rates_b: Mapping[str, float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> PairedRatio | None:
     """The paired figure over the prompts both sides have a positive, finite rate for; None if there is none."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie strictly between 0 and 1, not {confidence}")

@@ -37,13 +37,14 @@ class VariantError(ContractError):
 class Variant:
     name: str
     contract: Contract
-    changes: dict[str, Any]          # dotted field -> value, as asked (linked fields not listed)
+    changes: dict[str, Any]  # dotted field -> value, as asked (linked fields not listed)
 
     def shares_teacher(self, base: Contract) -> bool:
         """Judged against the base's teacher: the target-only run of this candidate is the base's own. A
         teacher or the unquantized-KV reference is judged by no teacher."""
-        return self.contract.kind == "candidate" and \
-            self.contract.teacher().output_digest == base.teacher().output_digest
+        return (
+            self.contract.kind == "candidate" and self.contract.teacher().output_digest == base.teacher().output_digest
+        )
 
     def judged_against(self, base: Contract) -> str:
         if self.contract.kind == "teacher":
@@ -60,8 +61,9 @@ def parse_vary(spec: str) -> tuple[str, list[Any]]:
     field, sep, values = spec.partition("=")
     field = field.strip()
     if not sep or not field or not values.strip():
-        raise VariantError(f"--vary {spec!r}: expected FIELD=V1,V2 (for example "
-                           f"speculative.num_speculative_tokens=3,7,11)")
+        raise VariantError(
+            f"--vary {spec!r}: expected FIELD=V1,V2 (for example speculative.num_speculative_tokens=3,7,11)"
+        )
     return field, [_value(v.strip(), spec) for v in values.split(",")]
 
 
@@ -71,19 +73,22 @@ def _value(text: str, spec: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
-        return text   # a bare word is a string (fp8, auto)
+        return text  # a bare word is a string (fp8, auto)
 
 
 def _set(data: dict[str, Any], field: str, value: Any, base: Contract) -> None:
     *tables, leaf = field.split(".")
     if field.split(".")[0] in FIXED:
-        raise VariantError(f"--vary {field}: a variant keeps the base's {field.split('.')[0]} (only the engine, "
-                           f"speculation, models, decode, reproduction, deadlines and expectations vary)")
+        raise VariantError(
+            f"--vary {field}: a variant keeps the base's {field.split('.')[0]} (only the engine, "
+            f"speculation, models, decode, reproduction, deadlines and expectations vary)"
+        )
     node = data
     for i, table in enumerate(tables):
         if not isinstance(node.get(table), dict):
-            raise VariantError(f"--vary {field}: contract {base.name} has no table {'.'.join(tables[:i + 1])}"
-                               + _known(node, dict))
+            raise VariantError(
+                f"--vary {field}: contract {base.name} has no table {'.'.join(tables[: i + 1])}" + _known(node, dict)
+            )
         node = node[table]
     if leaf not in node:
         raise VariantError(f"--vary {field}: contract {base.name} has no field {field}" + _known(node, None))
@@ -103,13 +108,15 @@ def derive(base: Contract, changes: dict[str, Any]) -> Variant:
         for linked, follow in LINKED.get(field, {}).items():
             _set(data, linked, follow(value), base)
     name = variant_name(base.name, changes)
-    data.update(name=name, description=f"variant of {base.name}: "
-                + ", ".join(f"{k} = {v}" for k, v in changes.items()))
+    data.update(
+        name=name, description=f"variant of {base.name}: " + ", ".join(f"{k} = {v}" for k, v in changes.items())
+    )
     try:
         contract = Contract.model_validate(data, strict=False)
     except ValidationError as e:
-        raise VariantError(f"variant {name} of contract {base.name} is refused by the contract rules:\n"
-                           f"{format_errors(e)}") from e
+        raise VariantError(
+            f"variant {name} of contract {base.name} is refused by the contract rules:\n{format_errors(e)}"
+        ) from e
     return Variant(name, contract, dict(changes))
 
 
@@ -133,15 +140,20 @@ def grid(base: Contract, varies: list[str], extra: tuple[str, ...] = ()) -> list
         raise VariantError(f"--vary names {sorted({f for f in fields if fields.count(f) > 1})} twice")
     out = [Variant(base.name, base, {})]
     seen = {substance(base): base.name}
-    points = [derive(base, dict(zip(fields, point)))
-              for point in itertools.product(*(vals for _, vals in axes))] if axes else []
+    points = (
+        [
+            derive(base, dict(zip(fields, point, strict=False)))
+            for point in itertools.product(*(vals for _, vals in axes))
+        ]
+        if axes
+        else []
+    )
     # A grid point that is the base in substance is the base, measured once.
     points = [v for v in points if substance(v.contract) != substance(base)]
     for v in points + [named(base, which) for which in extra]:
         key = substance(v.contract)
         if key in seen:
-            raise VariantError(f"variants {seen[key]} and {v.name} are the same contract (they differ only "
-                               f"in name)")
+            raise VariantError(f"variants {seen[key]} and {v.name} are the same contract (they differ only in name)")
         seen[key] = v.name
         out.append(v)
     return out

@@ -29,7 +29,7 @@ class GateOutcome:
     """One gate test's result over all its phases (setup, call, teardown)."""
 
     test: str
-    gate: str | None          # None: a gate-marked test that judges no catalogue pair (an evidence check)
+    gate: str | None  # None: a gate-marked test that judges no catalogue pair (an evidence check)
     subject: str | None
     outcome: Outcome
     reasons: str = ""
@@ -52,7 +52,7 @@ class Decision:
     contract_digest: str | None
     required: list[Pair]
     outcomes: list[GateOutcome]
-    problems: list[str] = field(default_factory=list)   # why the required set itself could not be known
+    problems: list[str] = field(default_factory=list)  # why the required set itself could not be known
     # Why the session could not judge (a start that could not begin, or failed): the verdict is that cause,
     # not the gate tests it skipped.
     blocked: list[str] = field(default_factory=list)
@@ -76,8 +76,7 @@ class Decision:
     def failed(self) -> list[GateOutcome]:
         """Failed gate tests, and skipped ones whose pair a promotion requires."""
         required = set(self.required)
-        return [o for o in self.outcomes
-                if o.outcome == "failed" or (o.outcome == "skipped" and o.pair in required)]
+        return [o for o in self.outcomes if o.outcome == "failed" or (o.outcome == "skipped" and o.pair in required)]
 
     @property
     def complete(self) -> bool:
@@ -105,8 +104,9 @@ def _pairs(pairs: list[Pair]) -> str:
     return shown + (f", and {len(pairs) - SHOWN} more" if len(pairs) > SHOWN else "")
 
 
-def promotable_line(medians: list[float] | None, contract: str, tally: str,
-                    speedup: dict[str, Any] | None = None) -> str:
+def promotable_line(
+    medians: list[float] | None, contract: str, tally: str, speedup: dict[str, Any] | None = None
+) -> str:
     """The one PROMOTABLE headline: the terminal's, the report's and `evidence show`'s."""
     shown = " / ".join(f"{m:.2f}" for m in medians) if medians else "n/a"
     starts = " / ".join(f"start-{i}" for i in range(1, len(medians or []) + 1))
@@ -116,8 +116,10 @@ def promotable_line(medians: list[float] | None, contract: str, tally: str,
 
 def speedup_text(s: dict[str, Any]) -> str:
     """'2.41x target-only (paired [2.30, 2.52], 95 %, 6 prompts)'."""
-    return (f"{s['ratio']:.2f}x target-only (paired [{s['low']:.2f}, {s['high']:.2f}], {s['confidence'] * 100:g} %, "
-            f"{s['prompts']} prompts)")
+    return (
+        f"{s['ratio']:.2f}x target-only (paired [{s['low']:.2f}, {s['high']:.2f}], {s['confidence'] * 100:g} %, "
+        f"{s['prompts']} prompts)"
+    )
 
 
 def recorded_headline(promotion: dict[str, Any] | None, starts: Sequence[Any], folder: Path) -> tuple[str, str]:
@@ -126,37 +128,51 @@ def recorded_headline(promotion: dict[str, Any] | None, starts: Sequence[Any], f
     contradicts the evidence beside it. kind: none, pass, fail or incomplete."""
     p = promotion
     if p is None:
-        return "none", (f"No verdict recorded: {folder.name} has no {PROMOTION}. Replay the gates to decide "
-                        "one: pytest -m gates --b70-evidence RUN_DIR")
+        return "none", (
+            f"No verdict recorded: {folder.name} has no {PROMOTION}. Replay the gates to decide "
+            "one: pytest -m gates --b70-evidence RUN_DIR"
+        )
     contract = p.get("contract") or (starts[0].contract.name if starts else "?")
     recorded = {s.contract.digest for s in starts}
     if p.get("contract_digest") and recorded and recorded != {p["contract_digest"]}:
-        return "fail", (f"NOT PROMOTABLE: {PROMOTION} was decided for contract digest {p['contract_digest'][:16]}, "
-                        f"the evidence was recorded under {', '.join(sorted(d[:16] for d in recorded))}")
+        return "fail", (
+            f"NOT PROMOTABLE: {PROMOTION} was decided for contract digest {p['contract_digest'][:16]}, "
+            f"the evidence was recorded under {', '.join(sorted(d[:16] for d in recorded))}"
+        )
     if p.get("blocked"):
         return "fail", f"NOT PROMOTABLE: {p['blocked']}"
     if failed := [s for s in starts if s.status != "ok"]:
-        return "fail", (f"NOT PROMOTABLE - contract {contract}: start-{failed[0].start_index} failed"
-                        + (f": {failed[0].failure.message.splitlines()[0]}" if failed[0].failure else ""))
+        return "fail", (
+            f"NOT PROMOTABLE - contract {contract}: start-{failed[0].start_index} failed"
+            + (f": {failed[0].failure.message.splitlines()[0]}" if failed[0].failure else "")
+        )
     required = [tuple(pair) for pair in p.get("required") or []]
     outcomes: dict[tuple[str, str], list[str]] = {}
     for g in p.get("gates") or []:
         outcomes.setdefault((g.get("gate"), g.get("subject")), []).append(g.get("outcome"))
     tally = _tally(required, outcomes)
     if p["promotable"] is True and p["complete"] is True and starts:
-        return "pass", promotable_line(p.get("endpoint_medians_tok_s") or [], contract, tally,
-                                       p.get("speedup_over_target_only"))
+        return "pass", promotable_line(
+            p.get("endpoint_medians_tok_s") or [], contract, tally, p.get("speedup_over_target_only")
+        )
     why = []
     if p["complete"] is not True:
         missing = p.get("missing") or []
-        why.append("incomplete: " + ("; ".join(p.get("problems") or []) or
-                                     f"{len(missing)} of {len(required)} required gate subjects did not run"))
+        why.append(
+            "incomplete: "
+            + (
+                "; ".join(p.get("problems") or [])
+                or f"{len(missing)} of {len(required)} required gate subjects did not run"
+            )
+        )
     if p.get("failed_gates"):
         why.append(f"failed gates: {', '.join(p['failed_gates'])}")
     if not starts:
         why.append("no engine start was recorded in this folder")
-    return ("incomplete" if p["complete"] is not True and not p.get("failed_gates") else "fail",
-            f"NOT PROMOTABLE - contract {contract}: {'; '.join(why) or 'promotion.json says so'} ({tally})")
+    return (
+        "incomplete" if p["complete"] is not True and not p.get("failed_gates") else "fail",
+        f"NOT PROMOTABLE - contract {contract}: {'; '.join(why) or 'promotion.json says so'} ({tally})",
+    )
 
 
 def _tally(required: list, outcomes: dict) -> str:
@@ -173,26 +189,44 @@ def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool
     lines: list[tuple[str, dict[str, bool]]] = []
     if d.blocked:
         lines.append((f"NOT PROMOTABLE: {d.blocked[0]}", {"red": True, "bold": True}))
-        lines.append((f"  contract {d.contract}: no gate was judged past it (every test that needs the engine's "
-                      f"evidence was skipped)", {}))
+        lines.append(
+            (
+                f"  contract {d.contract}: no gate was judged past it (every test that needs the engine's "
+                f"evidence was skipped)",
+                {},
+            )
+        )
         lines.append((f"evidence and promotion.json: {run_dir}", {}))
         return lines
     if d.promotable:
         lines.append((promotable_line(d.endpoint_medians, d.contract, tally, d.speedup), {"green": True, "bold": True}))
     else:
         if not d.complete:
-            why = "; ".join(d.problems) if d.problems else (
-                f"{len(d.missing)} of {len(d.required)} required gate subjects did not run (deselected, not "
-                f"collected, or lost with a worker): {_pairs(d.missing)}")
-            lines.append((f"NOT PROMOTABLE (incomplete) - contract {d.contract}: {why}", {"yellow": True, "bold": True}))
+            why = (
+                "; ".join(d.problems)
+                if d.problems
+                else (
+                    f"{len(d.missing)} of {len(d.required)} required gate subjects did not run (deselected, not "
+                    f"collected, or lost with a worker): {_pairs(d.missing)}"
+                )
+            )
+            lines.append(
+                (f"NOT PROMOTABLE (incomplete) - contract {d.contract}: {why}", {"yellow": True, "bold": True})
+            )
         if d.failed:
-            lines.append((f"NOT PROMOTABLE - contract {d.contract}; failed gates: {', '.join(d.failed_gates)} ({tally})",
-                          {"red": True, "bold": True}))
+            lines.append(
+                (
+                    f"NOT PROMOTABLE - contract {d.contract}; failed gates: {', '.join(d.failed_gates)} ({tally})",
+                    {"red": True, "bold": True},
+                )
+            )
             for o in d.failed[:SHOWN]:
                 what = "skipped, but a promotion requires it" if o.outcome == "skipped" else "failed"
                 lines.append((f"  {o.test} {what}: {o.reasons}", {}))
             if len(d.failed) > SHOWN:
-                lines.append((f"  ... and {len(d.failed) - SHOWN} more failed gate tests (promotion.json lists all)", {}))
+                lines.append(
+                    (f"  ... and {len(d.failed) - SHOWN} more failed gate tests (promotion.json lists all)", {})
+                )
     if d.speedup and not d.promotable:
         lines.append((f"  speed-up over target-only: {speedup_text(d.speedup)}; reported, not promoted", {}))
     lines.append((f"evidence and promotion.json: {run_dir}", {}))
@@ -203,21 +237,29 @@ def record(decision: Decision, run_dir: Path) -> dict[str, Any]:
     """promotion.json: the verdict with everything it was decided from."""
     d = decision
     return {
-        "promotable": d.promotable, "complete": d.complete, "problems": d.problems,
+        "promotable": d.promotable,
+        "complete": d.complete,
+        "problems": d.problems,
         "blocked": d.blocked[0] if d.blocked else None,
-        "contract": d.contract, "contract_digest": d.contract_digest, "run_dir": str(run_dir),
-        "endpoint_medians_tok_s": d.endpoint_medians, "failed_gates": d.failed_gates,
+        "contract": d.contract,
+        "contract_digest": d.contract_digest,
+        "run_dir": str(run_dir),
+        "endpoint_medians_tok_s": d.endpoint_medians,
+        "failed_gates": d.failed_gates,
         "required": [list(p) for p in d.required],
         "observed": sorted([o.gate, o.subject, o.outcome] for o in d.outcomes if o.pair),
         "missing": [list(p) for p in d.missing],
-        "failed": [{"test": o.test, "gate": o.gate, "subject": o.subject, "outcome": o.outcome, "reasons": o.reasons}
-                   for o in d.failed],
+        "failed": [
+            {"test": o.test, "gate": o.gate, "subject": o.subject, "outcome": o.outcome, "reasons": o.reasons}
+            for o in d.failed
+        ],
         "gates": [asdict(o) for o in d.outcomes],
         "speedup_over_target_only": d.speedup,
     }
 
 
 # --- gate 8: its own verdict, never mixed with exactness --------------------------------------------------
+
 
 @dataclass
 class QualityOutcome:
@@ -247,7 +289,7 @@ class QualityOutcome:
 
 @dataclass
 class QualityDecision:
-    required: list[str]               # the figures of the contract's quality set
+    required: list[str]  # the figures of the contract's quality set
     outcomes: list[QualityOutcome]
     problems: list[str] = field(default_factory=list)
 
@@ -278,28 +320,45 @@ def quality_summary(q: QualityDecision) -> list[tuple[str, dict[str, bool]]]:
     lines: list[tuple[str, dict[str, bool]]] = []
     if q.status == "ok":
         shown = ", ".join(f"{o.figure} {o.figure_text}" for o in sorted(q.outcomes, key=lambda o: o.figure))
-        lines.append((f"QUALITY OK - {len(q.outcomes)} figures against the FP8 baseline: {shown}",
-                      {"green": True, "bold": True}))
+        lines.append(
+            (f"QUALITY OK - {len(q.outcomes)} figures against the FP8 baseline: {shown}", {"green": True, "bold": True})
+        )
     if q.regressed:
-        lines.append(("QUALITY REGRESSED: " + "; ".join(f"{o.figure}: {o.figure_text}" for o in q.regressed),
-                      {"red": True, "bold": True}))
+        lines.append(
+            (
+                "QUALITY REGRESSED: " + "; ".join(f"{o.figure}: {o.figure_text}" for o in q.regressed),
+                {"red": True, "bold": True},
+            )
+        )
     if q.not_judged or q.missing or q.problems or (not q.required and q.status != "ok"):
         reasons = {o.reasons for o in q.not_judged}
         if len(q.not_judged) > 1 and len(reasons) == 1:  # one cause (a recording run, a missing baseline): once
             judged = [f"{len(q.not_judged)} figures: {reasons.pop()}"]
         else:
-            judged = [f"{o.figure}: {o.reasons if o.reasons.startswith(o.outcome) else f'{o.outcome}: {o.reasons}'}"
-                      for o in q.not_judged]
+            judged = [
+                f"{o.figure}: {o.reasons if o.reasons.startswith(o.outcome) else f'{o.outcome}: {o.reasons}'}"
+                for o in q.not_judged
+            ]
         parts = q.problems + judged + [f"{f}: did not run" for f in q.missing]
-        lines.append(("QUALITY NOT JUDGED: " + "; ".join(parts[:SHOWN]) + (" ..." if len(parts) > SHOWN else ""),
-                      {"yellow": True, "bold": True}))
+        lines.append(
+            (
+                "QUALITY NOT JUDGED: " + "; ".join(parts[:SHOWN]) + (" ..." if len(parts) > SHOWN else ""),
+                {"yellow": True, "bold": True},
+            )
+        )
     return lines
 
 
 def quality_record(q: QualityDecision) -> dict[str, Any]:
-    return {"status": q.status, "required": q.required, "missing": q.missing, "problems": q.problems,
-            "regressed": [o.figure for o in q.regressed], "not_judged": [o.figure for o in q.not_judged],
-            "figures": [asdict(o) for o in sorted(q.outcomes, key=lambda o: o.figure)]}
+    return {
+        "status": q.status,
+        "required": q.required,
+        "missing": q.missing,
+        "problems": q.problems,
+        "regressed": [o.figure for o in q.regressed],
+        "not_judged": [o.figure for o in q.not_judged],
+        "figures": [asdict(o) for o in sorted(q.outcomes, key=lambda o: o.figure)],
+    }
 
 
 def write_unjudged(run_dir: Path, why: str) -> Path:
@@ -316,9 +375,16 @@ def write(decision: Decision | None, run_dir: Path, quality: QualityDecision | N
     """promotion.json. Quality is a section of its own: it never changes `promotable`. A session that ran
     no gate test decides no promotion (promotable false, incomplete)."""
     path = run_dir / PROMOTION
-    data = record(decision, run_dir) if decision is not None else {
-        "promotable": False, "complete": False, "run_dir": str(run_dir),
-        "problems": ["no gate test ran in this session: nothing decides a promotion"]}
+    data = (
+        record(decision, run_dir)
+        if decision is not None
+        else {
+            "promotable": False,
+            "complete": False,
+            "run_dir": str(run_dir),
+            "problems": ["no gate test ran in this session: nothing decides a promotion"],
+        }
+    )
     if quality is not None:
         data["quality"] = quality_record(quality)
     path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from pytest_b70lab import contract as contract_mod
-from pytest_b70lab.engine.starts import resolve_models, serve_config
+from pytest_b70lab import host, throughput
 from pytest_b70lab.engine.client import audit, served_model, stream_completion
 from pytest_b70lab.engine.server import start_engine
-from pytest_b70lab import host, throughput
+from pytest_b70lab.engine.starts import resolve_models, serve_config
 from pytest_b70lab.quality import samples as quality_samples
 
 PATHS = {"native": {}, "portable": {"B70LAB_FP8_ATTENTION": "portable"}, "avx2": {"B70LAB_EMULATE_CPU": "avx2"}}
@@ -45,19 +45,31 @@ def one_start(c, models, path: str, out: Path, cache_root: Path, needles) -> dic
             audits = audit(client)
             model = served_model(client)
             for p in contract_mod.load_prompts(c):
-                r = stream_completion(client, model, p.prompt, c.decode.tokens_per_request,
-                                                    prompt_id=p.id, timeout_s=c.deadlines.request_s)
+                r = stream_completion(
+                    client,
+                    model,
+                    p.prompt,
+                    c.decode.tokens_per_request,
+                    prompt_id=p.id,
+                    timeout_s=c.deadlines.request_s,
+                )
                 rates.append(throughput.decode_rate(r.chunk_times, r.chunk_tokens))
             for sample in needles:
-                r = stream_completion(client, model, sample.prompt, NEEDLE_TOKENS, prompt_id=sample.id,
-                                                    timeout_s=c.deadlines.request_s)
+                r = stream_completion(
+                    client, model, sample.prompt, NEEDLE_TOKENS, prompt_id=sample.id, timeout_s=c.deadlines.request_s
+                )
                 long_rates.append(throughput.decode_rate(r.chunk_times, r.chunk_tokens))
                 prompt_tokens.append(len(r.prompt_token_ids))
     finally:
         server.stop()
-    return {"path": path, "ran": host.fp8_attention_ran(audits), "ready_s": round(time.monotonic() - t0, 1),
-            "decode_median": throughput.endpoint_median(rates), "long_context_median": statistics.median(long_rates)
-            if long_rates else None, "long_context_prompt_tokens": prompt_tokens}
+    return {
+        "path": path,
+        "ran": host.fp8_attention_ran(audits),
+        "ready_s": round(time.monotonic() - t0, 1),
+        "decode_median": throughput.endpoint_median(rates),
+        "long_context_median": statistics.median(long_rates) if long_rates else None,
+        "long_context_prompt_tokens": prompt_tokens,
+    }
 
 
 def main() -> int:
@@ -71,15 +83,16 @@ def main() -> int:
     c = contract_mod.load(args.contract)
     models = resolve_models(c, cache_root)
     q = c.quality
-    samples = [s for s in quality_samples.load(contract_mod.repo_path(q.file), q.sha256, q.count)
-               if s.family == "long_context"]
-    needles = sorted(samples, key=lambda s: len(s.prompt), reverse=True)[:args.needles]
+    samples = [
+        s for s in quality_samples.load(contract_mod.repo_path(q.file), q.sha256, q.count) if s.family == "long_context"
+    ]
+    needles = sorted(samples, key=lambda s: len(s.prompt), reverse=True)[: args.needles]
     identity = host.cpu_identity(environ={})
     paths = list(PATHS) if host.native_fp8_possible(identity) else ["portable"]
     print(f"{host.describe(identity)}: paths {', '.join(paths)}, {args.rounds} rounds", flush=True)
     starts = []
     for r in range(args.rounds):
-        for path in (paths if r % 2 == 0 else paths[::-1]):
+        for path in paths if r % 2 == 0 else paths[::-1]:
             record = one_start(c, models, path, args.out / f"round-{r + 1}" / path, cache_root, needles)
             starts.append(record)
             print(json.dumps(record), flush=True)
@@ -90,12 +103,18 @@ def main() -> int:
     base = summary.get("native")
     print(f"{'path':<9} {'decode tok/s':>13} {'x native':>9} {'long-ctx tok/s':>15} {'x native':>9}")
     for path, figures in summary.items():
-        ratio = (lambda k: f"{figures[k] / base[k]:.3f}" if base else "n/a")
-        print(f"{path:<9} {figures['decode_median']:>13.1f} {ratio('decode_median'):>9} "
-              f"{figures['long_context_median']:>15.1f} {ratio('long_context_median'):>9}")
+
+        def ratio(k: str, figures: dict = figures) -> str:
+            return f"{figures[k] / base[k]:.3f}" if base else "n/a"
+
+        print(
+            f"{path:<9} {figures['decode_median']:>13.1f} {ratio('decode_median'):>9} "
+            f"{figures['long_context_median']:>15.1f} {ratio('long_context_median'):>9}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fp8-paths.json").write_text(json.dumps({"cpu": identity, "starts": starts, "summary": summary},
-                                                        indent=1))
+    (args.out / "fp8-paths.json").write_text(
+        json.dumps({"cpu": identity, "starts": starts, "summary": summary}, indent=1)
+    )
     return 0
 
 

@@ -72,23 +72,45 @@ def main() -> int:
                         seconds = time_call(impl, batch, args.repeats)
                         kv_bytes = (ctx + q) * KV_HEADS * HEAD_DIM * 2
                         per_page[page] = {"median_s": seconds, "kv_bytes_per_s": kv_bytes / seconds}
-                    rows.append({"impl": impl.name, "dtype": str(dtype).removeprefix("torch."), "queries": q,
-                                 "context": ctx, "page32": per_page[32], "page64": per_page[64],
-                                 "ratio_64_over_32": per_page[64]["kv_bytes_per_s"] / per_page[32]["kv_bytes_per_s"]})
-                    print(f"{impl.name} {dtype} q{q} ctx {ctx}: page32 {per_page[32]['kv_bytes_per_s'] / 1e9:.2f} GB/s, "
-                          f"page64 {per_page[64]['kv_bytes_per_s'] / 1e9:.2f} GB/s", flush=True)
+                    rows.append(
+                        {
+                            "impl": impl.name,
+                            "dtype": str(dtype).removeprefix("torch."),
+                            "queries": q,
+                            "context": ctx,
+                            "page32": per_page[32],
+                            "page64": per_page[64],
+                            "ratio_64_over_32": per_page[64]["kv_bytes_per_s"] / per_page[32]["kv_bytes_per_s"],
+                        }
+                    )
+                    print(
+                        f"{impl.name} {dtype} q{q} ctx {ctx}: page32 {per_page[32]['kv_bytes_per_s'] / 1e9:.2f} GB/s, "
+                        f"page64 {per_page[64]['kv_bytes_per_s'] / 1e9:.2f} GB/s",
+                        flush=True,
+                    )
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"kernels-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"copy_bandwidth_bytes_per_s": bandwidth, "repeats": args.repeats,
-                               "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM},
-                               "rows": rows}, indent=1) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "copy_bandwidth_bytes_per_s": bandwidth,
+                "repeats": args.repeats,
+                "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM},
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"\ncopy bandwidth (STREAM-like, 512 MiB copy, median of 9): {bandwidth / 1e9:.2f} GB/s\n")
     print("| impl | dtype | queries | context | page 32 GB/s | page 64 GB/s | 64/32 | page 32 % of copy bw |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         p32, p64 = r["page32"]["kv_bytes_per_s"], r["page64"]["kv_bytes_per_s"]
-        print(f"| {r['impl']} | {r['dtype']} | {r['queries']} | {r['context']} | {p32 / 1e9:.2f} | {p64 / 1e9:.2f} | "
-              f"{r['ratio_64_over_32']:.2f} | {100 * p32 / bandwidth:.1f} |")
+        print(
+            f"| {r['impl']} | {r['dtype']} | {r['queries']} | {r['context']} | {p32 / 1e9:.2f} | {p64 / 1e9:.2f} | "
+            f"{r['ratio_64_over_32']:.2f} | {100 * p32 / bandwidth:.1f} |"
+        )
     print(f"\nwritten: {out}")
     return 0
 

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from pytest_b70lab import contract, mini
-from pytest_b70lab.engine.client import served_model
 from pytest_b70lab.engine import command
+from pytest_b70lab.engine.client import served_model
 from pytest_b70lab.engine.server import start_engine
 from pytest_b70lab.mini import curriculum, evaluate
 
@@ -41,28 +41,38 @@ def longest_needle(tok, max_model_len: int, answer_tokens: int = 8) -> int:
 
 
 def completion(client, model: str, prompt: str, max_tokens: int) -> str:
-    r = client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                                            "temperature": 0.0})
+    r = client.post(
+        "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    )
     r.raise_for_status()
     return r.json()["choices"][0]["text"]
 
 
 def tool_calls(client, model: str, sample: curriculum.Sample) -> list[dict]:
-    r = client.post("/v1/chat/completions", json={"model": model, "messages": sample.meta["messages"],
-                                                 "tools": sample.meta["tools"], "tool_choice": "auto",
-                                                 "max_tokens": 200, "temperature": 0.0})
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": model,
+            "messages": sample.meta["messages"],
+            "tools": sample.meta["tools"],
+            "tool_choice": "auto",
+            "max_tokens": 200,
+            "temperature": 0.0,
+        },
+    )
     r.raise_for_status()
     calls = r.json()["choices"][0]["message"].get("tool_calls") or []
-    return [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"] or "{}")}
-            for c in calls]
+    return [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"] or "{}")} for c in calls]
 
 
 def run(kv: str, folder: Path, out: Path, n: int, max_model_len: int, tok) -> dict:
     part = "target" if kv == "fp8" else "reference"
-    config = command.ServeConfig(model=folder / part, kv_cache_dtype=kv, max_model_len=max_model_len,
-                                tool_call_parser="poolside_v1")
-    server = start_engine(config, out / kv, out / "state",
-                                 on_progress=lambda ph, t: print(f"  {kv}: [{t:6.1f} s] {ph}", flush=True))
+    config = command.ServeConfig(
+        model=folder / part, kv_cache_dtype=kv, max_model_len=max_model_len, tool_call_parser="poolside_v1"
+    )
+    server = start_engine(
+        config, out / kv, out / "state", on_progress=lambda ph, t: print(f"  {kv}: [{t:6.1f} s] {ph}", flush=True)
+    )
     results: dict = {"kv_cache_dtype": kv, "model": part}
     try:
         with server.client(timeout=300) as client:
@@ -73,10 +83,16 @@ def run(kv: str, folder: Path, out: Path, n: int, max_model_len: int, tok) -> di
                 t0 = time.monotonic()
                 samples = [curriculum.sample(split, SEED, i, family, n_pairs=pairs) for i in range(n)]
                 ok = [evaluate.score(s, completion(client, model, s.prompt, max_tokens)) for s in samples]
-                results[f"{family}/{split}"] = {"correct": sum(ok), "of": n, "seconds": round(time.monotonic() - t0, 1),
-                                                **({"pairs": pairs,
-                                                    "prompt_tokens": len(tok(samples[0].prompt)["input_ids"])}
-                                                   if family == "retrieval" else {})}
+                results[f"{family}/{split}"] = {
+                    "correct": sum(ok),
+                    "of": n,
+                    "seconds": round(time.monotonic() - t0, 1),
+                    **(
+                        {"pairs": pairs, "prompt_tokens": len(tok(samples[0].prompt)["input_ids"])}
+                        if family == "retrieval"
+                        else {}
+                    ),
+                }
                 print(f"  {kv}: {family}/{split} {sum(ok)}/{n}", flush=True)
             if kv == "fp8":
                 samples = [curriculum.sample("heldout", SEED, i, "tool") for i in range(n)]

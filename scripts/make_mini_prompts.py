@@ -27,8 +27,11 @@ def main() -> int:
         # /v1/completions puts `<s>` in front itself: a chat prompt goes without its own.
         prompt = s.prompt.removeprefix(curriculum.BOS)
         name = s.meta.get("function") or s.meta.get("expected", {}).get("name") if family in ("code", "tool") else None
-        lines.append(json.dumps({"id": f"{family}-{name or index}".replace("_", "-"), "prompt": prompt,
-                                 "category": CATEGORY[family]}))
+        lines.append(
+            json.dumps(
+                {"id": f"{family}-{name or index}".replace("_", "-"), "prompt": prompt, "category": CATEGORY[family]}
+            )
+        )
     out.write_text("\n".join(lines) + "\n")
     print(out, len(lines), "prompts, sha256", hashlib.sha256(out.read_bytes()).hexdigest())
     return 0

@@ -44,7 +44,9 @@ def main(run: Path, out: Path) -> int:
             copy_start(base / name, (out / "teacher" if kind == "teacher" else out) / name)
     for name in (run_folder.TABLES_COPY, run_folder.PROMPTS_COPY):
         (out / name).write_text(anonymize((run / name).read_text()))
-    leftover = [p for p in out.rglob("*") if p.is_file() and (str(REPO) in p.read_text() or str(Path.home()) in p.read_text())]
+    leftover = [
+        p for p in out.rglob("*") if p.is_file() and (str(REPO) in p.read_text() or str(Path.home()) in p.read_text())
+    ]
     assert not leftover, f"machine paths left in {leftover}"
     print(f"wrote {out}: {sorted(str(p.relative_to(out)) for p in out.rglob('*.json'))}")
     return 0

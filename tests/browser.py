@@ -28,8 +28,13 @@ class Node:
             yield from child.walk()
 
     def find(self, tag: str | None = None, cls: str | None = None, **attrs: str) -> list[Node]:
-        return [n for n in self.walk() if (tag is None or n.tag == tag) and (cls is None or cls in n.classes)
-                and all(n.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items())]
+        return [
+            n
+            for n in self.walk()
+            if (tag is None or n.tag == tag)
+            and (cls is None or cls in n.classes)
+            and all(n.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items())
+        ]
 
     def all_text(self) -> str:
         return "".join(t for n in self.walk() for t in n.text)
@@ -67,7 +72,6 @@ class Tree(HTMLParser):
             self.stack[-1].text.append(data)
 
 
-
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found:
@@ -79,10 +83,23 @@ def chromium() -> str:
 
 def browse(page: Path, profile: Path, *args: str) -> str:
     """Open the page offline (every host name fails to resolve) and give plotly time to draw."""
-    done = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                           "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=15000",
-                           "--window-size=1400,5000", *args, page.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={profile}",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--virtual-time-budget=15000",
+            "--window-size=1400,5000",
+            *args,
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

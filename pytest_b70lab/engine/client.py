@@ -27,12 +27,20 @@ def served_model(client: httpx.Client) -> str:
         raise EngineRequestError(f"/v1/models answered no model: {data!r}") from e
 
 
-def stream_completion(client: httpx.Client, model: str, prompt: str, max_tokens: int, *,
-                      prompt_id: str = "", timeout_s: float = 300.0) -> Request:
+def stream_completion(
+    client: httpx.Client, model: str, prompt: str, max_tokens: int, *, prompt_id: str = "", timeout_s: float = 300.0
+) -> Request:
     """Greedy, EOS ignored, exactly `max_tokens` tokens, streamed so each chunk's arrival is timed."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-            "return_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
     token_ids: list[int] = []
     text: list[str] = []
     times: list[float] = []
@@ -45,12 +53,11 @@ def stream_completion(client: httpx.Client, model: str, prompt: str, max_tokens:
         with client.stream("POST", "/v1/completions", json=body, timeout=timeout_s) as response:
             if response.status_code != 200:
                 response.read()
-                raise EngineRequestError(f"prompt {prompt_id!r}: HTTP {response.status_code}: "
-                                         f"{response.text[:500]}")
+                raise EngineRequestError(f"prompt {prompt_id!r}: HTTP {response.status_code}: {response.text[:500]}")
             for line in response.iter_lines():
                 if not line.startswith("data: "):
                     continue
-                payload = line[len("data: "):]
+                payload = line[len("data: ") :]
                 if payload == "[DONE]":
                     break
                 arrived = time.perf_counter() - t0
@@ -68,31 +75,46 @@ def stream_completion(client: httpx.Client, model: str, prompt: str, max_tokens:
                     text.append(choice.get("text") or "")
                     finish = choice.get("finish_reason") or finish
     except httpx.TimeoutException as e:
-        raise EngineRequestError(f"prompt {prompt_id!r}: no complete answer within {timeout_s:.0f} s "
-                                 f"({len(token_ids)} of {max_tokens} tokens received)") from e
+        raise EngineRequestError(
+            f"prompt {prompt_id!r}: no complete answer within {timeout_s:.0f} s "
+            f"({len(token_ids)} of {max_tokens} tokens received)"
+        ) from e
     except httpx.TransportError as e:  # the server went away mid-answer: the stream was cut
-        raise EngineRequestError(f"prompt {prompt_id!r}: the stream was cut after {len(token_ids)} of {max_tokens} "
-                                 f"tokens ({type(e).__name__}: {e})") from e
+        raise EngineRequestError(
+            f"prompt {prompt_id!r}: the stream was cut after {len(token_ids)} of {max_tokens} "
+            f"tokens ({type(e).__name__}: {e})"
+        ) from e
     try:
         rate = throughput.decode_rate(times, per_chunk)
     except ValueError:
         rate = None  # fewer than two tokens, or all at once: no decode interval to measure
     full_text = "".join(text)
     details = usage.get("prompt_tokens_details") or {}
-    return Request(prompt_id=prompt_id, prompt_token_ids=prompt_ids, token_ids=token_ids, text=full_text,
-                   finish_reason=finish, usage=usage, chunk_times=times, chunk_tokens=per_chunk,
-                   cached_tokens=details.get("cached_tokens"),
-                   token_ids_sha256=sha256_ids(token_ids),
-                   text_sha256=text_sha256(full_text), decode_rate=rate)
+    return Request(
+        prompt_id=prompt_id,
+        prompt_token_ids=prompt_ids,
+        token_ids=token_ids,
+        text=full_text,
+        finish_reason=finish,
+        usage=usage,
+        chunk_times=times,
+        chunk_tokens=per_chunk,
+        cached_tokens=details.get("cached_tokens"),
+        token_ids_sha256=sha256_ids(token_ids),
+        text_sha256=text_sha256(full_text),
+        decode_rate=rate,
+    )
 
 
 def audit(client: httpx.Client, timeout_s: float = 120.0) -> list[dict[str, Any]]:
     """One audit per rank, from the worker extension over /collective_rpc."""
     response = client.post("/collective_rpc", json={"method": "b70lab_audit"}, timeout=timeout_s)
     if response.status_code != 200:
-        raise EngineRequestError(f"/collective_rpc b70lab_audit: HTTP {response.status_code}: "
-                                 f"{response.text[:500]} (is the server started with VLLM_SERVER_DEV_MODE=1 "
-                                 f"and the b70lab worker extension?)")
+        raise EngineRequestError(
+            f"/collective_rpc b70lab_audit: HTTP {response.status_code}: "
+            f"{response.text[:500]} (is the server started with VLLM_SERVER_DEV_MODE=1 "
+            f"and the b70lab worker extension?)"
+        )
     results = response.json().get("results")
     if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
         raise EngineRequestError(f"/collective_rpc b70lab_audit answered {str(results)[:300]}")
@@ -131,8 +153,10 @@ def quality_answer(client: httpx.Client, model: str, sample, variant: str, *, ti
             if sample.family == "tool_use":
                 message = choice.get("message") or {}
                 record.text = message.get("content") or ""
-                record.tool_calls = [{"name": c["function"]["name"], "arguments": c["function"].get("arguments") or ""}
-                                     for c in message.get("tool_calls") or []]
+                record.tool_calls = [
+                    {"name": c["function"]["name"], "arguments": c["function"].get("arguments") or ""}
+                    for c in message.get("tool_calls") or []
+                ]
             else:
                 record.text = choice.get("text") or ""
             record.finish_reason = choice.get("finish_reason")

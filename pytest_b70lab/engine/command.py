@@ -11,7 +11,6 @@ from pathlib import Path
 
 from .environment import XPU_EXECUTOR_BACKEND
 
-
 # The engine command's two module paths, recorded in every start's evidence: thin modules keep them
 # (in_engine/ has the code), and tests that find engine processes by their command line use these names.
 ENTRY_MODULE = "pytest_b70lab.vllm_entry"
@@ -72,8 +71,8 @@ class ServeConfig:
     attention_backend: str | None = None
     seed: int = 0
     tool_call_parser: str | None = None  # e.g. "poolside_v1": auto tool choice through vLLM's parser
-    chat_template: Path | None = None    # None: the tokenizer's own
-    device: str = "cpu"                  # "xpu": the B70 profile (executor pinned; environment in xpu_environment)
+    chat_template: Path | None = None  # None: the tokenizer's own
+    device: str = "cpu"  # "xpu": the B70 profile (executor pinned; environment in xpu_environment)
 
     @property
     def world_size(self) -> int:
@@ -87,12 +86,27 @@ class ServeConfig:
         args = []
         if self.revision:
             args += ["--revision", self.revision]
-        args += ["--dtype", self.dtype, "--kv-cache-dtype", self.kv_cache_dtype,
-                 "--block-size", str(self.block_size), "--no-enable-prefix-caching", "--no-async-scheduling",
-                 "--max-num-seqs", "1", "--max-model-len", str(self.max_model_len),
-                 "--enable-prompt-tokens-details", "--seed", str(self.seed),
-                 "--tensor-parallel-size", str(self.tensor_parallel),
-                 "--worker-extension-cls", EXTENSION_CLASS]
+        args += [
+            "--dtype",
+            self.dtype,
+            "--kv-cache-dtype",
+            self.kv_cache_dtype,
+            "--block-size",
+            str(self.block_size),
+            "--no-enable-prefix-caching",
+            "--no-async-scheduling",
+            "--max-num-seqs",
+            "1",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enable-prompt-tokens-details",
+            "--seed",
+            str(self.seed),
+            "--tensor-parallel-size",
+            str(self.tensor_parallel),
+            "--worker-extension-cls",
+            EXTENSION_CLASS,
+        ]
         if self.expert_parallel:
             args.append("--enable-expert-parallel")
         if self.device == "xpu" and self.tensor_parallel > 1:
@@ -106,8 +120,11 @@ class ServeConfig:
         if self.chat_template:
             args += ["--chat-template", str(self.chat_template)]
         if self.draft is not None:
-            spec = {"method": self.speculative_method, "model": _model_ref(self.draft),
-                    "num_speculative_tokens": self.num_speculative_tokens}
+            spec = {
+                "method": self.speculative_method,
+                "model": _model_ref(self.draft),
+                "num_speculative_tokens": self.num_speculative_tokens,
+            }
             if self.draft_revision:
                 spec["revision"] = self.draft_revision
             args += ["--speculative-config", json.dumps(spec, sort_keys=True)]

@@ -7,7 +7,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-
 from ..in_engine import cpu_emulation
 
 
@@ -48,8 +47,7 @@ XPU_EXECUTOR_BACKEND = "mp"
 # them into CCL_PROCESS_LAUNCHER=none, CCL_LOCAL_RANK, CCL_LOCAL_SIZE (ProcessGroupXCCL.cpp), as oneCCL's
 # docs require without an MPI launcher ("CCL_PROCESS_LAUNCHER"). A value from the caller's shell would give
 # every rank the same one.
-XPU_PER_RANK_VARIABLES = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "CCL_LOCAL_RANK", "CCL_LOCAL_SIZE",
-                          "CCL_PROCESS_LAUNCHER")
+XPU_PER_RANK_VARIABLES = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "CCL_LOCAL_RANK", "CCL_LOCAL_SIZE", "CCL_PROCESS_LAUNCHER")
 # A host whose B70s are not Level Zero GPUs 0..N-1 (an integrated GPU listed first) names them, in rank order.
 XPU_CARDS_VARIABLE = "B70LAB_XPU_CARDS"
 
@@ -89,19 +87,32 @@ def xpu_environment(world_size: int, devices: Iterable[int] | None = None) -> di
 
 def xpu_profile_summary(world_size: int) -> str:
     """One line for the dry run: what the XPU profile selects that the environment alone does not show."""
-    return (f"xpu profile: {world_size} ranks on cards {xpu_environment(world_size)['ZE_AFFINITY_MASK']} "
-            f"(rank i on the i-th), torch.distributed backend {XPU_DIST_BACKEND} (chosen by vLLM's XPU platform, "
-            f"needs torch >= 2.8 built with XCCL), executor {XPU_EXECUTOR_BACKEND}")
+    return (
+        f"xpu profile: {world_size} ranks on cards {xpu_environment(world_size)['ZE_AFFINITY_MASK']} "
+        f"(rank i on the i-th), torch.distributed backend {XPU_DIST_BACKEND} (chosen by vLLM's XPU platform, "
+        f"needs torch >= 2.8 built with XCCL), executor {XPU_EXECUTOR_BACKEND}"
+    )
 
 
-def engine_environment(state_dir: Path, world_size: int, extra: dict[str, str] | None = None, *,
-                       device: str = "cpu", offline: bool = True, materialize: bool = True) -> dict[str, str]:
+def engine_environment(
+    state_dir: Path,
+    world_size: int,
+    extra: dict[str, str] | None = None,
+    *,
+    device: str = "cpu",
+    offline: bool = True,
+    materialize: bool = True,
+) -> dict[str, str]:
     """The engine's environment: every cache inside `state_dir`, dev endpoints on; on CPU, the KV budget
     and thread binding; on XPU, the B70 profile (xpu_environment). With materialize=False nothing is created
     (to show a dry run's environment)."""
     caches = {
-        "VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton",
-        "XDG_CACHE_HOME": "xdg", "TMPDIR": "tmp", "VLLM_RPC_BASE_PATH": "ipc",
+        "VLLM_CACHE_ROOT": "vllm",
+        "TORCHINDUCTOR_CACHE_DIR": "inductor",
+        "TRITON_CACHE_DIR": "triton",
+        "XDG_CACHE_HOME": "xdg",
+        "TMPDIR": "tmp",
+        "VLLM_RPC_BASE_PATH": "ipc",
     }
     if offline:  # a hub model keeps the caller's HF_HOME: that is where its weights are
         caches["HF_HOME"] = "hf"
@@ -115,8 +126,7 @@ def engine_environment(state_dir: Path, world_size: int, extra: dict[str, str] |
         if materialize:
             path.mkdir(parents=True, exist_ok=True)
         env[var] = str(path)
-    env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1",
-                "PYTHONUNBUFFERED": "1"})
+    env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"})
     if offline:
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     if device == "cpu":

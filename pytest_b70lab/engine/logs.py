@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import re
 
-
 # "(Worker_TP1_EP1 pid=123)", "(EngineCore pid=7)", "(APIServer pid=5)", "(Worker pid=9)", "(VllmWorker-0 pid=9)"
 RANK_TAG = re.compile(r"^\((?P<tag>[A-Za-z][\w\-]*) pid=(?P<pid>\d+)\)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-FATAL = re.compile(r"Segfault encountered|Traceback \(most recent call last\)|died unexpectedly|"
-                   r"RuntimeError|EngineCore failed to start")
+FATAL = re.compile(
+    r"Segfault encountered|Traceback \(most recent call last\)|died unexpectedly|"
+    r"RuntimeError|EngineCore failed to start"
+)
 TRACEBACK = "Traceback (most recent call last):"
 # vLLM's log-record header after the rank tag ("ERROR 12-01 10:00:00 [multiproc_executor.py:953] "): vLLM
 # repeats tag and header on every line of a multi-line record, a logged traceback's lines included.
@@ -28,7 +29,7 @@ def split_line(line: str) -> tuple[str | None, str]:
     """A line of the engine's output as (the process tag vLLM put in front of it, or None; what it says, with
     the log-record header and trailing whitespace removed: vLLM ends a multi-line record's lines in "\\r")."""
     m = RANK_TAG.match(line)
-    body = line[m.end():].removeprefix(" ") if m else line
+    body = line[m.end() :].removeprefix(" ") if m else line
     return (m.group("tag") if m else None), LOG_HEADER.sub("", body, count=1).rstrip()
 
 
@@ -51,7 +52,7 @@ class TracebackEnds:
     END, IGNORED = "end", "ignored"
 
     def __init__(self) -> None:
-        self._open: dict[str | None, bool] = {}   # tag -> whether its open traceback counts
+        self._open: dict[str | None, bool] = {}  # tag -> whether its open traceback counts
         # tag -> `Exception ignored in` notices whose traceback has not begun yet. Counted, not read off the
         # line before: two ranks' unraisable tracebacks go to stderr untagged and interleave, a notice in the
         # middle of another's line or a line or two before its own `Traceback` (seen while the model compiles).

@@ -31,7 +31,7 @@ from ..errors import LabError
 
 # The module each rank runs as (`python -m`): what the fault matrix looks for in process command lines.
 RANK_MODULE = "pytest_b70lab.engine.probe"
-TEARDOWN_GRACE_S = 10.0   # how long a rank's process group may outlive the rank before the probe fails
+TEARDOWN_GRACE_S = 10.0  # how long a rank's process group may outlive the rank before the probe fails
 STAGES = ("started", "initialized", "entered", "completed", "torn_down")
 PROBE_FILE = "probe.json"
 
@@ -76,8 +76,12 @@ class ProbeResult:
         return {**asdict(self), "ranks": [asdict(r) for r in self.ranks]}
 
     def lines(self) -> list[str]:
-        head = (f"collective probe, {self.world_size} ranks: " + ("passed" if self.passed else "FAILED")
-                + f" in {self.seconds:.1f} s" + (f" (injected: {self.injected})" if self.injected else ""))
+        head = (
+            f"collective probe, {self.world_size} ranks: "
+            + ("passed" if self.passed else "FAILED")
+            + f" in {self.seconds:.1f} s"
+            + (f" (injected: {self.injected})" if self.injected else "")
+        )
         return [head, *("  " + r.describe() for r in self.ranks), *("  " + p for p in self.problems)]
 
 
@@ -118,8 +122,15 @@ def _state(rank: int, events: list[dict]) -> RankState:
     return state
 
 
-def _watch(procs: list[subprocess.Popen], out_dir: Path, world_size: int, t0: float, deadline_s: float,
-           collective_s: float, problems: list[str]) -> None:
+def _watch(
+    procs: list[subprocess.Popen],
+    out_dir: Path,
+    world_size: int,
+    t0: float,
+    deadline_s: float,
+    collective_s: float,
+    problems: list[str],
+) -> None:
     """Until every rank has exited, or a deadline: the whole probe's, or the all_reduce's from the moment
     the first rank entered it."""
     entered_at: float | None = None
@@ -129,8 +140,7 @@ def _watch(procs: list[subprocess.Popen], out_dir: Path, world_size: int, t0: fl
         if entered_at is None and any("entered" in s.reached for s in states):
             entered_at = now
         if entered_at is not None and now - entered_at > collective_s:
-            problems.append(f"the all_reduce did not complete within {collective_s:g} s of the first rank "
-                            f"entering it")
+            problems.append(f"the all_reduce did not complete within {collective_s:g} s of the first rank entering it")
             return
         if now - t0 > deadline_s:
             problems.append(f"the probe did not finish within its {deadline_s:g} s deadline")
@@ -138,8 +148,15 @@ def _watch(procs: list[subprocess.Popen], out_dir: Path, world_size: int, t0: fl
         time.sleep(0.2)
 
 
-def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, deadline_s: float = PROBE_DEADLINE_S,
-                      collective_s: float = 20.0, stall_rank: int | None = None) -> ProbeResult:
+def probe_collectives(
+    world_size: int,
+    out_dir: Path,
+    env: dict[str, str],
+    *,
+    deadline_s: float = PROBE_DEADLINE_S,
+    collective_s: float = 20.0,
+    stall_rank: int | None = None,
+) -> ProbeResult:
     """Run the probe; never raises for a failed probe (see ProbeResult.passed). `deadline_s` bounds the whole
     probe (imports and rendezvous included); `collective_s` bounds the all_reduce itself, from the moment
     the first rank enters it."""
@@ -158,8 +175,7 @@ def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, de
         if stall_rank is not None:
             args.append(str(stall_rank))
         with open(out_dir / f"rank-{rank}.log", "w") as log:
-            procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+            procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     problems: list[str] = []
     try:
         _watch(procs, out_dir, world_size, t0, deadline_s, collective_s, problems)
@@ -169,23 +185,25 @@ def probe_collectives(world_size: int, out_dir: Path, env: dict[str, str], *, de
                 processes.end_group(p)
         shutil.rmtree(ipc, ignore_errors=True)
     states = [_state(r, _read_events(out_dir / f"rank-{r}.jsonl")) for r in range(world_size)]
-    for state, p in zip(states, procs):
+    for state, p in zip(states, procs, strict=False):
         state.exit_code = p.returncode
         state.gone = processes.group_gone_within(p.pid, TEARDOWN_GRACE_S)
         if not state.gone:
             left = [f"{m.pid} {m.name}" for m in processes.group_members(p.pid)]
             processes.signal_group(p.pid)  # the rank itself is gone, so nothing waits on it: kill what it left
-            problems.append(f"rank {state.rank}: process group {p.pid} still had processes "
-                            f"{TEARDOWN_GRACE_S:g} s after the rank exited (killed: {', '.join(left) or '?'})")
+            problems.append(
+                f"rank {state.rank}: process group {p.pid} still had processes "
+                f"{TEARDOWN_GRACE_S:g} s after the rank exited (killed: {', '.join(left) or '?'})"
+            )
     ok = all("torn_down" in s.reached and s.correct and s.exit_code == 0 and not s.error for s in states)
     injected = f"rank {stall_rank} stalls before the all_reduce" if stall_rank is not None else None
-    result = ProbeResult(world_size, ok and not problems, round(time.monotonic() - t0, 2), states, problems,
-                         injected)
+    result = ProbeResult(world_size, ok and not problems, round(time.monotonic() - t0, 2), states, problems, injected)
     (out_dir / PROBE_FILE).write_text(json.dumps(result.as_dict(), indent=1) + "\n")
     return result
 
 
 # --- one rank ---------------------------------------------------------------------------------------------
+
 
 def _rank_main(argv: list[str]) -> int:
     rank, world, init, out = int(argv[0]), int(argv[1]), argv[2], Path(argv[3])
@@ -201,9 +219,8 @@ def _rank_main(argv: list[str]) -> int:
         import torch
         from vllm.config import VllmConfig, set_current_vllm_config
         from vllm.distributed import parallel_state as ps
-        from vllm.plugins import load_general_plugins
-
         from vllm.platforms import current_platform
+        from vllm.plugins import load_general_plugins
 
         load_general_plugins()  # the project's vLLM fixes, as in an engine start (the all-reduce switch)
         # The engine's own choices: the platform's backend (gloo on CPU, xccl on XPU) and, on a device,

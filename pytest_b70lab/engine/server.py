@@ -31,7 +31,6 @@ from .command import ServeConfig, TcpListen, vllm_serve_command
 from .environment import engine_environment
 from .logs import ANSI, FATAL, RANK_TAG, TracebackEnds, is_exception_line, split_line
 
-
 # Start-up phases, recognised from vLLM's log lines; the first match of each moves the phase forward.
 PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("loading weights", re.compile(r"Starting to load model|Loading weights|Loading drafter model")),
@@ -72,20 +71,41 @@ class TeardownReport:
         return [p for p in self.processes if not p.gone]
 
     def as_dict(self) -> dict:
-        return {"clean": self.clean, "signals_sent": self.signals_sent, "seconds": round(self.seconds, 3),
-                "log_line": self.log_line, "processes": [vars(p) for p in self.processes]}
+        return {
+            "clean": self.clean,
+            "signals_sent": self.signals_sent,
+            "seconds": round(self.seconds, 3),
+            "log_line": self.log_line,
+            "processes": [vars(p) for p in self.processes],
+        }
 
 
-def start_engine(config: ServeConfig, run_dir: Path, state_dir: Path, *, deadline_s: float = 900.0,
-                 env_extra: dict[str, str] | None = None,
-                 on_progress: Callable[[str, float], None] | None = None, niceness: int = 0,
-                 tcp: TcpListen | None = None) -> EngineServer:
+def start_engine(
+    config: ServeConfig,
+    run_dir: Path,
+    state_dir: Path,
+    *,
+    deadline_s: float = 900.0,
+    env_extra: dict[str, str] | None = None,
+    on_progress: Callable[[str, float], None] | None = None,
+    niceness: int = 0,
+    tcp: TcpListen | None = None,
+) -> EngineServer:
     """A ready server for `config`, or EngineStartError (after verified teardown of what was started)."""
-    env = engine_environment(state_dir, config.world_size, {**(env_extra or {}),
-                                                            **({"VLLM_API_KEY": tcp.api_key} if tcp else {})},
-                             device=config.device)
-    server = EngineServer(lambda sock: vllm_serve_command(config.model_ref, sock, config.args(), tcp), env, run_dir,
-                          on_progress=on_progress, niceness=niceness, tcp=tcp)
+    env = engine_environment(
+        state_dir,
+        config.world_size,
+        {**(env_extra or {}), **({"VLLM_API_KEY": tcp.api_key} if tcp else {})},
+        device=config.device,
+    )
+    server = EngineServer(
+        lambda sock: vllm_serve_command(config.model_ref, sock, config.args(), tcp),
+        env,
+        run_dir,
+        on_progress=on_progress,
+        niceness=niceness,
+        tcp=tcp,
+    )
     server.start()
     try:
         server.wait_ready(deadline_s)
@@ -100,6 +120,7 @@ def _child_setup(niceness: int) -> Callable[[], None]:
         processes.own_group_dying_with_parent()
         if niceness:
             os.nice(niceness)
+
     return setup
 
 
@@ -117,9 +138,16 @@ atexit.register(_stop_all_at_exit)
 class EngineServer:
     """One `vllm serve` child. Use as a context manager, or call start(), wait_ready() and stop()."""
 
-    def __init__(self, command_args: Callable[[Path], list[str]], env: dict[str, str], log_dir: Path,
-                 on_progress: Callable[[str, float], None] | None = None, tail_lines: int = 40,
-                 niceness: int = 0, tcp: TcpListen | None = None):
+    def __init__(
+        self,
+        command_args: Callable[[Path], list[str]],
+        env: dict[str, str],
+        log_dir: Path,
+        on_progress: Callable[[str, float], None] | None = None,
+        tail_lines: int = 40,
+        niceness: int = 0,
+        tcp: TcpListen | None = None,
+    ):
         self._command_args = command_args
         self.tcp = tcp
         self.env = env
@@ -137,7 +165,8 @@ class EngineServer:
         self.fatal_lines: list[str] = []
         self._traceback_ends = TracebackEnds()
         self._tails: dict[str, collections.deque[str]] = collections.defaultdict(
-            lambda: collections.deque(maxlen=tail_lines))
+            lambda: collections.deque(maxlen=tail_lines)
+        )
         self._seen: dict[int, ProcessRecord] = {}
         self._reader: threading.Thread | None = None
         self._lines_read = 0
@@ -150,9 +179,15 @@ class EngineServer:
         (self.log_dir / "ranks").mkdir(exist_ok=True)
         (self.log_dir / "command.txt").write_text(" ".join(self.command) + "\n")
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(self.command, env=self.env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     preexec_fn=_child_setup(self.niceness), cwd=self.log_dir)
+        self.proc = subprocess.Popen(
+            self.command,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_child_setup(self.niceness),
+            cwd=self.log_dir,
+        )
         _live.add(self)
         self._note_processes()
         self._reader = threading.Thread(target=self._read_output, name="b70lab-engine-log", daemon=True)
@@ -178,8 +213,11 @@ class EngineServer:
                 # traceback of an exception Python ignored is none.
                 seen = self._traceback_ends.feed(line)
                 ends = seen == TracebackEnds.END
-                if (FATAL.search(line) or ends) and seen != TracebackEnds.IGNORED and \
-                        len(self.fatal_lines) < (40 if ends else 20):
+                if (
+                    (FATAL.search(line) or ends)
+                    and seen != TracebackEnds.IGNORED
+                    and len(self.fatal_lines) < (40 if ends else 20)
+                ):
                     self.fatal_lines.append(line)
                 self._advance_phase(line)
         for f in rank_files.values():
@@ -200,10 +238,12 @@ class EngineServer:
 
     def client(self, timeout: float = 60.0) -> httpx.Client:
         if self.tcp is not None:
-            return httpx.Client(base_url=self.tcp.base_url, timeout=timeout,
-                                headers={"Authorization": f"Bearer {self.tcp.api_key}"})
-        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
-                            base_url="http://b70lab-engine", timeout=timeout)
+            return httpx.Client(
+                base_url=self.tcp.base_url, timeout=timeout, headers={"Authorization": f"Bearer {self.tcp.api_key}"}
+            )
+        return httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket_path)), base_url="http://b70lab-engine", timeout=timeout
+        )
 
     def wait_ready(self, deadline_s: float) -> float:
         """Block until /health answers; returns seconds from start. Raises EngineStartError on death or
@@ -214,13 +254,19 @@ class EngineServer:
                 self._note_processes()
                 if self.proc.poll() is not None:
                     self._join_reader()
-                    raise EngineStartError(self.failure_report(
-                        f"the server exited with code {self.proc.returncode} during start-up "
-                        f"(phase: {self.phase}, {self.elapsed():.0f} s)"))
+                    raise EngineStartError(
+                        self.failure_report(
+                            f"the server exited with code {self.proc.returncode} during start-up "
+                            f"(phase: {self.phase}, {self.elapsed():.0f} s)"
+                        )
+                    )
                 if self.elapsed() > deadline_s:
-                    raise EngineStartError(self.failure_report(
-                        f"the server was not ready within the {deadline_s:.0f} s start-up deadline "
-                        f"(stalled in phase: {self.phase})"))
+                    raise EngineStartError(
+                        self.failure_report(
+                            f"the server was not ready within the {deadline_s:.0f} s start-up deadline "
+                            f"(stalled in phase: {self.phase})"
+                        )
+                    )
                 if self.tcp is not None or self.socket_path.exists():
                     try:
                         if client.get("/health").status_code == 200:
@@ -244,8 +290,11 @@ class EngineServer:
     def first_errors(self) -> list[str]:
         """The first few error lines of the engine's output, and any later line that says which process died
         or what a traceback raised (it can come after many ranks' tracebacks): what root_cause chooses from."""
-        later = [line for line in self.fatal_lines[8:]
-                 if "died unexpectedly" in line or is_exception_line(split_line(line)[1])]
+        later = [
+            line
+            for line in self.fatal_lines[8:]
+            if "died unexpectedly" in line or is_exception_line(split_line(line)[1])
+        ]
         return self.fatal_lines[:8] + later[:4]
 
     def failure_report(self, headline: str) -> str:
@@ -279,20 +328,27 @@ class EngineServer:
                 ip, port = sock.laddr.ip, sock.laddr.port
                 loopback = ipaddress.ip_address(ip.split("%")[0]).is_loopback
                 kind = "tcp" if sock.type == socket.SOCK_STREAM else "udp"
-                listening.append({"pid": proc.pid, "process": name, "proto": kind, "address": ip, "port": port,
-                                  "loopback": loopback})
+                listening.append(
+                    {"pid": proc.pid, "process": name, "proto": kind, "address": ip, "port": port, "loopback": loopback}
+                )
                 if not loopback:
                     problems.append(f"{name} (pid {proc.pid}) listens on {kind} {ip}:{port}, not loopback")
                 elif self.tcp is None and proc.pid == self.proc.pid and kind == "tcp":
-                    problems.append(f"the API server (pid {proc.pid}) listens on {ip}:{port}: the API belongs on "
-                                    f"the private socket only")
+                    problems.append(
+                        f"the API server (pid {proc.pid}) listens on {ip}:{port}: the API belongs on "
+                        f"the private socket only"
+                    )
         mode = stat.S_IMODE(self.socket_dir.stat().st_mode) if self.socket_dir.is_dir() else None
         if self.tcp is None and mode != 0o700:
-            problems.append(f"the socket folder {self.socket_dir} has mode {oct(mode) if mode is not None else 'gone'}"
-                            f", not 0o700")
-        return {"api": f"tcp {self.tcp.base_url}" if self.tcp else f"unix {self.socket_path}",
-                "socket_dir_mode": oct(mode) if mode is not None else None,
-                "listening": sorted(listening, key=lambda x: (x["process"], x["port"])), "problems": problems}
+            problems.append(
+                f"the socket folder {self.socket_dir} has mode {oct(mode) if mode is not None else 'gone'}, not 0o700"
+            )
+        return {
+            "api": f"tcp {self.tcp.base_url}" if self.tcp else f"unix {self.socket_path}",
+            "socket_dir_mode": oct(mode) if mode is not None else None,
+            "listening": sorted(listening, key=lambda x: (x["process"], x["port"])),
+            "problems": problems,
+        }
 
     # --- teardown -------------------------------------------------------------------------------------
 

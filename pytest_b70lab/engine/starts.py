@@ -48,9 +48,22 @@ def log_findings(lines: list[str], limit: int = 50) -> dict[str, list[str]]:
     ends = TracebackEnds()
     found[EXCEPTION_FINDING] = [line for line in lines if ends.feed(line) == ends.END][:limit]
     return found
+
+
 # ZE_, ONEAPI_ and CCL_: the XPU profile's device selection and oneCCL settings (xpu_environment).
-ENV_KEYS_RECORDED = ("VLLM_", "B70LAB_", "OMP_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LD_PRELOAD",
-                     "ZE_", "ONEAPI_", "CCL_", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+ENV_KEYS_RECORDED = (
+    "VLLM_",
+    "B70LAB_",
+    "OMP_",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "LD_PRELOAD",
+    "ZE_",
+    "ONEAPI_",
+    "CCL_",
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+)
 # Evidence and the dry run are shared and kept: a variable named like a secret shows that it was set, never
 # its value (VLLM_API_KEY of the benchmark mode, a B70LAB_*_TOKEN a lab passes through).
 SECRET_NAME = re.compile(r"_TOKEN$|KEY|SECRET|PASSWORD", re.IGNORECASE)
@@ -59,8 +72,9 @@ REDACTED = "<redacted>"
 
 def recorded_environment(env: dict[str, str]) -> dict[str, str]:
     """The variables of the engine's environment that shape a start, secrets' values redacted."""
-    return {k: REDACTED if SECRET_NAME.search(k) else v for k, v in sorted(env.items())
-            if k.startswith(ENV_KEYS_RECORDED)}
+    return {
+        k: REDACTED if SECRET_NAME.search(k) else v for k, v in sorted(env.items()) if k.startswith(ENV_KEYS_RECORDED)
+    }
 
 
 @dataclass(frozen=True)
@@ -103,14 +117,19 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
             else:
                 folder = the_mini() / part
                 tables[part] = checkpoint.table_from_mini_manifest(manifest, part)
-            return evidence.ModelRef(ref=str(folder), manifest_digest=manifest["model_digest"],
-                                     manifest_path=str(built / mini.MANIFEST), digest=tables[part]["digest"]), folder
+            return evidence.ModelRef(
+                ref=str(folder),
+                manifest_digest=manifest["model_digest"],
+                manifest_path=str(built / mini.MANIFEST),
+                digest=tables[part]["digest"],
+            ), folder
         if source.source == "path":
             folder = model_folder(source)
             # Missing, or an earlier export of another mini (the mark says so): export the current one. A
             # folder without the mark is somebody's checkpoint and is never touched.
-            if source.if_missing == "mini-export" and (not folder.is_dir()
-                                                       or (folder.parent / mini.EXPORT_MARK).is_file()):
+            if source.if_missing == "mini-export" and (
+                not folder.is_dir() or (folder.parent / mini.EXPORT_MARK).is_file()
+            ):
                 mini.export_plain(the_mini(), folder.parent)
             if not folder.is_dir():
                 raise contract_mod.ContractError(f"contract {contract.name}: {part}.path {folder} is not a folder")
@@ -123,11 +142,12 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
             tables[part] = checkpoint.read_table(checkpoint.hub_snapshot(source.hub_id, source.revision), cache_root)
         except checkpoint.CheckpointError as e:
             tables[part], tables["problems"][part] = None, str(e)
-        return evidence.ModelRef(ref=source.hub_id, revision=source.revision,
-                                 digest=(tables[part] or {}).get("digest")), source.hub_id
+        return evidence.ModelRef(
+            ref=source.hub_id, revision=source.revision, digest=(tables[part] or {}).get("digest")
+        ), source.hub_id
 
     target_ref, target_model = one(contract.target, "target")
-    draft_ref, draft_model = (one(contract.draft, "draft") if contract.draft else (None, None))
+    draft_ref, draft_model = one(contract.draft, "draft") if contract.draft else (None, None)
     return ResolvedModels(target_ref, draft_ref, target_model, draft_model, tables)
 
 
@@ -135,32 +155,47 @@ def serve_config(contract: Contract, models: ResolvedModels) -> ServeConfig:
     e = contract.engine
     spec = contract.speculative
     return ServeConfig(
-        model=models.target_model, revision=contract.target.revision, dtype=e.dtype,
-        kv_cache_dtype=e.kv_cache_dtype, block_size=e.block_size, tensor_parallel=e.tensor_parallel,
-        expert_parallel=e.expert_parallel, draft=models.draft_model,
+        model=models.target_model,
+        revision=contract.target.revision,
+        dtype=e.dtype,
+        kv_cache_dtype=e.kv_cache_dtype,
+        block_size=e.block_size,
+        tensor_parallel=e.tensor_parallel,
+        expert_parallel=e.expert_parallel,
+        draft=models.draft_model,
         draft_revision=contract.draft.revision if contract.draft else None,
         speculative_method=spec.method if spec else "dflash",
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-        max_model_len=e.max_model_len, enforce_eager=e.compile_mode == "eager",
-        attention_backend=e.attention_backend, seed=e.seed,
+        max_model_len=e.max_model_len,
+        enforce_eager=e.compile_mode == "eager",
+        attention_backend=e.attention_backend,
+        seed=e.seed,
         tool_call_parser=contract.chat.tool_call_parser if contract.chat else None,
-        chat_template=(contract_mod.repo_path(contract.chat.chat_template)
-                       if contract.chat and contract.chat.chat_template else None),
-        device=e.device)
+        chat_template=(
+            contract_mod.repo_path(contract.chat.chat_template)
+            if contract.chat and contract.chat.chat_template
+            else None
+        ),
+        device=e.device,
+    )
 
 
 def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) -> str:
     """The resolved contract, its digest, and the exact command and environment a start would use."""
     if contract.target.source == "mini":  # where the build will be, without building it
         folder = mini.folder_for(cache_root / "mini")
-        models = ResolvedModels(evidence.ModelRef(ref=str(folder / "target")), None, folder / "target",
-                                folder / "draft" if contract.draft else None, {})
+        models = ResolvedModels(
+            evidence.ModelRef(ref=str(folder / "target")),
+            None,
+            folder / "target",
+            folder / "draft" if contract.draft else None,
+            {},
+        )
     else:
         models = resolve_models(contract, cache_root)
     config = serve_config(contract, models)
     run_dir = run_dir or Path("data/runs/<timestamp>")
-    env = engine_environment(Path("<cache>/engine-state"), config.world_size, **_env_kind(contract),
-                                    materialize=False)
+    env = engine_environment(Path("<cache>/engine-state"), config.world_size, **_env_kind(contract), materialize=False)
     cmd = vllm_serve_command(config.model_ref, Path("<private 0700 dir>/engine.sock"), config.args())
     shown_env = recorded_environment(env)
     lines = [
@@ -183,8 +218,10 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
 
 
 def _env_kind(contract: Contract) -> dict:
-    return {"device": contract.engine.device,
-            "offline": contract.target.source != "hub" and (contract.draft is None or contract.draft.source != "hub")}
+    return {
+        "device": contract.engine.device,
+        "offline": contract.target.source != "hub" and (contract.draft is None or contract.draft.source != "hub"),
+    }
 
 
 def _quote(arg: str) -> str:
@@ -200,10 +237,18 @@ def _library_version(name: str) -> str | None:
     return None
 
 
-def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state_dir: Path, index: int,
-              progress: Progress | None = None, launches_log: Path | None = None,
-              quality: list[QualitySample] | None = None, probe: dict | None = None,
-              prompt_ids: list[str] | None = None) -> evidence.Evidence:
+def run_start(
+    contract: Contract,
+    models: ResolvedModels,
+    start_dir: Path,
+    state_dir: Path,
+    index: int,
+    progress: Progress | None = None,
+    launches_log: Path | None = None,
+    quality: list[QualitySample] | None = None,
+    probe: dict | None = None,
+    prompt_ids: list[str] | None = None,
+) -> evidence.Evidence:
     """One fresh engine start: audit every rank, scrape metrics, stream every prompt (or the `prompt_ids` of
     a smoke run), then (when asked) the quality samples, tear down, and write the evidence (also when any of
     it fails).
@@ -211,14 +256,18 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
     Quality answers ride on the start after its gate requests and after the closing /metrics scrape: they
     cost no extra engine start, and neither the cold-prompt nor the throughput evidence sees them."""
     say = progress or (lambda _msg: None)
-    prompts = contract_mod.select_prompts(contract_mod.load_prompts(contract), prompt_ids,
-                                          f"contract {contract.name}: the prompts asked for")
+    prompts = contract_mod.select_prompts(
+        contract_mod.load_prompts(contract), prompt_ids, f"contract {contract.name}: the prompts asked for"
+    )
     config = serve_config(contract, models)
     env = engine_environment(state_dir, config.world_size, **_env_kind(contract))
     nonce = secrets.token_hex(16)  # this start's alone: its ranks echo it in their audits
-    server = EngineServer(lambda sock: vllm_serve_command(config.model_ref, sock, config.args()),
-                          {**env, evidence.START_NONCE_ENV: nonce}, start_dir,
-                          on_progress=lambda ph, t: say(f"{contract.name} start-{index}: {ph} ({t:.0f} s)"))
+    server = EngineServer(
+        lambda sock: vllm_serve_command(config.model_ref, sock, config.args()),
+        {**env, evidence.START_NONCE_ENV: nonce},
+        start_dir,
+        on_progress=lambda ph, t: say(f"{contract.name} start-{index}: {ph} ({t:.0f} s)"),
+    )
     record = _new_record(contract, models, index, nonce, server.command, env, probe)
     if launches_log is not None:
         with open(launches_log, "a", encoding="utf-8") as f:
@@ -233,34 +282,65 @@ def run_start(contract: Contract, models: ResolvedModels, start_dir: Path, state
     except (EngineStartError, EngineRequestError, OSError, ValueError) as e:
         # A start-up failure already carries the logs' error lines; anything later gets them added.
         message = str(e) if isinstance(e, EngineStartError) else server.failure_report(str(e))
-        record.failure = evidence.Failure(message=message, phase=server.phase, tails=server.tails(),
-                                          first_errors=server.first_errors())
+        record.failure = evidence.Failure(
+            message=message, phase=server.phase, tails=server.tails(), first_errors=server.first_errors()
+        )
     except BaseException as e:  # Ctrl-C or a bug: still tear down and keep what was seen
-        record.failure = evidence.Failure(message=f"interrupted: {type(e).__name__}: {e}", phase=server.phase,
-                                          tails=server.tails(), first_errors=server.first_errors())
+        record.failure = evidence.Failure(
+            message=f"interrupted: {type(e).__name__}: {e}",
+            phase=server.phase,
+            tails=server.tails(),
+            first_errors=server.first_errors(),
+        )
         _finish(server, record, start_dir)
         raise
     _finish(server, record, start_dir)
     return record
 
 
-def _new_record(contract: Contract, models: ResolvedModels, index: int, nonce: str, command: list[str],
-                env: dict[str, str], probe: dict | None) -> evidence.Evidence:
+def _new_record(
+    contract: Contract,
+    models: ResolvedModels,
+    index: int,
+    nonce: str,
+    command: list[str],
+    env: dict[str, str],
+    probe: dict | None,
+) -> evidence.Evidence:
     """The evidence of a start about to launch: failed until the start says otherwise."""
-    created_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    created_at = dt.datetime.now(dt.UTC).isoformat()
     return evidence.Evidence(
-        role=contract.kind, start_index=index, created_at=created_at,
+        role=contract.kind,
+        start_index=index,
+        created_at=created_at,
         identity=evidence.StartIdentity(nonce=nonce, launched_at=created_at),
-        contract=evidence.ContractRef(name=contract.name, kind=contract.kind, digest=contract.digest,
-                                      canonical=contract.canonical()),
-        target=models.target, draft=models.draft,
-        engine=evidence.EngineInfo(vllm_version=_library_version("vllm"), torch_version=_library_version("torch"),
-                                   command=command, environment=recorded_environment(env)),
-        status="failed", probe=probe, host=host.cpu_identity(environ=env))
+        contract=evidence.ContractRef(
+            name=contract.name, kind=contract.kind, digest=contract.digest, canonical=contract.canonical()
+        ),
+        target=models.target,
+        draft=models.draft,
+        engine=evidence.EngineInfo(
+            vllm_version=_library_version("vllm"),
+            torch_version=_library_version("torch"),
+            command=command,
+            environment=recorded_environment(env),
+        ),
+        status="failed",
+        probe=probe,
+        host=host.cpu_identity(environ=env),
+    )
 
 
-def _observe_serving(server: EngineServer, client, record: evidence.Evidence, contract: Contract,
-                     prompts: list, index: int, say: Progress, quality: list[QualitySample] | None) -> None:
+def _observe_serving(
+    server: EngineServer,
+    client,
+    record: evidence.Evidence,
+    contract: Contract,
+    prompts: list,
+    index: int,
+    say: Progress,
+    quality: list[QualitySample] | None,
+) -> None:
     """What a ready start is asked, in order: the ranks' audits, /metrics, every gate prompt, /metrics again,
     then the quality samples (after the closing scrape: no gate evidence sees them)."""
     server.phase = "auditing the ranks"
@@ -270,19 +350,34 @@ def _observe_serving(server: EngineServer, client, record: evidence.Evidence, co
     model = served_model(client)
     server.phase = "serving the gate prompts"
     for p in prompts:
-        r = stream_completion(client, model, p.prompt, contract.decode.tokens_per_request,
-                              prompt_id=p.id, timeout_s=contract.deadlines.request_s)
+        r = stream_completion(
+            client,
+            model,
+            p.prompt,
+            contract.decode.tokens_per_request,
+            prompt_id=p.id,
+            timeout_s=contract.deadlines.request_s,
+        )
         record.requests.append(r)
-        say(f"{contract.name} start-{index}: {p.id} {len(r.token_ids)} tokens"
-            + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else ""))
+        say(
+            f"{contract.name} start-{index}: {p.id} {len(r.token_ids)} tokens"
+            + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else "")
+        )
     record.metrics_after = metrics_text(client)
     if quality:
         server.phase = "serving the quality samples"
         _ask_quality(client, model, quality, record, contract, index, say)
 
 
-def _ask_quality(client, model: str, samples: list[QualitySample], record: evidence.Evidence,
-                 contract: Contract, index: int, say: Progress) -> None:
+def _ask_quality(
+    client,
+    model: str,
+    samples: list[QualitySample],
+    record: evidence.Evidence,
+    contract: Contract,
+    index: int,
+    say: Progress,
+) -> None:
     from ..quality.judge import variants
 
     assert contract.quality is not None
@@ -292,22 +387,29 @@ def _ask_quality(client, model: str, samples: list[QualitySample], record: evide
             answer = quality_answer(client, model, sample, variant, timeout_s=contract.quality.request_s)
             failed += answer.error is not None
             record.quality.append(answer)
-    say(f"{contract.name} start-{index}: {len(record.quality)} quality answers in {time.monotonic() - t0:.0f} s"
-        + (f", {failed} requests failed" if failed else ""))
+    say(
+        f"{contract.name} start-{index}: {len(record.quality)} quality answers in {time.monotonic() - t0:.0f} s"
+        + (f", {failed} requests failed" if failed else "")
+    )
 
 
 def _finish(server: EngineServer, record: evidence.Evidence, start_dir: Path) -> None:
     report = server.stop()
     record.teardown = report.as_dict()
-    record.logs = {"server": "server.log", "command": "command.txt",
-                   **{f"rank:{p.stem}": f"ranks/{p.name}" for p in sorted((start_dir / "ranks").glob("*.log"))}}
+    record.logs = {
+        "server": "server.log",
+        "command": "command.txt",
+        **{f"rank:{p.stem}": f"ranks/{p.name}" for p in sorted((start_dir / "ranks").glob("*.log"))},
+    }
     log = start_dir / "server.log"
     lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.exists() else []
-    record.log_findings = log_findings(lines[:report.log_line])  # before teardown: after it, the shutdown speaks
+    record.log_findings = log_findings(lines[: report.log_line])  # before teardown: after it, the shutdown speaks
     if record.status == "ok" and not report.clean:
         record.status = "failed"
-        record.failure = evidence.Failure(message="engine processes outlived teardown: "
-                                          + ", ".join(f"pid {p.pid} {p.name}" for p in report.survivors()))
+        record.failure = evidence.Failure(
+            message="engine processes outlived teardown: "
+            + ", ".join(f"pid {p.pid} {p.name}" for p in report.survivors())
+        )
     evidence.write(record, start_dir)
 
 
@@ -319,14 +421,13 @@ def start_dirs(run_dir: Path, contract: Contract) -> list[Path]:
 class ProbeOptions:
     enabled: bool = True
     deadline_s: float = PROBE_DEADLINE_S
-    stall_rank: int | None = None   # tests: make this rank stall before the all_reduce
+    stall_rank: int | None = None  # tests: make this rank stall before the all_reduce
 
 
 def probe_environment(contract: Contract, cache_root: Path) -> dict[str, str]:
     """The probe's ranks get the environment an engine start of `contract` gets (the same communicator
     switches, device selection and oneCCL settings), so that the probe exercises what the engine will."""
-    return engine_environment(cache_root / "engine-state", contract.engine.tensor_parallel,
-                                     **_env_kind(contract))
+    return engine_environment(cache_root / "engine-state", contract.engine.tensor_parallel, **_env_kind(contract))
 
 
 def capability_preflight(contract: Contract, progress: Progress | None = None) -> None:
@@ -341,8 +442,14 @@ def capability_preflight(contract: Contract, progress: Progress | None = None) -
     (progress or (lambda _msg: None))(f"{contract.name}: capability preflight: nothing this machine would refuse")
 
 
-def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
-                    stall_rank: int | None = None, deadline_s: float = PROBE_DEADLINE_S) -> dict:
+def preflight_probe(
+    contract: Contract,
+    run_dir: Path,
+    cache_root: Path,
+    progress: Progress | None = None,
+    stall_rank: int | None = None,
+    deadline_s: float = PROBE_DEADLINE_S,
+) -> dict:
     """The collective probe before a run folder's first engine start (once per run folder: a later kind in
     the same session reuses a passed probe). Raises ProbeError, with every rank's state, when it fails."""
     from .probe import PROBE_FILE, ProbeError, probe_collectives
@@ -351,19 +458,24 @@ def preflight_probe(contract: Contract, run_dir: Path, cache_root: Path, progres
     done = folder / PROBE_FILE
     if done.is_file() and stall_rank is None:
         recorded = evidence.read_json(done, "collective probe result", evidence.EvidenceError)
-        if isinstance(recorded, dict) and recorded.get("passed") and recorded.get("world_size") == \
-                contract.engine.tensor_parallel:
+        if (
+            isinstance(recorded, dict)
+            and recorded.get("passed")
+            and recorded.get("world_size") == contract.engine.tensor_parallel
+        ):
             return recorded
     say = progress or (lambda _msg: None)
     world = contract.engine.tensor_parallel
     say(f"{contract.name}: collective probe over {world} ranks")
-    result = probe_collectives(world, folder, probe_environment(contract, cache_root), deadline_s=deadline_s,
-                               stall_rank=stall_rank)
+    result = probe_collectives(
+        world, folder, probe_environment(contract, cache_root), deadline_s=deadline_s, stall_rank=stall_rank
+    )
     for line in result.lines():
         say(line)
     if not result.passed:
-        raise ProbeError("collective probe failed: " + "; ".join(line.strip() for line in result.lines()[1:])
-                         + f" ({done})")
+        raise ProbeError(
+            "collective probe failed: " + "; ".join(line.strip() for line in result.lines()[1:]) + f" ({done})"
+        )
     return result.as_dict()
 
 
@@ -376,9 +488,16 @@ def write_run_files(folder: Path, contract: Contract, models: ResolvedModels) ->
     (folder / run_folder.PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
 
 
-def run_starts(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
-            starts: int | None = None, quality: list[QualitySample] | None = None,
-            probe: ProbeOptions | None = None, prompt_ids: list[str] | None = None) -> list[evidence.Evidence]:
+def run_starts(
+    contract: Contract,
+    run_dir: Path,
+    cache_root: Path,
+    progress: Progress | None = None,
+    starts: int | None = None,
+    quality: list[QualitySample] | None = None,
+    probe: ProbeOptions | None = None,
+    prompt_ids: list[str] | None = None,
+) -> list[evidence.Evidence]:
     """Every fresh start of `contract`; quality samples (if any) are asked on start-1 only: the later starts
     exist to reproduce the gate evidence. The capability preflight comes first (milliseconds), then the models
     are checked (seconds), then the preflight probe runs (its result goes into each start's evidence), then
@@ -388,24 +507,43 @@ def run_starts(contract: Contract, run_dir: Path, cache_root: Path, progress: Pr
         capability_preflight(contract, progress)
     models = resolve_models(contract, cache_root)
     if not preflights:
-        probe_result = {"skipped": "the preflight collective probe and the capability preflight were turned off "
-                                   "(--b70-no-probe)"}
+        probe_result = {
+            "skipped": "the preflight collective probe and the capability preflight were turned off (--b70-no-probe)"
+        }
     else:
         probe_result = preflight_probe(contract, run_dir, cache_root, progress, probe.stall_rank, probe.deadline_s)
     write_run_files(run_folder.kind_dir(run_dir, contract.kind), contract, models)
     records: list[evidence.Evidence] = []
     for i, d in enumerate(start_dirs(run_dir, contract)[: starts or None], 1):
-        records.append(run_start(contract, models, d, cache_root / "engine-state", i, progress,
-                                 run_dir / run_folder.LAUNCHES_LOG, quality if i == 1 else None, probe_result,
-                                 prompt_ids))
+        records.append(
+            run_start(
+                contract,
+                models,
+                d,
+                cache_root / "engine-state",
+                i,
+                progress,
+                run_dir / run_folder.LAUNCHES_LOG,
+                quality if i == 1 else None,
+                probe_result,
+                prompt_ids,
+            )
+        )
         if records[-1].status != "ok":
             break  # nothing can be promoted past a failed start: do not spend another start on it
     return records
 
 
-def run_starts_once(contract: Contract, run_dir: Path, cache_root: Path, progress: Progress | None = None,
-                 starts: int | None = None, quality: list[QualitySample] | None = None,
-                 probe: ProbeOptions | None = None, prompt_ids: list[str] | None = None) -> list[evidence.Evidence]:
+def run_starts_once(
+    contract: Contract,
+    run_dir: Path,
+    cache_root: Path,
+    progress: Progress | None = None,
+    starts: int | None = None,
+    quality: list[QualitySample] | None = None,
+    probe: ProbeOptions | None = None,
+    prompt_ids: list[str] | None = None,
+) -> list[evidence.Evidence]:
     """Collect under a file lock: the first pytest-xdist worker to get it runs the engine, every other one
     (and any later call) reads the evidence it wrote."""
     from filelock import FileLock
@@ -418,21 +556,32 @@ def run_starts_once(contract: Contract, run_dir: Path, cache_root: Path, progres
             if done.get("contract_digest") != contract.digest:
                 raise evidence.EvidenceError(
                     f"{run_dir} holds evidence of contract digest {done.get('contract_digest')}, "
-                    f"not {contract.name} ({contract.digest}): use a new --b70-run-dir")
+                    f"not {contract.name} ({contract.digest}): use a new --b70-run-dir"
+                )
             if done.get("prompts") != prompt_ids:
                 raise evidence.EvidenceError(
                     f"{run_dir} holds {contract.kind} evidence of prompts {done.get('prompts') or 'all'}, this "
-                    f"session asks for {prompt_ids or 'all'}: use a new --b70-run-dir")
+                    f"session asks for {prompt_ids or 'all'}: use a new --b70-run-dir"
+                )
             if quality and not done.get("quality"):
                 raise evidence.EvidenceError(
                     f"{run_dir} holds {contract.kind} evidence collected without quality samples: "
-                    f"use a new --b70-run-dir to judge quality")
+                    f"use a new --b70-run-dir to judge quality"
+                )
             return [evidence.read(run_dir / rel) for rel in done["starts"]]
         records = run_starts(contract, run_dir, cache_root, progress, starts, quality, probe, prompt_ids)
-        mark.write_text(json.dumps({"contract": contract.name, "contract_digest": contract.digest,
-                                    "quality": bool(quality), "prompts": prompt_ids,
-                                    "starts": [str(d.relative_to(run_dir))
-                                               for d in start_dirs(run_dir, contract)[:len(records)]]}) + "\n")
+        mark.write_text(
+            json.dumps(
+                {
+                    "contract": contract.name,
+                    "contract_digest": contract.digest,
+                    "quality": bool(quality),
+                    "prompts": prompt_ids,
+                    "starts": [str(d.relative_to(run_dir)) for d in start_dirs(run_dir, contract)[: len(records)]],
+                }
+            )
+            + "\n"
+        )
         return records
 
 
@@ -448,15 +597,23 @@ def checkpoint_tables(run_dir: Path, contract: Contract, cache_root: Path) -> di
         if not isinstance(tables, dict) or "target" not in tables:
             raise evidence.EvidenceError(f"checkpoint tables {path} have no target table: the file is damaged")
         if tables.get("contract_digest") != contract.digest:
-            raise evidence.EvidenceError(f"checkpoint tables {path} were written for contract digest "
-                                         f"{tables.get('contract_digest')}, this run is {contract.name} "
-                                         f"({contract.digest})")
-        found = [problem for part in ("target", "draft") if isinstance(tables.get(part), dict)
-                 for problem in checkpoint.table_contradictions(tables[part], part)]
+            raise evidence.EvidenceError(
+                f"checkpoint tables {path} were written for contract digest "
+                f"{tables.get('contract_digest')}, this run is {contract.name} "
+                f"({contract.digest})"
+            )
+        found = [
+            problem
+            for part in ("target", "draft")
+            if isinstance(tables.get(part), dict)
+            for problem in checkpoint.table_contradictions(tables[part], part)
+        ]
         if found:
-            raise evidence.EvidenceError(f"checkpoint tables {path}: {found[0]}"
-                                         + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
-                                         + ": the copy contradicts itself, so no gate is judged against it")
+            raise evidence.EvidenceError(
+                f"checkpoint tables {path}: {found[0]}"
+                + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+                + ": the copy contradicts itself, so no gate is judged against it"
+            )
         return tables
     try:
         return resolve_models(contract, cache_root).tables

@@ -25,9 +25,15 @@ EMULATIONS = ("avx2",)
 # What the launcher adds to the engine's environment under the emulation (read by torch at load).
 EMULATION_ENVIRONMENT = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 # torch.cpu's capability answers an AVX2-only x86 CPU gives: none of these instruction sets.
-_ABSENT_ON_AVX2 = ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
-                   "_is_avx512_fp16_supported", "_is_amx_tile_supported", "_is_amx_fp16_supported",
-                   "_init_amx")
+_ABSENT_ON_AVX2 = (
+    "_is_avx512_supported",
+    "_is_avx512_bf16_supported",
+    "_is_avx512_vnni_supported",
+    "_is_avx512_fp16_supported",
+    "_is_amx_tile_supported",
+    "_is_amx_fp16_supported",
+    "_init_amx",
+)
 _applied: str | None = None
 OP_LIBRARY = re.compile(r"/vllm/(?P<name>_C(?:_AVX2|_AVX512)?)\.[\w.]*so$")
 
@@ -41,8 +47,9 @@ def requested(environ=os.environ) -> str | None:
     if value in ("", "none", "off", "0"):
         return None
     if value not in EMULATIONS:
-        raise EmulationError(f"{ENV_EMULATE}={value!r}: known emulations are {', '.join(EMULATIONS)} "
-                             f"(or unset for the CPU as it is)")
+        raise EmulationError(
+            f"{ENV_EMULATE}={value!r}: known emulations are {', '.join(EMULATIONS)} (or unset for the CPU as it is)"
+        )
     return value
 
 

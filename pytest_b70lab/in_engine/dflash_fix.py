@@ -61,8 +61,10 @@ class GroupedRmsNormOps:
             self._ops.rms_norm(out, input, weight, epsilon)
             return
         if out.shape[0] != weight.shape[0] or input.shape[0] != weight.shape[0]:
-            raise ValueError(f"grouped rms_norm: weight {tuple(weight.shape)} does not match input "
-                             f"{tuple(input.shape)} / out {tuple(out.shape)} on the outermost axis")
+            raise ValueError(
+                f"grouped rms_norm: weight {tuple(weight.shape)} does not match input "
+                f"{tuple(input.shape)} / out {tuple(out.shape)} on the outermost axis"
+            )
         for g in range(weight.shape[0]):
             if out[g].is_contiguous():
                 self._ops.rms_norm(out[g], input[g].contiguous(), weight[g], epsilon)
@@ -98,8 +100,10 @@ def register() -> str:
     global _status
     if _status is not None:
         return _status
-    if os.environ.get(ENV_SWITCH, "").lower() in ("off", "0", "none") or \
-            os.environ.get("B70LAB_VLLM_FIXES", "").strip() == "none":
+    if (
+        os.environ.get(ENV_SWITCH, "").lower() in ("off", "0", "none")
+        or os.environ.get("B70LAB_VLLM_FIXES", "").strip() == "none"
+    ):
         _status = "disabled"
     else:
         try:

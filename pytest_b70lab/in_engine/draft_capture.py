@@ -51,14 +51,18 @@ class _Recorder:
         if slot_mapping is None or self.pending_aux is None:  # dummy run: computed, not stored
             self.step = None
             return
-        self.step = {"aux_hidden": self.pending_aux, "context_states": self.pending_states,
-                     "context_positions": self._keep(positions)}
+        self.step = {
+            "aux_hidden": self.pending_aux,
+            "context_states": self.pending_states,
+            "context_positions": self._keep(positions),
+        }
         self.pending_aux = self.pending_states = None
 
     def query(self, input_ids, positions, hidden) -> None:
         if self.step is not None and "input_ids" not in self.step:
-            self.step.update(input_ids=self._keep(input_ids), positions=self._keep(positions),
-                             hidden=self._keep(hidden))
+            self.step.update(
+                input_ids=self._keep(input_ids), positions=self._keep(positions), hidden=self._keep(hidden)
+            )
 
     def logits(self, logits) -> None:
         step, self.step = self.step, None
@@ -83,7 +87,11 @@ def install(folder: Path) -> bool:
         return False
     recorder = _Recorder(folder)
     combine, precompute, forward, compute_logits = (
-        cls.combine_hidden_states, cls.precompute_and_store_context_kv, cls.forward, cls.compute_logits)
+        cls.combine_hidden_states,
+        cls.precompute_and_store_context_kv,
+        cls.forward,
+        cls.compute_logits,
+    )
 
     def combine_hidden_states(self, hidden_states):
         out = combine(self, hidden_states)

@@ -34,8 +34,16 @@ import time
 from dataclasses import dataclass
 
 ENV = "B70LAB_FAULT"
-FAULTS = ("collective-stall", "die-loading", "raise-loading", "raise-kv-cache", "die-decode", "engine-core-exit",
-          "stream-cut", "slow-decode")
+FAULTS = (
+    "collective-stall",
+    "die-loading",
+    "raise-loading",
+    "raise-kv-cache",
+    "die-decode",
+    "engine-core-exit",
+    "stream-cut",
+    "slow-decode",
+)
 log = logging.getLogger("vllm.b70lab_faults")
 
 
@@ -63,8 +71,9 @@ def parse(spec: str | None) -> Fault | None:
         raise ValueError(f"{ENV}={spec!r}: {parts[0]} needs a rank ({parts[0]}:RANK)")
     if parts[0] == "slow-decode":
         if len(parts) < 3 or int(parts[2]) <= 0:
-            raise ValueError(f"{ENV}={spec!r}: slow-decode needs a rank and a positive percentage "
-                             f"(slow-decode:RANK:PERCENT[:START])")
+            raise ValueError(
+                f"{ENV}={spec!r}: slow-decode needs a rank and a positive percentage (slow-decode:RANK:PERCENT[:START])"
+            )
         return Fault(parts[0], int(parts[1]), int(parts[2]), int(parts[3]) if len(parts) > 3 else None)
     return Fault(parts[0], int(parts[1]), int(parts[2]) if len(parts) > 2 else None)
 
@@ -154,8 +163,10 @@ def _raise_kv_cache(fault: Fault) -> None:
     def _get_attn_isa(*args, **kwargs):
         if dist.is_initialized() and dist.get_rank() == fault.rank:
             _fired(f"rank {fault.rank} raises while its KV cache is allocated")
-            raise NotImplementedError(f"b70lab fault injected: rank {fault.rank} refuses its FP8 KV cache, as "
-                                      f"vLLM's CPU attention does on a CPU without AVX-512 or AMX")
+            raise NotImplementedError(
+                f"b70lab fault injected: rank {fault.rank} refuses its FP8 KV cache, as "
+                f"vLLM's CPU attention does on a CPU without AVX-512 or AMX"
+            )
         return original(*args, **kwargs)
 
     cpu_attn._get_attn_isa = _get_attn_isa
@@ -240,9 +251,16 @@ def _slow_decode(fault: Fault) -> None:
     Worker.execute_model = execute_model
 
 
-INSTALL = {"collective-stall": _collective_stall, "die-loading": _die_loading, "raise-loading": _raise_loading,
-           "raise-kv-cache": _raise_kv_cache, "die-decode": _die_decode,
-           "engine-core-exit": _engine_core_exit, "stream-cut": _stream_cut, "slow-decode": _slow_decode}
+INSTALL = {
+    "collective-stall": _collective_stall,
+    "die-loading": _die_loading,
+    "raise-loading": _raise_loading,
+    "raise-kv-cache": _raise_kv_cache,
+    "die-decode": _die_decode,
+    "engine-core-exit": _engine_core_exit,
+    "stream-cut": _stream_cut,
+    "slow-decode": _slow_decode,
+}
 _installed: Fault | None = None
 
 
@@ -252,8 +270,13 @@ def register() -> None:
     if fault is None or _installed is not None:
         return
     if fault.start is not None and this_start() != fault.start:
-        log.info("b70lab fault %s not armed in pid %d: it targets start-%d, this is start-%s", fault.name,
-                 os.getpid(), fault.start, this_start())
+        log.info(
+            "b70lab fault %s not armed in pid %d: it targets start-%d, this is start-%s",
+            fault.name,
+            os.getpid(),
+            fault.start,
+            this_start(),
+        )
         return
     try:
         INSTALL[fault.name](fault)

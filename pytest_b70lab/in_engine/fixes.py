@@ -38,18 +38,19 @@ def _reads_name(func: Callable, name: str) -> bool:
     """Whether the body of `func` ever reads the variable `name` (a parameter it accepts but never uses
     does not count)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
-    return any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)
-               for node in ast.walk(tree))
+    return any(
+        isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load) for node in ast.walk(tree)
+    )
 
 
 # --- 1. CPURouter: sigmoid scoring ---------------------------------------------------------------------
+
 
 def _router_rejects_sigmoid() -> bool:
     import torch
     from vllm.model_executor.layers.fused_moe.router.cpu_router import CPURouter
 
-    router = CPURouter(top_k=1, global_num_experts=2, scoring_func="sigmoid",
-                       e_score_correction_bias=torch.zeros(2))
+    router = CPURouter(top_k=1, global_num_experts=2, scoring_func="sigmoid", e_score_correction_bias=torch.zeros(2))
     try:
         router._compute_routing(torch.zeros(1, 4), torch.zeros(1, 2), None)
     except AssertionError:
@@ -65,13 +66,17 @@ def _fix_router_sigmoid() -> None:
     original = cpu_router.CPURouter._compute_routing
 
     def _compute_routing(self, hidden_states, router_logits, indices_type, *, input_ids=None):
-        if (not self.use_grouped_topk and self.custom_routing_function is None
-                and self.scoring_func == "sigmoid"):
+        if not self.use_grouped_topk and self.custom_routing_function is None and self.scoring_func == "sigmoid":
             return cpu_router._grouped_topk(
-                gating_output=router_logits, topk=self.top_k, renormalize=self.renormalize,
-                num_expert_group=1, topk_group=1, scoring_func="sigmoid",
+                gating_output=router_logits,
+                topk=self.top_k,
+                renormalize=self.renormalize,
+                num_expert_group=1,
+                topk_group=1,
+                scoring_func="sigmoid",
                 routed_scaling_factor=self.routed_scaling_factor,
-                e_score_correction_bias=self.e_score_correction_bias)
+                e_score_correction_bias=self.e_score_correction_bias,
+            )
         return original(self, hidden_states, router_logits, indices_type, input_ids=input_ids)
 
     setattr(_compute_routing, PATCHED_MARK, True)
@@ -79,6 +84,7 @@ def _fix_router_sigmoid() -> None:
 
 
 # --- 2. CPUUnquantizedExperts: expert_map under expert parallel -------------------------------------------
+
 
 def _experts_ignore_expert_map() -> bool:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
@@ -102,12 +108,36 @@ def _fix_experts_expert_map() -> None:
 
     original = cpu_moe.CPUUnquantizedExperts.apply
 
-    def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
-              global_num_experts, expert_map, *args, **kwargs):
+    def apply(
+        self,
+        output,
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        activation,
+        global_num_experts,
+        expert_map,
+        *args,
+        **kwargs,
+    ):
         if expert_map is not None:
             topk_ids, topk_weights = localize_expert_ids(topk_ids, topk_weights, expert_map)
-        return original(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,
-                        global_num_experts, expert_map, *args, **kwargs)
+        return original(
+            self,
+            output,
+            hidden_states,
+            w1,
+            w2,
+            topk_weights,
+            topk_ids,
+            activation,
+            global_num_experts,
+            expert_map,
+            *args,
+            **kwargs,
+        )
 
     setattr(apply, PATCHED_MARK, True)
     cpu_moe.CPUUnquantizedExperts.apply = apply
@@ -124,8 +154,7 @@ def _runner_drops_router_bias() -> bool:
 
     if getattr(MoERunner.load_weights, PATCHED_MARK, False):
         return False
-    return not any(BIAS_NAME in inspect.getsource(f)
-                   for f in (MoERunner.load_weights, RoutedExperts.load_weights))
+    return not any(BIAS_NAME in inspect.getsource(f) for f in (MoERunner.load_weights, RoutedExperts.load_weights))
 
 
 def _fix_runner_router_bias() -> None:
@@ -140,8 +169,9 @@ def _fix_runner_router_bias() -> None:
         for name, tensor in weights:
             if bias is not None and name.endswith(BIAS_NAME):
                 if tensor.numel() != bias.numel():
-                    raise ValueError(f"{name}: checkpoint holds {tensor.numel()} values, "
-                                     f"the router expects {bias.numel()}")
+                    raise ValueError(
+                        f"{name}: checkpoint holds {tensor.numel()} values, the router expects {bias.numel()}"
+                    )
                 with torch.no_grad():
                     bias.copy_(tensor.to(bias.dtype).reshape(bias.shape))
                 yield f"routed_experts.{BIAS_NAME}"
@@ -166,8 +196,7 @@ SHM_ALLREDUCE_ENV = "VLLM_CPU_SHM_ALLREDUCE"
 def _shm_allreduce_cannot_be_turned_off() -> bool:
     from vllm.distributed.device_communicators import cpu_communicator
 
-    return (os.environ.get(SHM_ALLREDUCE_ENV) == "0"
-            and SHM_ALLREDUCE_ENV not in inspect.getsource(cpu_communicator))
+    return os.environ.get(SHM_ALLREDUCE_ENV) == "0" and SHM_ALLREDUCE_ENV not in inspect.getsource(cpu_communicator)
 
 
 def _fix_shm_allreduce_switch() -> None:
@@ -233,6 +262,7 @@ def _nothing_to_finalize(vllm_config) -> None:
 # (portable_fp8) serves the same cache bytes in plain PyTorch; B70LAB_FP8_ATTENTION=portable forces it
 # where the native one runs. Which path each rank ran is in its audit, and gate 3 judges it.
 
+
 def _native_fp8_attention_unavailable() -> bool:
     from vllm.platforms import current_platform
 
@@ -246,23 +276,50 @@ def _native_fp8_attention_unavailable() -> bool:
 def _fix_cpu_fp8_portable_attention() -> None:
     from . import portable_fp8
 
-    portable_fp8.install(f"{portable_fp8.ENV_FORCE}=portable" if portable_fp8.forced()
-                              else "this CPU has neither AVX-512 nor AMX (as vLLM sees it)")
+    portable_fp8.install(
+        f"{portable_fp8.ENV_FORCE}=portable"
+        if portable_fp8.forced()
+        else "this CPU has neither AVX-512 nor AMX (as vLLM sees it)"
+    )
 
 
 FIXES: tuple[Fix, ...] = (
-    Fix("cpu_router_sigmoid", "CPURouter routes sigmoid + correction-bias top-k",
-        _router_rejects_sigmoid, _fix_router_sigmoid),
-    Fix("cpu_experts_expert_map", "CPUUnquantizedExperts honours expert_map (expert parallel)",
-        _experts_ignore_expert_map, _fix_experts_expert_map),
-    Fix("moe_router_bias_load", "MoERunner loads e_score_correction_bias",
-        _runner_drops_router_bias, _fix_runner_router_bias),
-    Fix("cpu_shm_allreduce_switch", f"{SHM_ALLREDUCE_ENV}=0 turns the spinning SHM all-reduce off (gloo instead)",
-        _shm_allreduce_cannot_be_turned_off, _fix_shm_allreduce_switch),
-    Fix("aot_load_plain_function", "the AOT compile cache loads a torch backend's compiled function",
-        _aot_load_requires_vllm_function, _fix_aot_load_plain_function),
-    Fix("cpu_fp8_portable_attention", "an FP8 KV cache on a CPU without AVX-512 or AMX (portable attention)",
-        _native_fp8_attention_unavailable, _fix_cpu_fp8_portable_attention),
+    Fix(
+        "cpu_router_sigmoid",
+        "CPURouter routes sigmoid + correction-bias top-k",
+        _router_rejects_sigmoid,
+        _fix_router_sigmoid,
+    ),
+    Fix(
+        "cpu_experts_expert_map",
+        "CPUUnquantizedExperts honours expert_map (expert parallel)",
+        _experts_ignore_expert_map,
+        _fix_experts_expert_map,
+    ),
+    Fix(
+        "moe_router_bias_load",
+        "MoERunner loads e_score_correction_bias",
+        _runner_drops_router_bias,
+        _fix_runner_router_bias,
+    ),
+    Fix(
+        "cpu_shm_allreduce_switch",
+        f"{SHM_ALLREDUCE_ENV}=0 turns the spinning SHM all-reduce off (gloo instead)",
+        _shm_allreduce_cannot_be_turned_off,
+        _fix_shm_allreduce_switch,
+    ),
+    Fix(
+        "aot_load_plain_function",
+        "the AOT compile cache loads a torch backend's compiled function",
+        _aot_load_requires_vllm_function,
+        _fix_aot_load_plain_function,
+    ),
+    Fix(
+        "cpu_fp8_portable_attention",
+        "an FP8 KV cache on a CPU without AVX-512 or AMX (portable attention)",
+        _native_fp8_attention_unavailable,
+        _fix_cpu_fp8_portable_attention,
+    ),
 )
 FIX_NAMES = tuple(f.name for f in FIXES)
 
@@ -276,8 +333,9 @@ def selected_fixes(spec: str | None) -> tuple[Fix, ...]:
     names = [n.strip() for n in spec.split(",") if n.strip()]
     unknown = sorted(set(names) - set(FIX_NAMES))
     if unknown:
-        raise ValueError(f"{ENV_SELECT}={spec!r}: unknown fix {', '.join(unknown)}; "
-                         f"known: all, none, {', '.join(FIX_NAMES)}")
+        raise ValueError(
+            f"{ENV_SELECT}={spec!r}: unknown fix {', '.join(unknown)}; known: all, none, {', '.join(FIX_NAMES)}"
+        )
     return tuple(f for f in FIXES if f.name in names)
 
 
@@ -304,6 +362,10 @@ def register() -> dict[str, str]:
         else:
             status[fix.name] = "not needed"
     _registered = status
-    log.info("b70lab vLLM CPU fixes (pid %d%s): %s", os.getpid(), f", emulating {emulation}" if emulation else "",
-             ", ".join(f"{name} {state}" for name, state in status.items()))
+    log.info(
+        "b70lab vLLM CPU fixes (pid %d%s): %s",
+        os.getpid(),
+        f", emulating {emulation}" if emulation else "",
+        ", ".join(f"{name} {state}" for name, state in status.items()),
+    )
     return status

@@ -33,8 +33,7 @@ def record_loaded_moments(model) -> int:
     for module in model.modules():
         if getattr(module, "quant_method", None) is None:
             continue
-        loaded = {name: moments(p) for name, p in module.named_parameters(recurse=False)
-                  if not p.is_meta and p.numel()}
+        loaded = {name: moments(p) for name, p in module.named_parameters(recurse=False) if not p.is_meta and p.numel()}
         if loaded:
             setattr(module, LOADED_MOMENTS_ATTR, loaded)
             count += len(loaded)

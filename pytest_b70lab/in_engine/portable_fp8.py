@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-ENV_FORCE = "B70LAB_FP8_ATTENTION"   # "portable" forces this path; unset / "auto": only where native cannot run
+ENV_FORCE = "B70LAB_FP8_ATTENTION"  # "portable" forces this path; unset / "auto": only where native cannot run
 FORCE_VALUES = ("auto", "portable")
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -62,11 +62,15 @@ def native_fp8_supported() -> bool:
 
 def state() -> dict[str, Any]:
     """This process's FP8 attention path, for the audit: installed or not, and why."""
-    return {"implementation": IMPLEMENTATION if _state["installed"] else "vllm-native",
-            "portable": bool(_state["installed"]), "reason": _state["reason"]}
+    return {
+        "implementation": IMPLEMENTATION if _state["installed"] else "vllm-native",
+        "portable": bool(_state["installed"]),
+        "reason": _state["reason"],
+    }
 
 
 # --- the cache write ---------------------------------------------------------------------------------------
+
 
 def fp32_reciprocal(scale: float) -> torch.Tensor:
     """1 / scale taken in fp32, as the native kernel takes it (a reciprocal in double differs in the last bit
@@ -74,7 +78,7 @@ def fp32_reciprocal(scale: float) -> torch.Tensor:
     return torch.reciprocal(torch.tensor(scale, dtype=torch.float32))
 
 
-E4M3_SMALLEST_NORMAL = 2.0 ** -6
+E4M3_SMALLEST_NORMAL = 2.0**-6
 
 
 def e4m3_codes_toward_zero(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -103,8 +107,15 @@ def _pages(half: torch.Tensor, kind: str) -> torch.Tensor:
     return half.view(blocks, heads, dim, block) if kind == "k" else half
 
 
-def write_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                slot_mapping: torch.Tensor, k_scale: float, v_scale: float) -> None:
+def write_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+) -> None:
     """Write K/V [tokens, kv heads, D] at their slots (negative slots are padding, as in vLLM)."""
     slots = slot_mapping.reshape(-1).long()
     count = slots.numel()
@@ -131,8 +142,9 @@ def _dequantize(codes: torch.Tensor, scale: float) -> torch.Tensor:
     return (values * scale).view(codes.shape)
 
 
-def _context(key_cache: torch.Tensor, value_cache: torch.Tensor, pages: torch.Tensor, length: int,
-             k_scale: float, v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _context(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, pages: torch.Tensor, length: int, k_scale: float, v_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's K as [kv heads, D, length] and V as [kv heads, length, D] in fp32, dequantized from its
     pages (K keeps the page's own [D, block] orientation: the logits need K transposed anyway)."""
     heads, dim = key_cache.shape[1], key_cache.shape[3]
@@ -141,9 +153,19 @@ def _context(key_cache: torch.Tensor, value_cache: torch.Tensor, pages: torch.Te
     return _dequantize(k.contiguous(), k_scale), _dequantize(v.contiguous(), v_scale)
 
 
-def attend(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, output: torch.Tensor,
-           query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
-           causal: bool, k_scale: float, v_scale: float) -> None:
+def attend(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    output: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    causal: bool,
+    k_scale: float,
+    v_scale: float,
+) -> None:
     """Paged attention over the FP8 cache, in fp32: each sequence's query rows are its last positions; a
     causal row sees the context and the rows before it, a non-causal row (the DFlash draft) sees all."""
     kv_heads, block = key_cache.shape[1], key_cache.shape[2]
@@ -155,14 +177,14 @@ def attend(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tens
         rows = last - first
         if rows == 0:
             continue
-        pages = block_table[r, :(length + block - 1) // block].long()
+        pages = block_table[r, : (length + block - 1) // block].long()
         k_t, v = _context(key_cache, value_cache, pages, length, k_scale, v_scale)  # [KVH, D, L], [KVH, L, D]
         q = query[first:last].float().view(rows, kv_heads, group, dim).permute(1, 2, 0, 3)  # [KVH, G, rows, D]
         out = torch.empty(kv_heads, group, rows, dim)
         for at in range(0, rows, QUERY_CHUNK):
             n = min(QUERY_CHUNK, rows - at)
             # one batched product per KV head, its query heads stacked as rows (a broadcast matmul is ~4x slower)
-            chunk = q[:, :, at:at + n].reshape(kv_heads, group * n, dim)
+            chunk = q[:, :, at : at + n].reshape(kv_heads, group * n, dim)
             logits = (torch.bmm(chunk, k_t) * scale).view(kv_heads, group, n, length)
             if causal:
                 # row i of the block is position length - rows + i: it sees keys 0 .. length - rows + i
@@ -170,11 +192,12 @@ def attend(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tens
                 hidden = torch.arange(length)[None, :] > row_pos[:, None]
                 logits = logits.masked_fill(hidden, float("-inf"))
             probs = logits.softmax(-1).view(kv_heads, group * n, length)
-            out[:, :, at:at + n] = torch.bmm(probs, v).view(kv_heads, group, n, dim)
+            out[:, :, at : at + n] = torch.bmm(probs, v).view(kv_heads, group, n, dim)
         output[first:last].copy_(out.permute(2, 0, 1, 3).reshape(output[first:last].shape))
 
 
 # --- installing it into vLLM's CPU backend -----------------------------------------------------------------
+
 
 def _is_fp8(kv_cache_dtype: str | None) -> bool:
     return bool(kv_cache_dtype) and str(kv_cache_dtype).startswith("fp8")
@@ -199,34 +222,100 @@ class PortableFp8Ops:
             raise PortableFp8Error("sliding-window attention is not served by the portable FP8 path")
         return None  # the portable attention splits no work: it has no scheduler to feed
 
-    def cpu_attn_reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, isa, *,
-                                   k_scale: float = 1.0, v_scale: float = 1.0, kv_cache_dtype: str = "auto"):
+    def cpu_attn_reshape_and_cache(
+        self,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        isa,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        kv_cache_dtype: str = "auto",
+    ):
         if not _is_fp8(kv_cache_dtype):
-            return self._native.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, isa,
-                                                           k_scale=k_scale, v_scale=v_scale,
-                                                           kv_cache_dtype=kv_cache_dtype)
+            return self._native.cpu_attn_reshape_and_cache(
+                key,
+                value,
+                key_cache,
+                value_cache,
+                slot_mapping,
+                isa,
+                k_scale=k_scale,
+                v_scale=v_scale,
+                kv_cache_dtype=kv_cache_dtype,
+            )
         _refuse_other_encodings(kv_cache_dtype)
         return write_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
-    def cpu_attention_with_kv_cache(self, *, query, key_cache, value_cache, output, query_start_loc, seq_lens,
-                                    scale, causal, alibi_slopes, sliding_window, block_table, softcap,
-                                    scheduler_metadata, s_aux, dynamic_causal=None, k_scale: float = 1.0,
-                                    v_scale: float = 1.0, kv_cache_dtype: str = "auto"):
+    def cpu_attention_with_kv_cache(
+        self,
+        *,
+        query,
+        key_cache,
+        value_cache,
+        output,
+        query_start_loc,
+        seq_lens,
+        scale,
+        causal,
+        alibi_slopes,
+        sliding_window,
+        block_table,
+        softcap,
+        scheduler_metadata,
+        s_aux,
+        dynamic_causal=None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        kv_cache_dtype: str = "auto",
+    ):
         if not _is_fp8(kv_cache_dtype):
             return self._native.cpu_attention_with_kv_cache(
-                query=query, key_cache=key_cache, value_cache=value_cache, output=output,
-                query_start_loc=query_start_loc, seq_lens=seq_lens, scale=scale, causal=causal,
-                alibi_slopes=alibi_slopes, sliding_window=sliding_window, block_table=block_table, softcap=softcap,
-                scheduler_metadata=scheduler_metadata, s_aux=s_aux, dynamic_causal=dynamic_causal,
-                k_scale=k_scale, v_scale=v_scale, kv_cache_dtype=kv_cache_dtype)
+                query=query,
+                key_cache=key_cache,
+                value_cache=value_cache,
+                output=output,
+                query_start_loc=query_start_loc,
+                seq_lens=seq_lens,
+                scale=scale,
+                causal=causal,
+                alibi_slopes=alibi_slopes,
+                sliding_window=sliding_window,
+                block_table=block_table,
+                softcap=softcap,
+                scheduler_metadata=scheduler_metadata,
+                s_aux=s_aux,
+                dynamic_causal=dynamic_causal,
+                k_scale=k_scale,
+                v_scale=v_scale,
+                kv_cache_dtype=kv_cache_dtype,
+            )
         _refuse_other_encodings(kv_cache_dtype)
-        for what, present in (("ALiBi slopes", alibi_slopes is not None), ("a sliding window", sliding_window != -1),
-                              ("a logits soft cap", bool(softcap)), ("attention sinks", s_aux is not None),
-                              ("per-request causality", dynamic_causal is not None)):
+        for what, present in (
+            ("ALiBi slopes", alibi_slopes is not None),
+            ("a sliding window", sliding_window != -1),
+            ("a logits soft cap", bool(softcap)),
+            ("attention sinks", s_aux is not None),
+            ("per-request causality", dynamic_causal is not None),
+        ):
             if present:
                 raise PortableFp8Error(f"the portable FP8 path does not serve {what}")
-        return attend(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table, scale,
-                      bool(causal), k_scale, v_scale)
+        return attend(
+            query,
+            key_cache,
+            value_cache,
+            output,
+            query_start_loc,
+            seq_lens,
+            block_table,
+            scale,
+            bool(causal),
+            k_scale,
+            v_scale,
+        )
 
 
 def _refuse_other_encodings(kv_cache_dtype: str) -> None:
@@ -247,8 +336,10 @@ def install(reason: str) -> None:
             if head_size is not None and head_size % 32:
                 raise PortableFp8Error("FP8 KV cache requires head_size divisible by 32 on CPU.")
             if block_size % PAGE_MULTIPLE:
-                raise PortableFp8Error(f"FP8 KV cache on the portable path needs a page size that is a multiple "
-                                       f"of {PAGE_MULTIPLE}; got {block_size}")
+                raise PortableFp8Error(
+                    f"FP8 KV cache on the portable path needs a page size that is a multiple "
+                    f"of {PAGE_MULTIPLE}; got {block_size}"
+                )
             return "vec"
         return native_isa(dtype, block_size, head_size, kv_cache_dtype)
 

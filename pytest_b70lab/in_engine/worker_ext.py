@@ -16,7 +16,6 @@ from typing import Any
 import psutil
 
 
-
 def _call(fn, default=None):
     try:
         return fn()
@@ -38,7 +37,7 @@ def _tensor_sha256(t) -> str:
     flat = t.detach().contiguous().view(-1).view(torch.uint8)
     digest = hashlib.sha256()
     for start in range(0, flat.numel(), HASH_CHUNK_BYTES):
-        digest.update(flat[start:start + HASH_CHUNK_BYTES].cpu().numpy().data)
+        digest.update(flat[start : start + HASH_CHUNK_BYTES].cpu().numpy().data)
     _hashed["bytes"] += flat.numel()
     _hashed["seconds"] += time.perf_counter() - t0
     return digest.hexdigest()
@@ -57,9 +56,11 @@ def _parameters(model) -> dict[str, dict[str, Any]]:
         for name in sorted(set(present) | set(loaded)):
             full = f"{module_name}.{name}" if module_name else name
             p = present.get(name)
-            entry: dict[str, Any] = {"dtype": None if p is None else str(p.dtype).removeprefix("torch."),
-                                     "shape": None if p is None else list(p.shape),
-                                     "sha256": None if p is None else _tensor_sha256(p)}
+            entry: dict[str, Any] = {
+                "dtype": None if p is None else str(p.dtype).removeprefix("torch."),
+                "shape": None if p is None else list(p.shape),
+                "sha256": None if p is None else _tensor_sha256(p),
+            }
             if name in loaded:
                 entry["moments"], entry["moments_from"] = loaded[name], "load"
             else:
@@ -81,7 +82,8 @@ def _attention_layer(layer) -> dict[str, Any]:
         "impl": _call(lambda: type(layer.impl).__name__),
         "isa": getattr(layer.impl, "isa", getattr(layer, "isa", None)) if hasattr(layer, "impl") else None,
         "quant_method": type(getattr(layer, "quant_method", None)).__name__,
-        "kv_tensor": None if kv is None or not hasattr(kv, "dtype")
+        "kv_tensor": None
+        if kv is None or not hasattr(kv, "dtype")
         else {"dtype": str(kv.dtype).removeprefix("torch."), "shape": list(kv.shape)},
         "num_heads": getattr(layer, "num_heads", None),
         "num_kv_heads": getattr(layer, "num_kv_heads", None),
@@ -107,10 +109,12 @@ def _compile_counters() -> dict[str, Any]:
     from torch._dynamo.utils import counters
     from vllm.compilation.counter import compilation_counter
 
-    return {"vllm": {k: v for k, v in vars(compilation_counter).items() if isinstance(v, (int, float))},
-            "dynamo_unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "dynamo_graph_breaks": int(sum(counters["graph_break"].values())),
-            "dynamo_graph_break_reasons": sorted(map(str, counters["graph_break"]))[:20]}
+    return {
+        "vllm": {k: v for k, v in vars(compilation_counter).items() if isinstance(v, (int, float))},
+        "dynamo_unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "dynamo_graph_breaks": int(sum(counters["graph_break"].values())),
+        "dynamo_graph_break_reasons": sorted(map(str, counters["graph_break"]))[:20],
+    }
 
 
 def _compiled_modules(models: dict[str, Any]) -> list[dict[str, Any]]:
@@ -118,16 +122,26 @@ def _compiled_modules(models: dict[str, Any]) -> list[dict[str, Any]]:
     it from vLLM's AOT compile cache: a loaded module is traced by no one, so Dynamo counts no graph for it."""
     found = []
     for owner, model in models.items():
-        for module in (model.modules() if model is not None else ()):
+        for module in model.modules() if model is not None else ():
             if not hasattr(module, "was_aot_compile_fn_loaded_from_disk"):
                 continue
             artifacts = getattr(getattr(module, "aot_compiled_fn", None), "_artifacts", None)
-            source = ("loaded" if module.was_aot_compile_fn_loaded_from_disk
-                      else "compiled" if getattr(module, "compiled", False)
-                      else "not compiled")
-            found.append({"owner": owner, "class": type(module).__name__,
-                          "tag": getattr(module, "_compile_tag", "") or None, "source": source,
-                          "aot_backend": getattr(artifacts, "backend_name", None)})
+            source = (
+                "loaded"
+                if module.was_aot_compile_fn_loaded_from_disk
+                else "compiled"
+                if getattr(module, "compiled", False)
+                else "not compiled"
+            )
+            found.append(
+                {
+                    "owner": owner,
+                    "class": type(module).__name__,
+                    "tag": getattr(module, "_compile_tag", "") or None,
+                    "source": source,
+                    "aot_backend": getattr(artifacts, "backend_name", None),
+                }
+            )
     return found
 
 
@@ -144,10 +158,13 @@ def _fp8_attention() -> dict[str, Any]:
 
     from . import cpu_emulation, portable_fp8
 
-    return {**portable_fp8.state(), "op_library": cpu_emulation.loaded_op_library(),
-            "native_supported": portable_fp8.native_fp8_supported(),
-            "emulated_cpu": cpu_emulation.applied(),
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {
+        **portable_fp8.state(),
+        "op_library": cpu_emulation.loaded_op_library(),
+        "native_supported": portable_fp8.native_fp8_supported(),
+        "emulated_cpu": cpu_emulation.applied(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 class AuditExtension:
@@ -159,9 +176,12 @@ class AuditExtension:
 
         # Which start this rank belongs to: the nonce its launch handed it, and its process's own creation
         # time (with the pid, what a copy of another start's audit cannot have).
-        out: dict[str, Any] = {"pid": os.getpid(), "global_rank": getattr(self, "rank", None),
-                               "start_nonce": os.environ.get("B70LAB_START_NONCE"),
-                               "process_started": _call(lambda: psutil.Process().create_time())}
+        out: dict[str, Any] = {
+            "pid": os.getpid(),
+            "global_rank": getattr(self, "rank", None),
+            "start_nonce": os.environ.get("B70LAB_START_NONCE"),
+            "process_started": _call(lambda: psutil.Process().create_time()),
+        }
         for key, getter in (("tp", "get_tp_group"), ("ep", "get_ep_group"), ("pp", "get_pp_group")):
             group = _call(lambda g=getter: getattr(ps, g)(), default=None)
             out[f"{key}_rank"] = getattr(group, "rank_in_group", None)
@@ -174,9 +194,14 @@ class AuditExtension:
         context = runner.compilation_config.static_forward_context
         out["attention_layers"] = {
             name: {**_attention_layer(layer), "owner": "target" if name in target_layers else "draft"}
-            for name, layer in sorted(context.items()) if isinstance(layer, Attention)}
-        out["router_bias"] = {name: [float(x) for x in p.detach().float().flatten().tolist()]
-                              for name, p in model.named_parameters() if name.endswith("e_score_correction_bias")}
+            for name, layer in sorted(context.items())
+            if isinstance(layer, Attention)
+        }
+        out["router_bias"] = {
+            name: [float(x) for x in p.detach().float().flatten().tolist()]
+            for name, p in model.named_parameters()
+            if name.endswith("e_score_correction_bias")
+        }
         _hashed.update(bytes=0, seconds=0.0)
         t0 = time.perf_counter()
         out["parameters"] = _parameters(model)
@@ -184,8 +209,11 @@ class AuditExtension:
         draft_model = getattr(drafter, "model", None)
         out["draft_parameters"] = _parameters(draft_model) if draft_model is not None else None
         # What the weight audit cost on this rank: its bytes hashed, the hashing time, the whole walk.
-        out["audit_cost"] = {"bytes_hashed": _hashed["bytes"], "hash_seconds": round(_hashed["seconds"], 4),
-                             "parameters_seconds": round(time.perf_counter() - t0, 4)}
+        out["audit_cost"] = {
+            "bytes_hashed": _hashed["bytes"],
+            "hash_seconds": round(_hashed["seconds"], 4),
+            "parameters_seconds": round(time.perf_counter() - t0, 4),
+        }
         out.update(_resolved_config(self.vllm_config, model, draft_model))
         return out
 
@@ -193,34 +221,56 @@ class AuditExtension:
 def _resolved_config(cfg, model, draft_model) -> dict[str, Any]:
     """What the engine resolved of its configuration, as the launch-flags, scale and compile gates read it."""
     out: dict[str, Any] = {}
-    out["cache_config"] = {"cache_dtype": cfg.cache_config.cache_dtype,
-                           "block_size": cfg.cache_config.block_size,
-                           "enable_prefix_caching": cfg.cache_config.enable_prefix_caching,
-                           "calculate_kv_scales": getattr(cfg.cache_config, "calculate_kv_scales", None)}
-    out["scheduler_config"] = {"async_scheduling": cfg.scheduler_config.async_scheduling,
-                               "max_num_seqs": cfg.scheduler_config.max_num_seqs}
+    out["cache_config"] = {
+        "cache_dtype": cfg.cache_config.cache_dtype,
+        "block_size": cfg.cache_config.block_size,
+        "enable_prefix_caching": cfg.cache_config.enable_prefix_caching,
+        "calculate_kv_scales": getattr(cfg.cache_config, "calculate_kv_scales", None),
+    }
+    out["scheduler_config"] = {
+        "async_scheduling": cfg.scheduler_config.async_scheduling,
+        "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+    }
     par = cfg.parallel_config
-    out["parallel_config"] = {"tensor_parallel_size": par.tensor_parallel_size,
-                              "enable_expert_parallel": par.enable_expert_parallel,
-                              "pipeline_parallel_size": par.pipeline_parallel_size}
+    out["parallel_config"] = {
+        "tensor_parallel_size": par.tensor_parallel_size,
+        "enable_expert_parallel": par.enable_expert_parallel,
+        "pipeline_parallel_size": par.pipeline_parallel_size,
+    }
     spec = cfg.speculative_config
-    out["speculative_config"] = None if spec is None else {
-        "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
-        "model": getattr(spec, "model", None)}
-    out["target_quantization"] = _call(lambda: _plain(getattr(cfg.model_config.hf_config,
-                                                              "quantization_config", None)))
-    out["draft_quantization"] = None if spec is None else _call(
-        lambda: _plain(getattr(spec.draft_model_config.hf_config, "quantization_config", None)))
+    out["speculative_config"] = (
+        None
+        if spec is None
+        else {
+            "method": spec.method,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "model": getattr(spec, "model", None),
+        }
+    )
+    out["target_quantization"] = _call(lambda: _plain(getattr(cfg.model_config.hf_config, "quantization_config", None)))
+    out["draft_quantization"] = (
+        None
+        if spec is None
+        else _call(lambda: _plain(getattr(spec.draft_model_config.hf_config, "quantization_config", None)))
+    )
     cc = cfg.compilation_config
-    out["compilation"] = {"mode": str(cc.mode), "backend": cc.backend,
-                          "cudagraph_mode": str(cc.cudagraph_mode), "splitting_ops": list(cc.splitting_ops or [])}
+    out["compilation"] = {
+        "mode": str(cc.mode),
+        "backend": cc.backend,
+        "cudagraph_mode": str(cc.cudagraph_mode),
+        "splitting_ops": list(cc.splitting_ops or []),
+    }
     out["compile_counters"] = _call(_compile_counters)
     out["compiled_modules"] = _call(lambda: _compiled_modules({"target": model, "draft": draft_model}))
     out["model_dtype"] = str(cfg.model_config.dtype).removeprefix("torch.")
     # What the launch-flags gate compares with the contract, field by field, as the engine resolved it.
     mc = cfg.model_config
-    out["model_config"] = {"max_model_len": mc.max_model_len, "seed": mc.seed, "enforce_eager": mc.enforce_eager,
-                           "dtype": out["model_dtype"]}
+    out["model_config"] = {
+        "max_model_len": mc.max_model_len,
+        "seed": mc.seed,
+        "enforce_eager": mc.enforce_eager,
+        "dtype": out["model_dtype"],
+    }
     out["device_type"] = _call(lambda: str(cfg.device_config.device_type))
     out["attention_config"] = _call(lambda: {"backend": _backend_name(cfg.attention_config.backend)})
     out["fp8_attention"] = _call(_fp8_attention)

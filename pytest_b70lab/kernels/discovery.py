@@ -16,6 +16,7 @@ from ..in_engine import cpu_emulation, portable_fp8
 from .cpu import PortableImpl, VllmCpuImpl
 from .reference import ENTRY_POINT_GROUP, KernelImpl, ReferenceImpl
 
+
 @dataclass
 class Unavailable:
     """Not on this machine (hardware absent, package not installed): its tests skip with the reason."""
@@ -86,13 +87,20 @@ def _vllm_cpu() -> list[Found]:
             by_isa.setdefault(_get_attn_isa(dtype, 32, 64, "fp8"), []).append(dtype)
     except Exception as e:  # noqa: BLE001  (installed, so any failure to load is a defect to report)
         version = md.version(VLLM_CPU_DISTRIBUTION)
-        return [Broken("vllm-cpu", f"{VLLM_CPU_DISTRIBUTION} {version} is installed, but its CPU ops do not load: "
-                                   f"{_error_text(e)}")]
+        return [
+            Broken(
+                "vllm-cpu",
+                f"{VLLM_CPU_DISTRIBUTION} {version} is installed, but its CPU ops do not load: {_error_text(e)}",
+            )
+        ]
     out: list[Found] = []
     for isa in ("vec", "amx"):
         if isa not in by_isa:
-            out.append(Unavailable(f"vllm-cpu-{isa}", f"vLLM selects no dtype for the {isa} ISA on this CPU "
-                                                      f"(selections: {by_isa})"))
+            out.append(
+                Unavailable(
+                    f"vllm-cpu-{isa}", f"vLLM selects no dtype for the {isa} ISA on this CPU (selections: {by_isa})"
+                )
+            )
         elif isa == "amx" and not torch.cpu._init_amx():
             out.append(Unavailable("vllm-cpu-amx", "the AMX tile permission was refused to this process"))
         else:
@@ -112,37 +120,60 @@ def _vllm_xpu() -> list[Found]:
     """vLLM's XPU ops: where an XPU is present and vllm-xpu-kernels imports."""
     name = "vllm-xpu"
     if not _has_xpu():
-        return [Unavailable(name, "no XPU device here (torch.xpu.is_available() is False): vLLM's XPU ops "
-                                  "(vllm-xpu-kernels) run where the B70 cards are")]
+        return [
+            Unavailable(
+                name,
+                "no XPU device here (torch.xpu.is_available() is False): vLLM's XPU ops "
+                "(vllm-xpu-kernels) run where the B70 cards are",
+            )
+        ]
     if not _importable("vllm_xpu_kernels"):
-        return [Unavailable(name, "an XPU is present, but vllm-xpu-kernels (vLLM's XPU ops, module "
-                                  "vllm_xpu_kernels) is not installed")]
+        return [
+            Unavailable(
+                name,
+                "an XPU is present, but vllm-xpu-kernels (vLLM's XPU ops, module vllm_xpu_kernels) is not installed",
+            )
+        ]
     try:
         from .intel import VllmXpuImpl
 
         return [VllmXpuImpl()]
     except Exception as e:  # noqa: BLE001  (installed on an XPU host, so a failure to load is a defect)
-        return [Broken(name, f"vllm-xpu-kernels is installed and an XPU is present, but its ops do not load: "
-                             f"{_error_text(e)}")]
+        return [
+            Broken(
+                name, f"vllm-xpu-kernels is installed and an XPU is present, but its ops do not load: {_error_text(e)}"
+            )
+        ]
 
 
 def _ipex() -> list[Found]:
     """IPEX's PagedAttention, where intel-extension-for-pytorch imports (CPU or XPU build) and its ops hold the
     lab's E4M3 cache; a build that refuses E4M3 is absent for these tests, with the op's own error."""
     if not _importable("intel_extension_for_pytorch"):
-        return [Unavailable("ipex", "intel-extension-for-pytorch is not installed here (it pins its own torch; "
-                                    "`make kernels-ipex` runs these tests in .venv-ipex)")]
+        return [
+            Unavailable(
+                "ipex",
+                "intel-extension-for-pytorch is not installed here (it pins its own torch; "
+                "`make kernels-ipex` runs these tests in .venv-ipex)",
+            )
+        ]
     version = md.version("intel-extension-for-pytorch")
     if version.split(".")[:2] != torch.__version__.split(".")[:2]:  # IPEX's import fails on this (os.exit)
-        return [Broken("ipex", f"intel-extension-for-pytorch {version} is installed beside torch "
-                               f"{torch.__version__}: it loads only with torch {'.'.join(version.split('.')[:2])}.*")]
+        return [
+            Broken(
+                "ipex",
+                f"intel-extension-for-pytorch {version} is installed beside torch "
+                f"{torch.__version__}: it loads only with torch {'.'.join(version.split('.')[:2])}.*",
+            )
+        ]
     try:
         from .intel import IpexPagedImpl, e4m3_refusal_summary
 
         impl = IpexPagedImpl()
     except (Exception, SystemExit) as e:  # noqa: BLE001
-        return [Broken("ipex", f"intel-extension-for-pytorch {version} is installed but does not load: "
-                               f"{_error_text(e)}")]
+        return [
+            Broken("ipex", f"intel-extension-for-pytorch {version} is installed but does not load: {_error_text(e)}")
+        ]
     refusal = impl.probe_e4m3()
     if refusal is not None:
         return [Unavailable(impl.name, e4m3_refusal_summary(refusal, impl.version, impl.device.type))]
@@ -162,8 +193,15 @@ def _registered() -> list[Found]:
 
 
 def discover() -> list[Found]:
-    return [ReferenceImpl("rne", "reference-rne"), ReferenceImpl("rtz", "reference-rtz"), PortableImpl(),
-            *_vllm_cpu(), *_vllm_xpu(), *_ipex(), *_registered()]
+    return [
+        ReferenceImpl("rne", "reference-rne"),
+        ReferenceImpl("rtz", "reference-rtz"),
+        PortableImpl(),
+        *_vllm_cpu(),
+        *_vllm_xpu(),
+        *_ipex(),
+        *_registered(),
+    ]
 
 
 DiscoverFn = Callable[[], list]

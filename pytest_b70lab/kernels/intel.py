@@ -34,7 +34,6 @@ def _paged_codes(cache: torch.Tensor, batch: Batch, seq: int, heads_first: bool)
     return codes[page, :, off] if heads_first else codes[page, off]
 
 
-
 def _empty_caches(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A zeroed E4M3 key cache and value cache of one layer, in the kernel's own page layout `shape`."""
     key_cache = torch.zeros(shape, dtype=E4M3, device=device)
@@ -44,6 +43,7 @@ def _empty_caches(shape: tuple[int, ...], device: torch.device) -> tuple[torch.T
 def _batch_on(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The batch's keys and values (every sequence's tokens, in order) and their cache slots, on `device`."""
     return torch.cat(batch.keys).to(device), torch.cat(batch.values).to(device), batch.slot_mapping().to(device)
+
 
 class VllmXpuImpl:
     """vLLM's XPU ops on one B70 card. Declarations are read from the source, not yet measured on the card:
@@ -71,12 +71,14 @@ class VllmXpuImpl:
         return torch.tensor(x, dtype=torch.float32, device=self.device)
 
     def write(self, batch: Batch, k_scale: float, v_scale: float):
-        key_cache, value_cache = _empty_caches((batch.num_blocks, batch.block_size, batch.num_kv_heads,
-                                                batch.head_dim), self.device)
+        key_cache, value_cache = _empty_caches(
+            (batch.num_blocks, batch.block_size, batch.num_kv_heads, batch.head_dim), self.device
+        )
         keys, values, slots = _batch_on(batch, self.device)
         if len(slots):
-            self.reshape_and_cache_flash(keys, values, key_cache, value_cache, slots, "fp8", self._scalar(k_scale),
-                                         self._scalar(v_scale))
+            self.reshape_and_cache_flash(
+                keys, values, key_cache, value_cache, slots, "fp8", self._scalar(k_scale), self._scalar(v_scale)
+            )
         return key_cache, value_cache
 
     def read_back(self, cache, batch: Batch, seq: int):
@@ -89,12 +91,20 @@ class VllmXpuImpl:
         out = torch.empty_like(query)
         with _refusing_reference_fallback():
             out = self.flash_attn_varlen_func(  # fills `out` and returns it
-                q=query, k=key_cache, v=value_cache, out=out, max_seqlen_q=max(batch.q_lens),
+                q=query,
+                k=key_cache,
+                v=value_cache,
+                out=out,
+                max_seqlen_q=max(batch.q_lens),
                 cu_seqlens_q=torch.tensor([0, *cumsum(batch.q_lens)], dtype=torch.int32, device=self.device),
                 max_seqlen_k=max(batch.seq_lens),
                 seqused_k=torch.tensor(batch.seq_lens, dtype=torch.int32, device=self.device),
-                softmax_scale=batch.head_dim ** -0.5, causal=True, block_table=batch.block_table.to(self.device),
-                k_descale=self._scalar(k_scale).expand(descale), v_descale=self._scalar(v_scale).expand(descale))
+                softmax_scale=batch.head_dim**-0.5,
+                causal=True,
+                block_table=batch.block_table.to(self.device),
+                k_descale=self._scalar(k_scale).expand(descale),
+                v_descale=self._scalar(v_scale).expand(descale),
+            )
         return out.float().cpu()
 
 
@@ -148,8 +158,9 @@ class IpexPagedImpl:
         return None
 
     def write(self, batch: Batch, k_scale: float, v_scale: float):
-        key_cache, value_cache = _empty_caches((batch.num_blocks, batch.num_kv_heads, batch.block_size,
-                                                batch.head_dim), self.device)
+        key_cache, value_cache = _empty_caches(
+            (batch.num_blocks, batch.num_kv_heads, batch.block_size, batch.head_dim), self.device
+        )
         keys, values, slots = _batch_on(batch, self.device)
         if len(slots):
             self.ops.reshape_and_cache(keys, values, key_cache, value_cache, slots, "fp8", k_scale, v_scale)
@@ -164,26 +175,53 @@ class IpexPagedImpl:
         query = batch.query.to(dev)
         out = torch.empty_like(query)
         table = batch.block_table.to(dev)
-        scale = batch.head_dim ** -0.5
+        scale = batch.head_dim**-0.5
         if all(q == 1 for q in batch.q_lens):
             group = batch.num_heads // batch.num_kv_heads
             head_mapping = torch.arange(batch.num_heads, dtype=i32, device=dev) // group
             self.ops.single_query_cached_kv_attention(
-                out, query, key_cache, value_cache, head_mapping, scale, table,
-                torch.tensor(batch.seq_lens, dtype=i32, device=dev), batch.block_size, max(batch.seq_lens), None,
-                -1, k_scale, v_scale)
+                out,
+                query,
+                key_cache,
+                value_cache,
+                head_mapping,
+                scale,
+                table,
+                torch.tensor(batch.seq_lens, dtype=i32, device=dev),
+                batch.block_size,
+                max(batch.seq_lens),
+                None,
+                -1,
+                k_scale,
+                v_scale,
+            )
         else:
             self.ops.flash_attn_varlen_func(
-                out, query, key_cache, value_cache,
+                out,
+                query,
+                key_cache,
+                value_cache,
                 torch.tensor([0, *cumsum(batch.q_lens)], dtype=i32, device=dev),
                 torch.tensor([0, *cumsum(batch.seq_lens)], dtype=i32, device=dev),
-                max(batch.q_lens), max(batch.seq_lens), scale, True, table, None, -1, -1, "fp8", k_scale, v_scale)
+                max(batch.q_lens),
+                max(batch.seq_lens),
+                scale,
+                True,
+                table,
+                None,
+                -1,
+                -1,
+                "fp8",
+                k_scale,
+                v_scale,
+            )
         return out.float().cpu()
 
 
 def e4m3_refusal_summary(error: str, version: str, device: str) -> str:
     """The reason an IPEX build's tests skip: its FP8 cache is not the lab's E4M3 one."""
-    return (f"intel-extension-for-pytorch {version} on {device} refuses an FP8 E4M3 KV cache (the B70 contract's "
-            f"kv_cache_dtype fp8 is E4M3): a one-token reshape_and_cache into float8_e4m3fn pages raised {error}. "
-            f"See notes/2026-11-30-ipex-cpu-fp8-cache.md")
-
+    return (
+        f"intel-extension-for-pytorch {version} on {device} refuses an FP8 E4M3 KV cache (the B70 contract's "
+        f"kv_cache_dtype fp8 is E4M3): a one-token reshape_and_cache into float8_e4m3fn pages raised {error}. "
+        f"See notes/2026-11-30-ipex-cpu-fp8-cache.md"
+    )

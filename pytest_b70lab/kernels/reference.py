@@ -20,6 +20,7 @@ ENTRY_POINT_GROUP = "b70lab.kernels"
 
 # --- E4M3 encoding -----------------------------------------------------------------------------------
 
+
 def e4m3_codes(x: torch.Tensor, scale: float, rounding: Rounding) -> torch.Tensor:
     """uint8 E4M3 codes, saturated at +-448, in one of the two cache-write conventions:
 
@@ -45,6 +46,7 @@ def rounding_probe_inputs() -> torch.Tensor:
 
 # --- the paged cache and the implementations ---------------------------------------------------------
 
+
 @dataclass
 class Batch:
     """One call: per-sequence context lengths and query counts, and everything derived from them. A causal
@@ -60,15 +62,15 @@ class Batch:
     dtype: torch.dtype
     seed: int = 0
     causal: bool = True
-    keys: list[torch.Tensor] = field(default_factory=list)     # per sequence [S, KVH, D]
+    keys: list[torch.Tensor] = field(default_factory=list)  # per sequence [S, KVH, D]
     values: list[torch.Tensor] = field(default_factory=list)
-    query: torch.Tensor | None = None                          # [sum q, H, D]
+    query: torch.Tensor | None = None  # [sum q, H, D]
     block_table: torch.Tensor | None = None
     num_blocks: int = 0
 
     @property
     def seq_lens(self) -> list[int]:
-        return [c + q for c, q in zip(self.ctx_lens, self.q_lens)]
+        return [c + q for c, q in zip(self.ctx_lens, self.q_lens, strict=False)]
 
     def build(self) -> Batch:
         gen = torch.Generator().manual_seed(self.seed)
@@ -82,7 +84,7 @@ class Batch:
         self.block_table = torch.zeros(len(pages), max(pages), dtype=torch.int32)
         at = 0
         for r, n in enumerate(pages):
-            self.block_table[r, :n] = perm[at:at + n].to(torch.int32)
+            self.block_table[r, :n] = perm[at : at + n].to(torch.int32)
             at += n
         return self
 
@@ -127,22 +129,28 @@ def serves_non_causal(impl) -> bool:
     return bool(getattr(impl, "non_causal", False))
 
 
-def attention_reference(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                        ctx_lens: list[int], q_lens: list[int], num_kv_heads: int,
-                        causal: bool = True) -> torch.Tensor:
+def attention_reference(
+    query: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    ctx_lens: list[int],
+    q_lens: list[int],
+    num_kv_heads: int,
+    causal: bool = True,
+) -> torch.Tensor:
     """Plain attention in fp32, one query row at a time (so a row of a 12-query call is, by construction,
     the 1-query call at the same context): causal inside the query block, full over the context; or, not
     causal, every row over the whole sequence."""
     heads, dim = query.shape[1], query.shape[2]
     group = heads // num_kv_heads
-    scale = dim ** -0.5
+    scale = dim**-0.5
     out, at = [], 0
-    for r, (ctx, ql) in enumerate(zip(ctx_lens, q_lens)):
+    for r, (ctx, ql) in enumerate(zip(ctx_lens, q_lens, strict=False)):
         k = keys[r].float().repeat_interleave(group, dim=1)
         v = values[r].float().repeat_interleave(group, dim=1)
         for i in range(ql):
             visible = ctx + i + 1 if causal else ctx + ql
-            q = query[at + i].float()                                   # [H, D]
+            q = query[at + i].float()  # [H, D]
             logits = torch.einsum("hd,khd->hk", q, k[:visible]) * scale
             out.append(torch.einsum("hk,khd->hd", logits.softmax(-1), v[:visible]))
         at += ql
@@ -186,8 +194,9 @@ class ReferenceImpl:
             k, v = self.read_back(cache, batch, r)
             keys.append(e4m3_values(k) * k_scale)
             values.append(e4m3_values(v) * v_scale)
-        return attention_reference(batch.query, keys, values, batch.ctx_lens, batch.q_lens, batch.num_kv_heads,
-                                   batch.causal)
+        return attention_reference(
+            batch.query, keys, values, batch.ctx_lens, batch.q_lens, batch.num_kv_heads, batch.causal
+        )
 
 
 def cumsum(xs: list[int]) -> list[int]:
@@ -196,4 +205,3 @@ def cumsum(xs: list[int]) -> list[int]:
         total += x
         out.append(total)
     return out
-

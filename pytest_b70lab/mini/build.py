@@ -35,7 +35,7 @@ from .tokenizer import load_tokenizer
 BUILDER_VERSION = 4
 FP8_E4M3_MAX = 448.0
 MANIFEST = "manifest.json"
-WEIGHTS = "fixtures/mini"   # in the lab's repository (pytest_b70lab.project), beside the contracts
+WEIGHTS = "fixtures/mini"  # in the lab's repository (pytest_b70lab.project), beside the contracts
 
 
 class MiniModelError(LabError, RuntimeError):
@@ -47,8 +47,11 @@ def calibration_texts() -> list[str]:
     KV scales must cover. Training samples: what the model was fitted to, not what the checks hold out."""
     from . import curriculum
 
-    texts = [curriculum.sample("train", 99, i, family, n_pairs=150 if i == 0 else 12).text
-             for family in curriculum.FAMILIES for i in range(2)]
+    texts = [
+        curriculum.sample("train", 99, i, family, n_pairs=150 if i == 0 else 12).text
+        for family in curriculum.FAMILIES
+        for i in range(2)
+    ]
     return [t.removeprefix(curriculum.BOS) for t in texts]  # the tokenizer puts `<s>` in front
 
 
@@ -63,8 +66,10 @@ def weight_digests(folder: Path | None = None) -> dict[str, str]:
     folder = folder or weights_dir()
     missing = [name for name in WEIGHT_FILES if not (folder / name).is_file()]
     if missing:
-        raise MiniModelError(f"the mini's trained weights are incomplete in {folder}: missing {', '.join(missing)} "
-                             f"(a fresh clone has them under fixtures/mini/; `b70lab mini train` makes new ones)")
+        raise MiniModelError(
+            f"the mini's trained weights are incomplete in {folder}: missing {', '.join(missing)} "
+            f"(a fresh clone has them under fixtures/mini/; `b70lab mini train` makes new ones)"
+        )
     return {name: file_sha256(folder / name) for name in WEIGHT_FILES}
 
 
@@ -74,20 +79,27 @@ def trained_recipe(folder: Path | None = None) -> MiniRecipe:
     try:
         arch = json.loads((folder / "recipe.json").read_text())["architecture"]
         tuples = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # noqa: E731
-        return MiniRecipe(vocab_size=arch["vocab_size"], target=TargetRecipe(**tuples(arch["target"])),
-                          draft=DraftRecipe(**tuples(arch["draft"])),
-                          k_scale_headroom=arch.get("k_scale_headroom", math.sqrt(2.0)))
+        return MiniRecipe(
+            vocab_size=arch["vocab_size"],
+            target=TargetRecipe(**tuples(arch["target"])),
+            draft=DraftRecipe(**tuples(arch["draft"])),
+            k_scale_headroom=arch.get("k_scale_headroom", math.sqrt(2.0)),
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise MiniModelError(f"{folder / 'recipe.json'} does not describe the mini's architecture ({e})") from e
 
 
-def recipe_digest(recipe: MiniRecipe | None = None, versions: dict[str, str] | None = None,
-                  weights: dict[str, str] | None = None) -> str:
+def recipe_digest(
+    recipe: MiniRecipe | None = None, versions: dict[str, str] | None = None, weights: dict[str, str] | None = None
+) -> str:
     """Identity of a build: the trained weights, the recipe, the builder and the libraries whose numerics
     shape the bytes."""
-    payload = {"recipe": asdict(recipe or trained_recipe()), "builder": BUILDER_VERSION,
-               "versions": versions if versions is not None else library_versions(),
-               "weights": weights if weights is not None else weight_digests()}
+    payload = {
+        "recipe": asdict(recipe or trained_recipe()),
+        "builder": BUILDER_VERSION,
+        "versions": versions if versions is not None else library_versions(),
+        "weights": weights if weights is not None else weight_digests(),
+    }
     return sha256_canonical(payload)
 
 
@@ -104,6 +116,7 @@ def default_cache_root() -> Path:
 
 # --- building blocks ---------------------------------------------------------------------------------
 
+
 def load_target_model(folder: Path, recipe: MiniRecipe, tok):
     """The trained target in fp32 (its bf16 weights upcast: the fp32 engine holds the same values)."""
     import torch
@@ -114,8 +127,10 @@ def load_target_model(folder: Path, recipe: MiniRecipe, tok):
     state = {k: v.to(torch.float32) for k, v in load_file(str(folder / "target.safetensors")).items()}
     problems = model.load_state_dict(state, strict=False)
     if problems.missing_keys or problems.unexpected_keys:
-        raise MiniModelError(f"{folder / 'target.safetensors'} does not fit the recipe's target: missing "
-                             f"{problems.missing_keys[:5]}, unexpected {problems.unexpected_keys[:5]}")
+        raise MiniModelError(
+            f"{folder / 'target.safetensors'} does not fit the recipe's target: missing "
+            f"{problems.missing_keys[:5]}, unexpected {problems.unexpected_keys[:5]}"
+        )
     return model.eval()
 
 
@@ -129,6 +144,7 @@ def calibrate_kv_scales(model, tok, recipe: MiniRecipe) -> dict[int, tuple[float
     def tracker(i: int, slot: int):
         def hook(_module, _inputs, output):
             amax[i][slot] = max(amax[i][slot], float(output.detach().abs().max()))
+
         return hook
 
     handles = []
@@ -146,13 +162,23 @@ def calibrate_kv_scales(model, tok, recipe: MiniRecipe) -> dict[int, tuple[float
     def stored(x: float) -> float:
         return float(torch.tensor(x, dtype=torch.float32).to(torch.bfloat16).float())
 
-    return {i: (stored(k * recipe.k_scale_headroom / FP8_E4M3_MAX), stored(v / FP8_E4M3_MAX))
-            for i, (k, v) in amax.items()}
+    return {
+        i: (stored(k * recipe.k_scale_headroom / FP8_E4M3_MAX), stored(v / FP8_E4M3_MAX)) for i, (k, v) in amax.items()
+    }
 
 
-KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True,
-                   "group_size": None, "block_structure": None, "actorder": None, "observer": "minmax",
-                   "observer_kwargs": {}}
+KV_CACHE_SCHEME = {
+    "num_bits": 8,
+    "type": "float",
+    "strategy": "tensor",
+    "dynamic": False,
+    "symmetric": True,
+    "group_size": None,
+    "block_structure": None,
+    "actorder": None,
+    "observer": "minmax",
+    "observer_kwargs": {},
+}
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -177,8 +203,12 @@ def write_target(reference_dir: Path, target_dir: Path, tok, scales: dict[int, t
     _save_safetensors(tensors, target_dir / "model.safetensors")
     config = json.loads((reference_dir / "config.json").read_text())
     config["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "dense", "quantization_status": "compressed",
-        "config_groups": {}, "ignore": [], "kv_cache_scheme": KV_CACHE_SCHEME,
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "quantization_status": "compressed",
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": KV_CACHE_SCHEME,
         "global_compression_ratio": None,
     }
     _write_json(target_dir / "config.json", config)
@@ -198,7 +228,9 @@ def write_draft(recipe: MiniRecipe, weights: Path, draft_dir: Path, tok) -> None
 
     draft_cfg = draft_config(recipe, tok)
     hidden = draft_cfg["hidden_size"]
-    shell = DFlashDraft(draft_cfg, torch.zeros(draft_cfg["vocab_size"], hidden), torch.zeros(draft_cfg["vocab_size"], hidden))
+    shell = DFlashDraft(
+        draft_cfg, torch.zeros(draft_cfg["vocab_size"], hidden), torch.zeros(draft_cfg["vocab_size"], hidden)
+    )
     try:
         shell.load_state_dict_from_safetensors(weights / "draft.safetensors")
     except ValueError as e:
@@ -225,8 +257,11 @@ def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
     with safe_open(str(path), framework="pt") as f:
         for name in sorted(f.keys()):
             t = f.get_tensor(name)
-            entry: dict[str, Any] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                                     "sha256": sha(t)}
+            entry: dict[str, Any] = {
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "sha256": sha(t),
+            }
             if t.is_floating_point():
                 entry["sha256_as"] = {"float32": sha(t.to(torch.float32)), "bfloat16": sha(t.to(torch.bfloat16))}
                 entry["moments"] = moments(t)
@@ -235,12 +270,16 @@ def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _files_digest(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): file_sha256(p)
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    return {
+        p.relative_to(root).as_posix(): file_sha256(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
 
 
-def _build_into(out: Path, recipe: MiniRecipe, key: str, versions: dict[str, str], weights: Path,
-                weight_files: dict[str, str]) -> None:
+def _build_into(
+    out: Path, recipe: MiniRecipe, key: str, versions: dict[str, str], weights: Path, weight_files: dict[str, str]
+) -> None:
     import torch
 
     threads = torch.get_num_threads()
@@ -267,8 +306,11 @@ def _build_into(out: Path, recipe: MiniRecipe, key: str, versions: dict[str, str
         "recipe_digest": key,
         "builder_version": BUILDER_VERSION,
         "versions": versions,
-        "weights": {"files": weight_files, "corpus_digest": training.get("corpus_digest"),
-                    "trained_with": training.get("versions")},
+        "weights": {
+            "files": weight_files,
+            "corpus_digest": training.get("corpus_digest"),
+            "trained_with": training.get("versions"),
+        },
         "files": files,
         "model_digest": sha256_canonical(files),
         "target": {
@@ -294,8 +336,7 @@ def _build_into(out: Path, recipe: MiniRecipe, key: str, versions: dict[str, str
 def load_manifest(folder: Path) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
     if not path.is_file():
-        raise MiniModelError(f"{folder} is not a mini model folder: no {MANIFEST} "
-                             f"(build one with `b70lab mini build`)")
+        raise MiniModelError(f"{folder} is not a mini model folder: no {MANIFEST} (build one with `b70lab mini build`)")
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -317,8 +358,11 @@ def verify(folder: Path) -> dict[str, Any]:
         elif (seen := file_sha256(path)) != expected:
             problems.append(f"{rel}: sha256 {seen[:12]}..., manifest says {expected[:12]}...")
     if problems:
-        raise MiniModelError(f"mini model at {folder} does not match its manifest: " + "; ".join(problems)
-                             + ". Rebuild with `b70lab mini build --force`.")
+        raise MiniModelError(
+            f"mini model at {folder} does not match its manifest: "
+            + "; ".join(problems)
+            + ". Rebuild with `b70lab mini build --force`."
+        )
     return manifest
 
 
@@ -367,10 +411,16 @@ def _is_export_of(out_dir: Path, mark: dict[str, Any]) -> bool:
             return False
     except (OSError, ValueError):
         return False
-    present = {p.relative_to(out_dir).as_posix() for part in EXPORTED_PARTS if (out_dir / part).is_dir()
-               for p in (out_dir / part).rglob("*") if p.is_file()}
-    return present == set(mark["files"]) and all(file_sha256(out_dir / rel) == sha
-                                                 for rel, sha in mark["files"].items())
+    present = {
+        p.relative_to(out_dir).as_posix()
+        for part in EXPORTED_PARTS
+        if (out_dir / part).is_dir()
+        for p in (out_dir / part).rglob("*")
+        if p.is_file()
+    }
+    return present == set(mark["files"]) and all(
+        file_sha256(out_dir / rel) == sha for rel, sha in mark["files"].items()
+    )
 
 
 def export_plain(mini_folder: Path, out_dir: Path) -> Path:
@@ -382,17 +432,18 @@ def export_plain(mini_folder: Path, out_dir: Path) -> Path:
 
     manifest = verify(Path(mini_folder))
     out_dir = Path(out_dir).resolve()
-    mark = {"recipe_digest": manifest["recipe_digest"],
-            "files": {rel: sha for rel, sha in sorted(manifest["files"].items())
-                      if rel.split("/", 1)[0] in EXPORTED_PARTS}}
+    mark = {
+        "recipe_digest": manifest["recipe_digest"],
+        "files": {rel: sha for rel, sha in sorted(manifest["files"].items()) if rel.split("/", 1)[0] in EXPORTED_PARTS},
+    }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out_dir.parent / f".{out_dir.name}.lock")):
         if _is_export_of(out_dir, mark):
             return out_dir
-        if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir())
-                                                          and not (out_dir / EXPORT_MARK).is_file())):
-            raise MiniModelError(f"{out_dir} exists and is not a b70lab mini export; export into a new or "
-                                 f"empty folder")
+        if out_dir.exists() and (
+            not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / EXPORT_MARK).is_file())
+        ):
+            raise MiniModelError(f"{out_dir} exists and is not a b70lab mini export; export into a new or empty folder")
         staging = out_dir.parent / f".{out_dir.name}.exporting-{os.getpid()}"
         previous = out_dir.parent / f".{out_dir.name}.previous-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)

@@ -63,41 +63,194 @@ BOS, EOS = "<s>", "</s>"
 # --- word lists: the training split draws from the first, the held-out splits from the second ----------
 
 # The training split draws made-up words (`_Draw.made_up`); the first lists only seed the tokenizer.
-VERBS = (["get", "find", "send", "list", "create", "delete", "update", "check", "fetch", "book", "cancel", "open",
-          "close", "read", "write", "start", "stop", "count", "load", "save", "show", "add", "remove", "move"],
-         ["reserve", "archive", "measure", "approve", "restore", "publish", "schedule", "translate", "convert"])
-NOUNS = (["weather", "order", "user", "file", "ticket", "flight", "email", "invoice", "note", "task", "event",
-          "song", "photo", "report", "account", "message", "table", "room", "car", "book", "price", "stock",
-          "city", "team", "game", "card", "page", "item"],
-         ["parcel", "recipe", "canyon", "planet", "beacon", "engine", "ladder", "violin", "harbor", "meadow"])
-PARAMS = (["name", "city", "id", "count", "date", "color", "size", "title", "user", "level", "amount", "code",
-           "tag", "day", "limit", "query", "unit", "zone"],
-          ["radius", "weight", "origin", "volume", "country", "season", "speed", "label"])
-VARIABLES = (["x", "n", "value", "num", "a", "k", "total", "item", "data", "score", "count", "val"],
-             ["qty", "mass", "dist", "load", "z", "rate", "depth", "span"])
-LISTS = (["values", "items", "nums", "xs", "data", "scores", "seq", "arr"],
-         ["elems", "bag", "pile", "row", "entries", "cells"])
+VERBS = (
+    [
+        "get",
+        "find",
+        "send",
+        "list",
+        "create",
+        "delete",
+        "update",
+        "check",
+        "fetch",
+        "book",
+        "cancel",
+        "open",
+        "close",
+        "read",
+        "write",
+        "start",
+        "stop",
+        "count",
+        "load",
+        "save",
+        "show",
+        "add",
+        "remove",
+        "move",
+    ],
+    ["reserve", "archive", "measure", "approve", "restore", "publish", "schedule", "translate", "convert"],
+)
+NOUNS = (
+    [
+        "weather",
+        "order",
+        "user",
+        "file",
+        "ticket",
+        "flight",
+        "email",
+        "invoice",
+        "note",
+        "task",
+        "event",
+        "song",
+        "photo",
+        "report",
+        "account",
+        "message",
+        "table",
+        "room",
+        "car",
+        "book",
+        "price",
+        "stock",
+        "city",
+        "team",
+        "game",
+        "card",
+        "page",
+        "item",
+    ],
+    ["parcel", "recipe", "canyon", "planet", "beacon", "engine", "ladder", "violin", "harbor", "meadow"],
+)
+PARAMS = (
+    [
+        "name",
+        "city",
+        "id",
+        "count",
+        "date",
+        "color",
+        "size",
+        "title",
+        "user",
+        "level",
+        "amount",
+        "code",
+        "tag",
+        "day",
+        "limit",
+        "query",
+        "unit",
+        "zone",
+    ],
+    ["radius", "weight", "origin", "volume", "country", "season", "speed", "label"],
+)
+VARIABLES = (
+    ["x", "n", "value", "num", "a", "k", "total", "item", "data", "score", "count", "val"],
+    ["qty", "mass", "dist", "load", "z", "rate", "depth", "span"],
+)
+LISTS = (
+    ["values", "items", "nums", "xs", "data", "scores", "seq", "arr"],
+    ["elems", "bag", "pile", "row", "entries", "cells"],
+)
 STRINGS = (["s", "text", "word", "name", "line", "msg"], ["phrase", "token", "label", "caption"])
-WORDS = (["red", "blue", "green", "apple", "river", "stone", "cloud", "paper", "light", "north", "tiger", "maple",
-          "silver", "ocean", "candle", "forest", "yellow", "window", "garden", "coffee"],
-         ["copper", "lemon", "violet", "thunder", "marble", "falcon", "velvet", "cedar"])
+WORDS = (
+    [
+        "red",
+        "blue",
+        "green",
+        "apple",
+        "river",
+        "stone",
+        "cloud",
+        "paper",
+        "light",
+        "north",
+        "tiger",
+        "maple",
+        "silver",
+        "ocean",
+        "candle",
+        "forest",
+        "yellow",
+        "window",
+        "garden",
+        "coffee",
+    ],
+    ["copper", "lemon", "violet", "thunder", "marble", "falcon", "velvet", "cedar"],
+)
 PROSE = {
-    "subject": ["The cat", "A small dog", "The old man", "My sister", "The teacher", "A young girl", "The farmer",
-                "Our neighbour", "The pilot", "A tired student", "The baker", "The captain"],
-    "verb": ["walked to", "looked at", "painted", "cleaned", "opened", "found", "carried", "visited", "watched",
-             "repaired", "described", "followed"],
-    "object": ["the red door", "a quiet garden", "the long river", "an empty box", "the blue boat", "a tall tree",
-               "the busy market", "a wooden chair", "the old bridge", "a bright lamp", "the small house"],
-    "time": ["in the morning", "after lunch", "before the rain", "at night", "on Sunday", "in the spring",
-             "during the storm", "at noon"],
-    "ending": ["and smiled.", "and then went home.", "with great care.", "without a word.", "for a long time.",
-               "while singing softly.", "and felt happy.", "as the bells rang."],
+    "subject": [
+        "The cat",
+        "A small dog",
+        "The old man",
+        "My sister",
+        "The teacher",
+        "A young girl",
+        "The farmer",
+        "Our neighbour",
+        "The pilot",
+        "A tired student",
+        "The baker",
+        "The captain",
+    ],
+    "verb": [
+        "walked to",
+        "looked at",
+        "painted",
+        "cleaned",
+        "opened",
+        "found",
+        "carried",
+        "visited",
+        "watched",
+        "repaired",
+        "described",
+        "followed",
+    ],
+    "object": [
+        "the red door",
+        "a quiet garden",
+        "the long river",
+        "an empty box",
+        "the blue boat",
+        "a tall tree",
+        "the busy market",
+        "a wooden chair",
+        "the old bridge",
+        "a bright lamp",
+        "the small house",
+    ],
+    "time": [
+        "in the morning",
+        "after lunch",
+        "before the rain",
+        "at night",
+        "on Sunday",
+        "in the spring",
+        "during the storm",
+        "at noon",
+    ],
+    "ending": [
+        "and smiled.",
+        "and then went home.",
+        "with great care.",
+        "without a word.",
+        "for a long time.",
+        "while singing softly.",
+        "and felt happy.",
+        "as the bells rang.",
+    ],
 }
 
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 # English words the training split names things with, beside made-up ones, so that copying is learnt over the
 # pieces English words tokenize into; disjoint from every held-out list.
-TRAIN_ENGLISH = """
+TRAIN_ENGLISH = (
+    """
 able acid aged also area army away baby back ball band bank base bath bear beat bell belt best bird blow
 boat body bone boss bowl bulk burn bush busy cake call calm camp care cart case cash cast cell chat chip
 clay club coal coat code coin cold comb cook cool copy corn cost crew crop cube dark data dawn deal deck
@@ -111,7 +264,8 @@ pine pipe plan plot plug poem pool port post pump quiz race rail rain rank rice 
 rose rule safe sail salt sand seat seed ship shoe shop sign silk size skin slot snow soap sock sofa soil
 song soup spot star step stem suit swim tank tape team tent test tide tile time tone tool tour town tree
 trip tube tune unit vase vest view vote wall wave west wind wing wire wolf wood wool yard year zone
-""".split() + """
+""".split()
+    + """
 account address advance balance battery blanket bottle bridge budget button cabinet camera capital carbon
 castle channel chapter chicken circle climate cluster collar college comment company compass concert contact
 content contract corner cotton counter courage cousin crystal culture current cushion custom dentist deposit
@@ -128,10 +282,14 @@ street student studio subject summer sunset supply system tablet temple theater 
 traffic trailer travel tunnel turtle uniform valley vendor version village visitor wallet winter wizard
 worker writer
 """.split()
+)
 
 
-_NOT_MADE_UP = frozenset(keyword.kwlist + keyword.softkwlist + [
-    w for lists in (VERBS, NOUNS, PARAMS, VARIABLES, LISTS, STRINGS, WORDS) for w in lists[1]])
+_NOT_MADE_UP = frozenset(
+    keyword.kwlist
+    + keyword.softkwlist
+    + [w for lists in (VERBS, NOUNS, PARAMS, VARIABLES, LISTS, STRINGS, WORDS) for w in lists[1]]
+)
 
 
 def held_out_number(n: int) -> bool:
@@ -142,6 +300,7 @@ def held_out_number(n: int) -> bool:
 @dataclass(frozen=True)
 class Sample:
     """One prompt and the completion the model should give; `meta` holds what a check needs to judge it."""
+
     family: str
     prompt: str
     completion: str
@@ -194,9 +353,11 @@ class _Draw:
 
 # --- code ----------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Shape:
     """A function shape: its docstring, its body, and how to compute its answer."""
+
     kind: str  # which argument it takes: "number", "list" or "string"
     doc: str
     body: str
@@ -208,25 +369,38 @@ CODE_SHAPES = {
     "times": _Shape("number", "Return {x} times {c}.", "return {x} * {c}", lambda x, c: x * c),
     "above": _Shape("number", "Return True if {x} is greater than {c}.", "return {x} > {c}", lambda x, c: x > c),
     "clamp": _Shape("number", "Return {x}, but at most {c}.", "return min({x}, {c})", lambda x, c: min(x, c)),
-    "scale": _Shape("list", "Return each item of {x} multiplied by {c}.", "return [v * {c} for v in {x}]",
-                    lambda x, c: [v * c for v in x]),
-    "shift": _Shape("list", "Return each item of {x} plus {c}.", "return [v + {c} for v in {x}]",
-                    lambda x, c: [v + c for v in x]),
-    "keep": _Shape("list", "Return the items of {x} greater than {c}.", "return [v for v in {x} if v > {c}]",
-                   lambda x, c: [v for v in x if v > c]),
+    "scale": _Shape(
+        "list",
+        "Return each item of {x} multiplied by {c}.",
+        "return [v * {c} for v in {x}]",
+        lambda x, c: [v * c for v in x],
+    ),
+    "shift": _Shape(
+        "list", "Return each item of {x} plus {c}.", "return [v + {c} for v in {x}]", lambda x, c: [v + c for v in x]
+    ),
+    "keep": _Shape(
+        "list",
+        "Return the items of {x} greater than {c}.",
+        "return [v for v in {x} if v > {c}]",
+        lambda x, c: [v for v in x if v > c],
+    ),
     "total": _Shape("list", "Return the sum of {x} plus {c}.", "return sum({x}) + {c}", lambda x, c: sum(x) + c),
-    "tally": _Shape("list", "Return how many items of {x} equal {c}.", "return {x}.count({c})",
-                    lambda x, c: x.count(c)),
+    "tally": _Shape(
+        "list", "Return how many items of {x} equal {c}.", "return {x}.count({c})", lambda x, c: x.count(c)
+    ),
     "repeat": _Shape("string", "Return {x} repeated {c} times.", "return {x} * {c}", lambda x, c: x * c),
     "head": _Shape("string", "Return the first {c} characters of {x}.", "return {x}[:{c}]", lambda x, c: x[:c]),
-    "pad": _Shape("string", "Return {x} followed by {c} dots.", "return {x} + '.' * {c}",
-                  lambda x, c: x + "." * c),
+    "pad": _Shape("string", "Return {x} followed by {c} dots.", "return {x} + '.' * {c}", lambda x, c: x + "." * c),
 }
 # Shapes the training split never shows: what the model does on them is reported, not judged.
 UNSEEN_SHAPES = {
     "minus": _Shape("number", "Return {x} minus {c}.", "return {x} - {c}", lambda x, c: x - c),
-    "below": _Shape("list", "Return the items of {x} less than {c}.", "return [v for v in {x} if v < {c}]",
-                    lambda x, c: [v for v in x if v < c]),
+    "below": _Shape(
+        "list",
+        "Return the items of {x} less than {c}.",
+        "return [v for v in {x} if v < {c}]",
+        lambda x, c: [v for v in x if v < c],
+    ),
     "tail": _Shape("string", "Return the last {c} characters of {x}.", "return {x}[-{c}:]", lambda x, c: x[-c:]),
 }
 
@@ -252,11 +426,11 @@ def _code(d: _Draw, shapes: dict[str, _Shape]) -> Sample:
         else:
             value = d.word(WORDS)
         checks.append({"args": [value], "expected": shape.reference(value, c)})
-    return Sample("code", prompt, completion,
-                  {"shape": shape_name, "function": name, "constant": c, "checks": checks})
+    return Sample("code", prompt, completion, {"shape": shape_name, "function": name, "constant": c, "checks": checks})
 
 
 # --- JSON following a schema ---------------------------------------------------------------------------
+
 
 def _json(d: _Draw) -> Sample:
     fields = d.words(PARAMS, d.rng.randint(2, 4))
@@ -285,22 +459,35 @@ def _json(d: _Draw) -> Sample:
 
 # --- tool calls through the chat template ---------------------------------------------------------------
 
-def render_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
-                add_generation_prompt: bool) -> str:
+
+def render_chat(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, add_generation_prompt: bool
+) -> str:
     """The chat template rendered the way vLLM renders it (transformers' Jinja environment)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=CHAT_TEMPLATE,
-                                        add_generation_prompt=add_generation_prompt, bos_token=BOS, eos_token=EOS)
+    rendered, _ = render_jinja_template(
+        conversations=[messages],
+        tools=tools,
+        chat_template=CHAT_TEMPLATE,
+        add_generation_prompt=add_generation_prompt,
+        bos_token=BOS,
+        eos_token=EOS,
+    )
     return rendered[0]
 
 
 def _tool_spec(d: _Draw, verb: str, noun: str) -> dict[str, Any]:
     params = d.words(PARAMS, d.rng.randint(1, 2))
     properties = {p: {"type": d.rng.choice(["string", "integer"])} for p in params}
-    return {"type": "function", "function": {
-        "name": f"{verb}_{noun}", "description": f"{verb.capitalize()} a {noun}.",
-        "parameters": {"type": "object", "properties": properties, "required": params}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": f"{verb}_{noun}",
+            "description": f"{verb.capitalize()} a {noun}.",
+            "parameters": {"type": "object", "properties": properties, "required": params},
+        },
+    }
 
 
 def _tool(d: _Draw) -> Sample:
@@ -317,25 +504,40 @@ def _tool(d: _Draw) -> Sample:
     request = f"Please {verb} the {noun} with " + " and ".join(f"{k} {v}" for k, v in arguments.items()) + "."
     messages = [{"role": "user", "content": request}]
     prompt = render_chat(messages, tools, add_generation_prompt=True)
-    call = {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": chosen["name"], "arguments": arguments}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": chosen["name"], "arguments": arguments}}],
+    }
     full = render_chat(messages + [call], tools, add_generation_prompt=False)
     if not full.startswith(prompt[: -len("<|assistant|>")]):
         raise AssertionError("chat template renders the prompt differently inside a conversation")
-    completion = full[len(prompt):].removesuffix(EOS + "\n")
-    return Sample("tool", prompt, completion, {"tools": tools, "messages": messages,
-                                               "expected": {"name": chosen["name"], "arguments": arguments}})
+    completion = full[len(prompt) :].removesuffix(EOS + "\n")
+    return Sample(
+        "tool",
+        prompt,
+        completion,
+        {"tools": tools, "messages": messages, "expected": {"name": chosen["name"], "arguments": arguments}},
+    )
 
 
 # --- prose -----------------------------------------------------------------------------------------------
+
 
 def _prose(d: _Draw) -> Sample:
     """Sentences from a small grammar, none repeated within a paragraph: no loops to learn."""
     seen: set[str] = set()
     sentences: list[str] = []
     while len(sentences) < d.rng.randint(4, 8):
-        s = " ".join([d.rng.choice(PROSE["subject"]), d.rng.choice(PROSE["verb"]), d.rng.choice(PROSE["object"]),
-                      d.rng.choice(PROSE["time"]), d.rng.choice(PROSE["ending"])])
+        s = " ".join(
+            [
+                d.rng.choice(PROSE["subject"]),
+                d.rng.choice(PROSE["verb"]),
+                d.rng.choice(PROSE["object"]),
+                d.rng.choice(PROSE["time"]),
+                d.rng.choice(PROSE["ending"]),
+            ]
+        )
         if s not in seen:
             seen.add(s)
             sentences.append(s)
@@ -343,6 +545,7 @@ def _prose(d: _Draw) -> Sample:
 
 
 # --- key-value retrieval -----------------------------------------------------------------------------------
+
 
 def retrieval(d: _Draw, n_pairs: int, queries: int = 1) -> Sample:
     """A needle among `n_pairs` key=value pairs; the model must copy the value of the asked key. Training
@@ -353,8 +556,7 @@ def retrieval(d: _Draw, n_pairs: int, queries: int = 1) -> Sample:
     asked = [d.rng.choice(pairs) for _ in range(queries)]
     (key, value), more = asked[0], asked[1:]
     completion = f" {value}\n" + "".join(f"? {k} = {v}\n" for k, v in more)
-    return Sample("retrieval", f"{context}\n? {key} =", completion, {"key": key, "expected": value,
-                                                                    "pairs": n_pairs})
+    return Sample("retrieval", f"{context}\n? {key} =", completion, {"key": key, "expected": value, "pairs": n_pairs})
 
 
 TRAINING_QUERIES = 4
@@ -391,8 +593,9 @@ def family_of(seed: int, index: int) -> str:
     return "prose"
 
 
-def stream(split: str, seed: int, start: int = 0, *, retrieval_pairs: Callable[[int], int] = lambda i: 20
-           ) -> Iterator[Sample]:
+def stream(
+    split: str, seed: int, start: int = 0, *, retrieval_pairs: Callable[[int], int] = lambda i: 20
+) -> Iterator[Sample]:
     """Samples start, start+1, ... of a split (infinite); `retrieval_pairs(index)` sizes each needle task."""
     index = start
     while True:
@@ -404,7 +607,7 @@ def stream(split: str, seed: int, start: int = 0, *, retrieval_pairs: Callable[[
 def tokenizer_corpus(seed: int, n: int = 4000) -> list[str]:
     """The texts the BPE tokenizer is trained on: training samples only. A held-out word must split into
     pieces the training text uses; a merge of its own would be a token whose embedding never trained."""
-    return [s.text for s, _ in zip(stream("train", seed), range(n))]
+    return [s.text for s, _ in zip(stream("train", seed), range(n), strict=False)]
 
 
 def corpus_digest(seed: int, n: int = 2000) -> str:

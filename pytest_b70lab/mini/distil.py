@@ -16,8 +16,7 @@ from ..digests import file_sha256
 from . import curriculum
 from .recipe import DRAFT_WEIGHTS, LOG_FILE, TARGET_WEIGHTS, TRAINED_RECIPE, MiniRecipe, draft_config
 from .tokenizer import load_tokenizer
-from .training import (Log, TargetTraining, encode, new_target, optimizer_step, pick_device, schedule,
-                       write_recipe)
+from .training import Log, TargetTraining, encode, new_target, optimizer_step, pick_device, schedule, write_recipe
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,10 @@ class DraftTraining:
 
     def __post_init__(self) -> None:
         if self.rollout_tokens < 2 * 12 or self.rollouts < self.batch or self.eval_rollouts < 1:
-            raise ValueError("draft training needs rollout_tokens >= two blocks (24), rollouts >= batch and "
-                             f"eval_rollouts >= 1 (got {self})")
+            raise ValueError(
+                "draft training needs rollout_tokens >= two blocks (24), rollouts >= batch and "
+                f"eval_rollouts >= 1 (got {self})"
+            )
 
 
 def load_target(out: Path, recipe: MiniRecipe, device: str):
@@ -61,7 +62,7 @@ def greedy_rollouts(model, tok, prompts: list[list[int]], new_tokens: int, batch
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[list[int]] = [[] for _ in prompts]
     for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
+        idx = order[start : start + batch]
         rows = [prompts[i] for i in idx]
         width = max(map(len, rows))
         x = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows], device=device)
@@ -75,8 +76,13 @@ def greedy_rollouts(model, tok, prompts: list[list[int]], new_tokens: int, batch
                 generated.append(nxt)
                 mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
                 positions = positions[:, -1:] + 1
-                step = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
-                             past_key_values=step.past_key_values, use_cache=True)
+                step = model(
+                    input_ids=nxt[:, None],
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=step.past_key_values,
+                    use_cache=True,
+                )
         tokens = torch.stack(generated, dim=1).tolist()
         for j, i in enumerate(idx):
             out[i] = prompts[i] + tokens[j]
@@ -85,17 +91,19 @@ def greedy_rollouts(model, tok, prompts: list[list[int]], new_tokens: int, batch
 
 def rollout_prompts(tok, cfg: DraftTraining, split: str = "train", first: int = 0) -> list[list[int]]:
     rng = random.Random(f"rollout-pairs:{cfg.seed}")
-    samples = curriculum.stream(split, cfg.seed + 7, first,
-                                retrieval_pairs=lambda i: rng.randint(2, cfg.rollout_max_pairs))
+    samples = curriculum.stream(
+        split, cfg.seed + 7, first, retrieval_pairs=lambda i: rng.randint(2, cfg.rollout_max_pairs)
+    )
     prompts = []
-    for s, _ in zip(samples, range(cfg.rollouts)):
+    for s, _ in zip(samples, range(cfg.rollouts), strict=False):
         ids, _labels = encode(tok, s)
         prompts.append(ids[: len(ids) - len(tok(s.completion, add_special_tokens=False)["input_ids"]) - 1])
     return prompts
 
 
-def acceptance(draft, target, sequences: list[list[int]], prompt_lengths: list[int], device: str,
-               blocks: int = 8) -> list[float]:
+def acceptance(
+    draft, target, sequences: list[list[int]], prompt_lengths: list[int], device: str, blocks: int = 8
+) -> list[float]:
     """Per draft position, the share of blocks whose first i drafted tokens all equal the target's greedy
     tokens (teacher-forced over rollouts): the chance that position i is accepted."""
     import torch
@@ -106,12 +114,11 @@ def acceptance(draft, target, sequences: list[list[int]], prompt_lengths: list[i
     hits = torch.zeros(bs - 1)
     total = 0
     with torch.no_grad():
-        for seq, p in zip(sequences, prompt_lengths):
+        for seq, p in zip(sequences, prompt_lengths, strict=False):
             x = torch.tensor([seq], device=device)
             aux, _ = target_aux_hidden(target, x, draft.target_layer_ids)
             hi = len(seq) - bs
-            anchors = torch.tensor([sorted(random.Random(p).sample(range(p, hi), min(blocks, hi - p)))],
-                                   device=device)
+            anchors = torch.tensor([sorted(random.Random(p).sample(range(p, hi), min(blocks, hi - p)))], device=device)
             logits = draft.forward_blocks(aux, anchors, x[0, anchors[0]][None])
             labels = draft.block_labels(x, anchors)
             same = (logits.argmax(-1)[..., 1:] == labels[..., 1:]).float()  # [1, K, bs-1]
@@ -130,8 +137,9 @@ def _draft_batch(draft, tok, prompts: list, sequences: list, rng: random.Random,
     width = max(map(len, rows))
     # Right-padded: a row's padding lies after its last anchor's block, which never sees it.
     x = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows], device=device)
-    anchors = torch.tensor([sorted(rng.choices(range(len(prompts[i]), len(sequences[i]) - 1), k=cfg.blocks))
-                            for i in pick], device=device)
+    anchors = torch.tensor(
+        [sorted(rng.choices(range(len(prompts[i]), len(sequences[i]) - 1), k=cfg.blocks)) for i in pick], device=device
+    )
     labels = draft.block_labels(x, anchors)
     lengths = torch.tensor([len(r) for r in rows], device=device)
     pos = anchors.unsqueeze(-1) + torch.arange(draft.block_size, device=device)
@@ -139,8 +147,14 @@ def _draft_batch(draft, tok, prompts: list, sequences: list, rng: random.Random,
     return x, anchors, labels
 
 
-def train_draft(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: DraftTraining = DraftTraining(),
-                device: str = "auto", log: Log | None = None) -> None:
+def train_draft(
+    out: Path,
+    *,
+    recipe: MiniRecipe = TRAINED_RECIPE,
+    cfg: DraftTraining = DraftTraining(),
+    device: str = "auto",
+    log: Log | None = None,
+) -> None:
     """The draft from the target in `out` into out/draft.safetensors (its config is the recipe's)."""
     import torch
 
@@ -154,21 +168,25 @@ def train_draft(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: DraftTra
     embed = target.model.embed_tokens.weight.detach()
     draft = DFlashDraft(draft_config(recipe, tok), embed, target.lm_head.weight.detach())
     with torch.no_grad():
-        for name, p in draft.named_parameters():
+        for p in draft.parameters():
             p.copy_(torch.ones_like(p) if p.dim() == 1 else torch.randn_like(p) * cfg.init_std)
     draft = draft.to(device).train()
     t0 = time.monotonic()
     prompts = rollout_prompts(tok, cfg)
     sequences = greedy_rollouts(target, tok, prompts, cfg.rollout_tokens, batch=256)
-    log(event="rollouts", phase="draft", count=len(sequences), tokens=cfg.rollout_tokens,
-        elapsed_s=round(time.monotonic() - t0, 1))
+    log(
+        event="rollouts",
+        phase="draft",
+        count=len(sequences),
+        tokens=cfg.rollout_tokens,
+        elapsed_s=round(time.monotonic() - t0, 1),
+    )
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
     rng = random.Random(cfg.seed)
     t0 = time.monotonic()
     step = 0
     for step in range(cfg.steps):
-        progress = max(step / cfg.steps,
-                       (time.monotonic() - t0) / cfg.time_budget_s if cfg.time_budget_s else 0.0)
+        progress = max(step / cfg.steps, (time.monotonic() - t0) / cfg.time_budget_s if cfg.time_budget_s else 0.0)
         if progress >= 1.0:
             break
         lr = schedule(cfg.lr, cfg.warmup, progress, step)
@@ -185,12 +203,24 @@ def train_draft(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: DraftTra
     log(event="end", phase="draft", steps=step + 1, elapsed_s=elapsed)
     draft = draft.eval().float()
     draft.save_safetensors(out / DRAFT_WEIGHTS)
-    write_recipe(out, recipe, "draft", cfg, steps_run=step + 1, elapsed_s=elapsed, device=device,
-                 target=f"{TARGET_WEIGHTS} sha256 {file_sha256(out / TARGET_WEIGHTS)}")
+    write_recipe(
+        out,
+        recipe,
+        "draft",
+        cfg,
+        steps_run=step + 1,
+        elapsed_s=elapsed,
+        device=device,
+        target=f"{TARGET_WEIGHTS} sha256 {file_sha256(out / TARGET_WEIGHTS)}",
+    )
     held = replace(cfg, rollouts=cfg.eval_rollouts, batch=min(cfg.batch, cfg.eval_rollouts))
     held_prompts = rollout_prompts(tok, held, split="heldout")
     held_sequences = greedy_rollouts(target, tok, held_prompts, cfg.rollout_tokens, batch=64)
     per_position = acceptance(draft, target, held_sequences, [len(p) for p in held_prompts], device)
-    log(event="eval", phase="draft", per_position_acceptance=[round(a, 3) for a in per_position],
-        accepted_per_draft=round(sum(per_position), 3), rollouts=len(held_sequences))
-
+    log(
+        event="eval",
+        phase="draft",
+        per_position_acceptance=[round(a, 3) for a in per_position],
+        accepted_per_draft=round(sum(per_position), 3),
+        rollouts=len(held_sequences),
+    )

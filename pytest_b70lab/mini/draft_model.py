@@ -89,8 +89,17 @@ def _apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
 class DraftAttention(nn.Module):
     """LagunaAttention with DFlash's split: K/V of the context come from `context_kv`."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, gating: Any,
-                 rotary_dim: int, theta: float) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        gating: Any,
+        rotary_dim: int,
+        theta: float,
+    ) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
         self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
@@ -101,19 +110,23 @@ class DraftAttention(nn.Module):
         self.g_proj = nn.Linear(hidden, heads if self.gate_per_head else self.q_size, bias=False) if gating else None
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
-        self.register_buffer("inv_freq", 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float)
-                                                          / rotary_dim)), persistent=False)
+        self.register_buffer(
+            "inv_freq",
+            1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim)),
+            persistent=False,
+        )
 
     def context_kv(self, normed_ctx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`DFlashLagunaModel._project_context_kv` + `_normalize_context_k` + RoPE for one layer:
         the K/V rows of qkv_proj (no Q), k_norm, RoPE. normed_ctx [B, T, H] -> K, V [B, T, kv_heads, hd]."""
-        kv = F.linear(normed_ctx, self.qkv_proj.weight[self.q_size:])
+        kv = F.linear(normed_ctx, self.qkv_proj.weight[self.q_size :])
         k, v = kv.unflatten(-1, (2, self.kv_heads, self.head_dim)).unbind(-3)
         k = _apply_rope(self.k_norm(k), positions, self.inv_freq)
         return k, v
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """h [B, Q, H] block rows; ctx_k/ctx_v [B, T, kv, hd]; mask [B, 1, Q, T + Q] (True: attend)."""
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = _apply_rope(self.q_norm(q.unflatten(-1, (self.heads, self.head_dim))), positions, self.inv_freq)
@@ -155,8 +168,9 @@ class DraftLayer(nn.Module):
         head_dim = config.get("head_dim") or hidden // heads
         layer_type = (config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"])[index]
         rotary_dim, theta = _rope_dims(config, head_dim, layer_type)
-        self.self_attn = DraftAttention(hidden, heads, config["num_key_value_heads"], head_dim, eps,
-                                        config.get("gating"), rotary_dim, theta)
+        self.self_attn = DraftAttention(
+            hidden, heads, config["num_key_value_heads"], head_dim, eps, config.get("gating"), rotary_dim, theta
+        )
         self.mlp = DraftMLP(hidden, config["intermediate_size"])
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
@@ -188,8 +202,10 @@ class DFlashDraft(nn.Module):
         self.causal = _layer_causal(config)
         target_hidden = embed_weight.shape[1]
         if lm_head_weight.shape[1] != hidden or target_hidden != hidden:
-            raise ValueError(f"target hidden {target_hidden} / lm_head {tuple(lm_head_weight.shape)} do not fit "
-                             f"a draft of hidden size {hidden}")
+            raise ValueError(
+                f"target hidden {target_hidden} / lm_head {tuple(lm_head_weight.shape)} do not fit "
+                f"a draft of hidden size {hidden}"
+            )
         if config.get("draft_vocab_size", lm_head_weight.shape[0]) != lm_head_weight.shape[0]:
             raise ValueError("Laguna DFlash shares the target lm_head: draft_vocab_size must equal its rows")
         n_aux = len(self.target_layer_ids)
@@ -205,8 +221,14 @@ class DFlashDraft(nn.Module):
     # --- construction and weights -------------------------------------------------------------------
 
     @classmethod
-    def from_folders(cls, draft_dir: Path | str, target_dir: Path | str, *, load_weights: bool = True,
-                     dtype: torch.dtype = torch.float32) -> DFlashDraft:
+    def from_folders(
+        cls,
+        draft_dir: Path | str,
+        target_dir: Path | str,
+        *,
+        load_weights: bool = True,
+        dtype: torch.dtype = torch.float32,
+    ) -> DFlashDraft:
         """A draft from its served folder, with `model.embed_tokens` and `lm_head` read from the target's."""
         from safetensors import safe_open
 
@@ -229,8 +251,10 @@ class DFlashDraft(nn.Module):
     def draft_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The draft's own tensors under the names vLLM's DFlashLagunaForCausalLM.load_weights reads (no
         `model.` prefix, fused qkv_proj, no embed_tokens / lm_head)."""
-        return {name: (t.detach().to(dtype) if dtype is not None else t.detach()).contiguous()
-                for name, t in self.state_dict().items()}
+        return {
+            name: (t.detach().to(dtype) if dtype is not None else t.detach()).contiguous()
+            for name, t in self.state_dict().items()
+        }
 
     def load_state_dict_from_safetensors(self, path: Path | str) -> None:
         """Load a served draft's model.safetensors; every name must match, both ways, shape for shape."""
@@ -262,8 +286,9 @@ class DFlashDraft(nn.Module):
 
     def block_input_ids(self, block_tokens: torch.Tensor) -> torch.Tensor:
         """[..., K] bonus tokens -> [..., K, block_size]: [bonus, mask, mask, ...] (the dflash input kernel)."""
-        ids = torch.full((*block_tokens.shape, self.block_size), self.mask_token_id, dtype=torch.long,
-                         device=block_tokens.device)
+        ids = torch.full(
+            (*block_tokens.shape, self.block_size), self.mask_token_id, dtype=torch.long, device=block_tokens.device
+        )
         ids[..., 0] = block_tokens
         return ids
 
@@ -282,8 +307,13 @@ class DFlashDraft(nn.Module):
         to_block = to_block.reshape(1, K, bs, K * bs).expand(B, K, bs, K * bs)
         return torch.cat((to_ctx, to_block), dim=-1).reshape(B, 1, K * bs, num_context + K * bs)
 
-    def forward_blocks(self, aux_hidden: torch.Tensor, anchors: torch.Tensor, block_tokens: torch.Tensor,
-                       context_positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_blocks(
+        self,
+        aux_hidden: torch.Tensor,
+        anchors: torch.Tensor,
+        block_tokens: torch.Tensor,
+        context_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Draft logits [B, K, block_size, V] for K blocks per sequence, all in one pass.
 
         aux_hidden [B, T, n_aux * H]: the target's raw aux hidden states at positions 0..T-1 (layout of
@@ -328,19 +358,25 @@ class DFlashDraft(nn.Module):
         labels[..., 0] = IGNORE_INDEX
         return labels
 
-    def target_aux_hidden(self, target_model: nn.Module, input_ids: torch.Tensor,
-                          attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def target_aux_hidden(
+        self, target_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return target_aux_hidden(target_model, input_ids, self.target_layer_ids, attention_mask)
 
 
 def draft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over block rows 1..block_size-1 (the rows vLLM samples); IGNORE_INDEX skipped."""
-    return F.cross_entropy(logits[..., 1:, :].float().flatten(0, -2), labels[..., 1:].flatten(),
-                           ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(
+        logits[..., 1:, :].float().flatten(0, -2), labels[..., 1:].flatten(), ignore_index=IGNORE_INDEX
+    )
 
 
-def target_aux_hidden(target_model: nn.Module, input_ids: torch.Tensor, target_layer_ids: Sequence[int],
-                      attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def target_aux_hidden(
+    target_model: nn.Module,
+    input_ids: torch.Tensor,
+    target_layer_ids: Sequence[int],
+    attention_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(aux_hidden [B, T, n_aux * H], logits [B, T, V]) of a transformers LagunaForCausalLM: the residual
     stream after each decoder layer in `target_layer_ids`, ascending, concatenated as vLLM's target hands it
     to the drafter. Hooks read the layer outputs because transformers' `hidden_states[-1]` is the
@@ -352,6 +388,7 @@ def target_aux_hidden(target_model: nn.Module, input_ids: torch.Tensor, target_l
     def hook(index: int):
         def keep(_module, _inputs, output):
             captured[index] = output[0] if isinstance(output, tuple) else output
+
         return keep
 
     handles = [layers[i].register_forward_hook(hook(i)) for i in ids]

@@ -67,9 +67,15 @@ def code_ok(sample: curriculum.Sample, text: str) -> bool:
     from ..quality import sandbox
 
     body = text.split("\n\n", 1)[0]
-    program = sample.prompt + body + "\n\nimport json, sys\n" + "".join(
-        f"assert {sample.meta['function']}(*{check['args']!r}) == {check['expected']!r}\n"
-        for check in sample.meta["checks"])
+    program = (
+        sample.prompt
+        + body
+        + "\n\nimport json, sys\n"
+        + "".join(
+            f"assert {sample.meta['function']}(*{check['args']!r}) == {check['expected']!r}\n"
+            for check in sample.meta["checks"]
+        )
+    )
     return sandbox.run_python(program, timeout_s=CHECK_TIMEOUT_S).passed
 
 
@@ -92,17 +98,23 @@ def generate(model, tok, prompts: list[str], max_new_tokens: int, batch: int = 3
     device = next(model.parameters()).device
     out = []
     for i in range(0, len(prompts), batch):
-        chunk = prompts[i:i + batch]
+        chunk = prompts[i : i + batch]
         ids = [tok(p, add_special_tokens=not p.startswith(curriculum.BOS))["input_ids"] for p in chunk]
         width = max(map(len, ids))
         x = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in ids], device=device)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids], device=device)
         with torch.no_grad():
-            g = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                               pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            g = model.generate(
+                input_ids=x,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
         for row in g[:, width:].tolist():
             if tok.eos_token_id in row:
-                row = row[:row.index(tok.eos_token_id)]
+                row = row[: row.index(tok.eos_token_id)]
             out.append(tok.decode(row, skip_special_tokens=False).replace("<pad>", ""))
     return out
 
@@ -110,12 +122,16 @@ def generate(model, tok, prompts: list[str], max_new_tokens: int, batch: int = 3
 def held_out(model, tok, *, seed: int, n: int, longest_pairs: int) -> dict[str, Any]:
     """Accuracy per family on `n` held-out samples each (retrieval at `longest_pairs`), plus unseen shapes."""
     results: dict[str, Any] = {}
-    plan = [("code", "heldout", 128), ("tool", "heldout", 192), ("json", "heldout", 256),
-            ("retrieval", "heldout", 8), ("code", "unseen", 128)]
+    plan = [
+        ("code", "heldout", 128),
+        ("tool", "heldout", 192),
+        ("json", "heldout", 256),
+        ("retrieval", "heldout", 8),
+        ("code", "unseen", 128),
+    ]
     for family, split, max_new in plan:
         samples = [curriculum.sample(split, seed, i, family, n_pairs=longest_pairs) for i in range(n)]
-        texts = generate(model, tok, [s.prompt for s in samples], max_new,
-                         batch=8 if family == "retrieval" else 32)
-        ok = [score(s, t) for s, t in zip(samples, texts)]
+        texts = generate(model, tok, [s.prompt for s in samples], max_new, batch=8 if family == "retrieval" else 32)
+        ok = [score(s, t) for s, t in zip(samples, texts, strict=False)]
         results[f"{family}/{split}"] = {"correct": sum(ok), "of": n, "example": texts[0][:160]}
     return results

@@ -73,8 +73,12 @@ def library_versions() -> dict[str, str]:
     import torch
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "safetensors": safetensors.__version__,
+    }
 
 
 def target_config(recipe: MiniRecipe, tok):
@@ -83,15 +87,28 @@ def target_config(recipe: MiniRecipe, tok):
     t = recipe.target
     n = recipe.num_layers
     cfg = LagunaConfig(
-        vocab_size=len(tok), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-        num_hidden_layers=n, num_attention_heads=t.heads_per_layer[0],
-        num_attention_heads_per_layer=list(t.heads_per_layer), num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim, max_position_embeddings=t.max_position_embeddings, num_experts=t.num_experts,
-        num_experts_per_tok=t.num_experts_per_tok, moe_intermediate_size=t.moe_intermediate_size,
+        vocab_size=len(tok),
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=n,
+        num_attention_heads=t.heads_per_layer[0],
+        num_attention_heads_per_layer=list(t.heads_per_layer),
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=t.head_dim,
+        max_position_embeddings=t.max_position_embeddings,
+        num_experts=t.num_experts,
+        num_experts_per_tok=t.num_experts_per_tok,
+        moe_intermediate_size=t.moe_intermediate_size,
         shared_expert_intermediate_size=t.shared_expert_intermediate_size,
-        mlp_layer_types=list(t.mlp_layer_types), layer_types=["full_attention"] * n, gating=True,
-        moe_routed_scaling_factor=1.0, initializer_range=t.init_std, tie_word_embeddings=False,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        mlp_layer_types=list(t.mlp_layer_types),
+        layer_types=["full_attention"] * n,
+        gating=True,
+        moe_routed_scaling_factor=1.0,
+        initializer_range=t.init_std,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
     )
     cfg.architectures = ["LagunaForCausalLM"]
     return cfg
@@ -103,10 +120,17 @@ def draft_config(recipe: MiniRecipe, tok) -> dict[str, Any]:
     target = target_config(recipe, tok).to_dict()
     draft_cfg = dict(target)
     draft_cfg.update(
-        architectures=["DFlashLagunaForCausalLM"], num_hidden_layers=d.layers, num_attention_heads=d.heads,
-        num_attention_heads_per_layer=[d.heads] * d.layers, num_key_value_heads=d.num_key_value_heads,
-        head_dim=d.head_dim, intermediate_size=d.intermediate_size, mlp_layer_types=["dense"] * d.layers,
-        layer_types=["full_attention"] * d.layers, draft_vocab_size=target["vocab_size"], block_size=d.block_size,
+        architectures=["DFlashLagunaForCausalLM"],
+        num_hidden_layers=d.layers,
+        num_attention_heads=d.heads,
+        num_attention_heads_per_layer=[d.heads] * d.layers,
+        num_key_value_heads=d.num_key_value_heads,
+        head_dim=d.head_dim,
+        intermediate_size=d.intermediate_size,
+        mlp_layer_types=["dense"] * d.layers,
+        layer_types=["full_attention"] * d.layers,
+        draft_vocab_size=target["vocab_size"],
+        block_size=d.block_size,
         dflash_config={"target_layer_ids": list(d.target_layer_ids), "mask_token_id": tok.mask_token_id},
         rope_parameters=target["rope_parameters"],
     )

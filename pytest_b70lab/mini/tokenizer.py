@@ -13,8 +13,14 @@ def load_tokenizer(folder: Path, recipe: MiniRecipe):
     template included."""
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / TOKENIZER_FILE), bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  unk_token="<unk>", mask_token="<|mask|>",
-                                  model_max_length=recipe.target.max_position_embeddings)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(folder / TOKENIZER_FILE),
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<|mask|>",
+        model_max_length=recipe.target.max_position_embeddings,
+    )
     tok.chat_template = curriculum.CHAT_TEMPLATE
     return tok

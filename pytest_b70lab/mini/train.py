@@ -19,10 +19,20 @@ from ..digests import file_sha256
 from . import curriculum
 from .recipe import LOG_FILE, SPECIAL_TOKENS, TARGET_WEIGHTS, TOKENIZER_FILE, TRAINED_RECIPE, MiniRecipe
 from .tokenizer import load_tokenizer
-from .training import (IGNORE, Log, TargetTraining, encode, new_target, optimizer_step, pick_device, schedule,
-                       write_recipe)
+from .training import (
+    IGNORE,
+    Log,
+    TargetTraining,
+    encode,
+    new_target,
+    optimizer_step,
+    pick_device,
+    schedule,
+    write_recipe,
+)
 
 # --- tokenizer -----------------------------------------------------------------------------------------
+
 
 def train_tokenizer(recipe: MiniRecipe, seed: int):
     """Byte-level BPE on the curriculum that never merges letters: digits and letters are one a token, the
@@ -38,24 +48,34 @@ def train_tokenizer(recipe: MiniRecipe, seed: int):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\s+"), behavior="isolated"),
-                                                 pre_tokenizers.Split(Regex(r"\p{L}"), behavior="isolated"),
-                                                 pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\s+"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(r"\p{L}"), behavior="isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     specials = list(SPECIAL_TOKENS) + list(curriculum.CHAT_TOKENS)
-    trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size - len(curriculum.TOOL_TOKENS), min_frequency=2,
-                                  special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=recipe.vocab_size - len(curriculum.TOOL_TOKENS),
+        min_frequency=2,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(curriculum.tokenizer_corpus(seed), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in curriculum.TOOL_TOKENS])
     bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", bos)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
     return tok
 
 
 # --- data ----------------------------------------------------------------------------------------------
+
 
 def tokens_per_pair(tok) -> float:
     probe = curriculum.retrieval(curriculum._Draw("train", 0, 0, "retrieval"), 50)
@@ -70,6 +90,7 @@ def retrieval_sizes(tok, seqlen: int, seed: int) -> Callable[[int], int]:
     def size(index: int) -> int:
         r = random.Random(f"pairs:{seed}:{index}").random()
         return max(2, min(most, int(round(2 * (most / 2) ** r))))
+
     return size
 
 
@@ -120,6 +141,7 @@ def batches(tok, cfg: TargetTraining, start: int, device: str) -> Iterator[tuple
 
 # --- the target ------------------------------------------------------------------------------------------
 
+
 def _target_steps(model, opt, data, cfg: TargetTraining, device: str, log: Log, t0: float) -> int:
     """The optimiser loop, within the step count and the time budget; the index of the last step run."""
     import torch
@@ -140,11 +162,20 @@ def _target_steps(model, opt, data, cfg: TargetTraining, device: str, log: Log, 
     return step
 
 
-def train_target(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: TargetTraining = TargetTraining(),
-                 device: str = "auto", log: Log | None = None, init: Path | None = None, evaluate_n: int = 0):
+def train_target(
+    out: Path,
+    *,
+    recipe: MiniRecipe = TRAINED_RECIPE,
+    cfg: TargetTraining | None = None,
+    device: str = "auto",
+    log: Log | None = None,
+    init: Path | None = None,
+    evaluate_n: int = 0,
+):
     """Tokenizer and target from nothing into `out` (tokenizer.json, target.safetensors, recipe.json, log)."""
     import torch
 
+    cfg = cfg or TargetTraining()
     out.mkdir(parents=True, exist_ok=True)
     device = pick_device(device)
     log = log or Log(out / LOG_FILE)
@@ -163,25 +194,35 @@ def train_target(out: Path, *, recipe: MiniRecipe = TRAINED_RECIPE, cfg: TargetT
 
         model.load_state_dict({k: v.float() for k, v in load_file(str(init)).items()})
     model = model.to(device).train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0,
-                            betas=(0.9, 0.95))
-    log(event="start", phase="target", device=device, config=asdict(cfg),
-        params=sum(p.numel() for p in model.parameters()), tokens_per_pair=round(tokens_per_pair(tok), 2),
-        corpus_digest=curriculum.corpus_digest(cfg.seed))
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95)
+    )
+    log(
+        event="start",
+        phase="target",
+        device=device,
+        config=asdict(cfg),
+        params=sum(p.numel() for p in model.parameters()),
+        tokens_per_pair=round(tokens_per_pair(tok), 2),
+        corpus_digest=curriculum.corpus_digest(cfg.seed),
+    )
     t0 = time.monotonic()
     step = _target_steps(model, opt, batches(tok, cfg, 0, device), cfg, device, log, t0)
     elapsed = round(time.monotonic() - t0, 1)
     log(event="end", phase="target", steps=step + 1, elapsed_s=elapsed)
     model = model.eval()
     save_weights(model.state_dict(), out / TARGET_WEIGHTS)
-    write_recipe(out, recipe, "target", cfg, steps_run=step + 1, elapsed_s=elapsed, device=device,
-                 init=init_from)
+    write_recipe(out, recipe, "target", cfg, steps_run=step + 1, elapsed_s=elapsed, device=device, init=init_from)
     if evaluate_n:
         from .evaluate import held_out
 
         longest = int((cfg.seqlen - 24) / tokens_per_pair(tok)) - 1
-        log(event="eval", phase="target", longest_pairs=longest,
-            results=held_out(model, tok, seed=cfg.seed, n=evaluate_n, longest_pairs=longest))
+        log(
+            event="eval",
+            phase="target",
+            longest_pairs=longest,
+            results=held_out(model, tok, seed=cfg.seed, n=evaluate_n, longest_pairs=longest),
+        )
     return model.to("cpu", torch.float32), tok
 
 
@@ -190,19 +231,26 @@ def save_weights(state: dict[str, Any], path: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    tensors = {k: v.detach().to(torch.bfloat16).contiguous() if v.is_floating_point() else v.contiguous()
-               for k, v in sorted(state.items())}
+    tensors = {
+        k: v.detach().to(torch.bfloat16).contiguous() if v.is_floating_point() else v.contiguous()
+        for k, v in sorted(state.items())
+    }
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 # --- command line (also `b70lab mini train`); runs where only torch + transformers are installed -------------
 
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="b70lab mini train", description=(
-        "Train the mini's tokenizer and target (and distil its DFlash draft) into OUT: the files "
-        "`b70lab mini build` assembles the served model from."))
+    parser = argparse.ArgumentParser(
+        prog="b70lab mini train",
+        description=(
+            "Train the mini's tokenizer and target (and distil its DFlash draft) into OUT: the files "
+            "`b70lab mini build` assembles the served model from."
+        ),
+    )
     parser.add_argument("phase", choices=["target", "draft", "all"], help="what to train")
     parser.add_argument("--out", type=Path, required=True, help="folder for the weights, recipe and log")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
@@ -217,16 +265,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", type=Path, help="target weights to continue from")
     parser.add_argument("--eval", type=int, default=0, help="held-out samples a family to score at the end")
     args = parser.parse_args(argv)
-    overrides = {k: v for k, v in {"steps": args.steps, "time_budget_s": args.time_budget, "batch": args.batch,
-                                   "seqlen": args.seqlen, "lr": args.lr}.items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in {
+            "steps": args.steps,
+            "time_budget_s": args.time_budget,
+            "batch": args.batch,
+            "seqlen": args.seqlen,
+            "lr": args.lr,
+        }.items()
+        if v is not None
+    }
     if args.phase in ("target", "all"):
-        train_target(args.out, cfg=replace(TargetTraining(), **overrides), device=args.device, init=args.init,
-                     evaluate_n=args.eval)
+        train_target(
+            args.out,
+            cfg=replace(TargetTraining(), **overrides),
+            device=args.device,
+            init=args.init,
+            evaluate_n=args.eval,
+        )
     if args.phase in ("draft", "all"):
         from .distil import DraftTraining, train_draft
 
-        draft_overrides = {k: v for k, v in {"steps": args.draft_steps, "time_budget_s": args.draft_time_budget,
-                                             "rollouts": args.rollouts}.items() if v is not None}
+        draft_overrides = {
+            k: v
+            for k, v in {
+                "steps": args.draft_steps,
+                "time_budget_s": args.draft_time_budget,
+                "rollouts": args.rollouts,
+            }.items()
+            if v is not None
+        }
         train_draft(args.out, cfg=replace(DraftTraining(), **draft_overrides), device=args.device)
     return 0
 

@@ -67,8 +67,9 @@ def schedule(cfg_lr: float, warmup: int, progress: float, step: int) -> float:
     return cfg_lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def optimizer_step(loss, module, opt, log: Log, *, phase: str, step: int, lr: float, started: float,
-                   log_every: int) -> None:
+def optimizer_step(
+    loss, module, opt, log: Log, *, phase: str, step: int, lr: float, started: float, log_every: int
+) -> None:
     """Backward, clip the gradient norm at 1, step and clear; a `step` record every `log_every` steps."""
     import torch
 
@@ -77,8 +78,14 @@ def optimizer_step(loss, module, opt, log: Log, *, phase: str, step: int, lr: fl
     opt.step()
     opt.zero_grad(set_to_none=True)
     if step % log_every == 0:
-        log(event="step", phase=phase, step=step, loss=round(loss.item(), 4), lr=round(lr, 6),
-            elapsed_s=round(time.monotonic() - started, 1))
+        log(
+            event="step",
+            phase=phase,
+            step=step,
+            loss=round(loss.item(), 4),
+            lr=round(lr, 6),
+            elapsed_s=round(time.monotonic() - started, 1),
+        )
 
 
 class Log:
@@ -108,8 +115,12 @@ def write_recipe(out: Path, recipe: MiniRecipe, phase: str, cfg: Any, **run: Any
     path = out / RECIPE_FILE
     data = json.loads(path.read_text()) if path.exists() else {}
     digest = curriculum.corpus_digest(cfg.seed)
-    data.update(architecture=asdict(recipe), corpus_version=curriculum.CORPUS_VERSION, corpus_digest=digest,
-                versions=library_versions())
+    data.update(
+        architecture=asdict(recipe),
+        corpus_version=curriculum.CORPUS_VERSION,
+        corpus_digest=digest,
+        versions=library_versions(),
+    )
     data[phase] = asdict(cfg)
     data.setdefault("history", []).append({"phase": phase, "corpus_digest": digest, **asdict(cfg), **run})
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

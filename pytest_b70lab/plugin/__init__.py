@@ -10,19 +10,70 @@ from pathlib import Path
 
 import pytest
 
-# The entry point's module is the one pytest scans for fixtures: they are defined in .fixtures.
-from .fixtures import (b70_cache_root, b70_checkpoints, b70_contract, b70_engine, b70_evidence,  # noqa: F401
-                       b70_mini_model, b70_prompt_ids, b70_quality_keys, b70_quality_samples, b70_quality_scores,
-                       b70_quality_verdict, b70_reference_evidence, b70_run_dir, b70_start_evidence, b70_state,
-                       b70_teacher_evidence, b70_verdict)
 from ..defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
+from .fixtures import (
+    b70_cache_root,
+    b70_checkpoints,
+    b70_contract,
+    b70_engine,
+    b70_evidence,
+    b70_mini_model,
+    b70_prompt_ids,
+    b70_quality_keys,
+    b70_quality_samples,
+    b70_quality_scores,
+    b70_quality_verdict,
+    b70_reference_evidence,
+    b70_run_dir,
+    b70_start_evidence,
+    b70_state,
+    b70_teacher_evidence,
+    b70_verdict,
+)
 from .reporter import VerdictReporter
-from .state import (BLOCKED_PROPERTY, ENGINE_EVIDENCE, GATE_PROPERTY, GATE_TEST_PROPERTY,
-                    QUALITY_PROPERTY, STATE, SUBJECT_PROPERTY, WORKER_BLOCK_MARK, WORKER_RUN_DIR, LabState,
-                    contract_or_exit, contract_or_usage_error, contract_setting, ini_path, lab_errors, prompt_set,
-                    quality_keys, runs_root, updating_snapshots)
+from .state import (
+    BLOCKED_PROPERTY,
+    ENGINE_EVIDENCE,
+    GATE_PROPERTY,
+    GATE_TEST_PROPERTY,
+    QUALITY_PROPERTY,
+    STATE,
+    SUBJECT_PROPERTY,
+    WORKER_BLOCK_MARK,
+    WORKER_RUN_DIR,
+    LabState,
+    contract_or_exit,
+    contract_or_usage_error,
+    contract_setting,
+    ini_path,
+    lab_errors,
+    prompt_set,
+    quality_keys,
+    runs_root,
+    updating_snapshots,
+)
 from .workers import WorkerFinished, XdistHooks, blocked_elsewhere, blocked_reason
 
+# pytest scans the entry point's module for fixtures: they are defined in .fixtures and exported from here.
+__all__ = [
+    "b70_cache_root",
+    "b70_checkpoints",
+    "b70_contract",
+    "b70_engine",
+    "b70_evidence",
+    "b70_mini_model",
+    "b70_prompt_ids",
+    "b70_quality_keys",
+    "b70_quality_samples",
+    "b70_quality_scores",
+    "b70_quality_verdict",
+    "b70_reference_evidence",
+    "b70_run_dir",
+    "b70_start_evidence",
+    "b70_state",
+    "b70_teacher_evidence",
+    "b70_verdict",
+]
 
 MARKERS = {
     "gates": "promotion gates against a real engine start (launches vLLM once per session)",
@@ -33,54 +84,103 @@ MARKERS = {
     "bench": "benchmarks: report medians and ratios, never assert on time",
     "faults": "the fault matrix: real faults injected into real engine starts (in_engine.faults), one session each",
     "b70_report_only": "a gates-session test that measures a figure for the verdict line (--b70-speedup) and judges "
-                       "no gate: its outcome never changes the verdict, only the exit status",
+    "no gate: its outcome never changes the verdict, only the exit status",
     "b70_gate": "b70_gate(name): the catalogue gate this test judges; its subject is its b70_start / b70_rank / "
-                "b70_prompt parameters, and the verdict requires every (gate, subject) pair of the contract",
+    "b70_prompt parameters, and the verdict requires every (gate, subject) pair of the contract",
 }
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("b70lab", "B70 lab promotion gates")
-    group.addoption("--b70-contract", default=None,
-                    help=f"contract name under fixtures/contracts/ or a TOML path (default: ini b70_contract, "
-                         f"else {DEFAULT_CONTRACT})")
-    group.addoption("--b70-run-dir", type=Path, default=None,
-                    help="run folder for evidence and logs (default: a new <timestamp> folder under ini "
-                         "b70_runs_dir, else data/runs)")
-    group.addoption("--b70-evidence", type=Path, default=None, metavar="RUN_DIR",
-                    help="evaluate the saved evidence of RUN_DIR instead of launching an engine")
-    group.addoption("--b70-dry-run", action="store_true",
-                    help="print the resolved contract, its digest, the launch command and environment; launch nothing")
-    group.addoption("--b70-cache-dir", type=Path, default=None,
-                    help="where generated models and engine caches live (default: ini b70_cache_dir, "
-                         "$B70LAB_CACHE_DIR or ~/.cache/b70lab)")
-    group.addoption("--b70-no-probe", action="store_true",
-                    help="skip the preflight collective probe (an all_reduce over the contract's ranks before the "
-                         "first engine start)")
-    group.addoption("--b70-probe-deadline", type=float, default=PROBE_DEADLINE_S, metavar="SECONDS",
-                    help=f"deadline of the whole preflight probe, imports and rendezvous included "
-                         f"(default: {PROBE_DEADLINE_S:.0f})")
-    group.addoption("--b70-probe-stall", type=int, default=None, metavar="RANK",
-                    help="fault injection for the harness's own tests: RANK never enters the probe's all_reduce")
-    group.addoption("--b70-baseline", default=None, metavar="RUN_DIR|last",
-                    help="beside the verdict, compare this run with RUN_DIR (or `last`: the newest promoted run "
-                         "in the runs folder): what differs besides the speed, and the speed ratio with its "
-                         "interval (as `b70lab evidence diff`)")
-    group.addoption("--b70-teacher-snapshots", type=Path, default=None, metavar="DIR",
-                    help="the folder of teacher-<digest>/ snapshot folders teacher-exactness reads (default: "
-                         "tests/gates/__snapshots__; a sweep keeps the teachers it records under its own folder)")
-    group.addoption("--b70-speedup", action="store_true",
-                    help="also start the contract's target-only teacher once (RUN/teacher/) and report the "
-                         "candidate's paired speed-up over it in the verdict line, JUnit and promotion.json")
-    group.addoption("--b70-prompts", default=None, metavar="ID,ID",
-                    help="serve and judge only these prompts of the contract's set (a smoke run: the verdict "
-                         "stays incomplete, since a promotion needs every prompt)")
+    group.addoption(
+        "--b70-contract",
+        default=None,
+        help=f"contract name under fixtures/contracts/ or a TOML path (default: ini b70_contract, "
+        f"else {DEFAULT_CONTRACT})",
+    )
+    group.addoption(
+        "--b70-run-dir",
+        type=Path,
+        default=None,
+        help="run folder for evidence and logs (default: a new <timestamp> folder under ini "
+        "b70_runs_dir, else data/runs)",
+    )
+    group.addoption(
+        "--b70-evidence",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="evaluate the saved evidence of RUN_DIR instead of launching an engine",
+    )
+    group.addoption(
+        "--b70-dry-run",
+        action="store_true",
+        help="print the resolved contract, its digest, the launch command and environment; launch nothing",
+    )
+    group.addoption(
+        "--b70-cache-dir",
+        type=Path,
+        default=None,
+        help="where generated models and engine caches live (default: ini b70_cache_dir, "
+        "$B70LAB_CACHE_DIR or ~/.cache/b70lab)",
+    )
+    group.addoption(
+        "--b70-no-probe",
+        action="store_true",
+        help="skip the preflight collective probe (an all_reduce over the contract's ranks before the "
+        "first engine start)",
+    )
+    group.addoption(
+        "--b70-probe-deadline",
+        type=float,
+        default=PROBE_DEADLINE_S,
+        metavar="SECONDS",
+        help=f"deadline of the whole preflight probe, imports and rendezvous included "
+        f"(default: {PROBE_DEADLINE_S:.0f})",
+    )
+    group.addoption(
+        "--b70-probe-stall",
+        type=int,
+        default=None,
+        metavar="RANK",
+        help="fault injection for the harness's own tests: RANK never enters the probe's all_reduce",
+    )
+    group.addoption(
+        "--b70-baseline",
+        default=None,
+        metavar="RUN_DIR|last",
+        help="beside the verdict, compare this run with RUN_DIR (or `last`: the newest promoted run "
+        "in the runs folder): what differs besides the speed, and the speed ratio with its "
+        "interval (as `b70lab evidence diff`)",
+    )
+    group.addoption(
+        "--b70-teacher-snapshots",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the folder of teacher-<digest>/ snapshot folders teacher-exactness reads (default: "
+        "tests/gates/__snapshots__; a sweep keeps the teachers it records under its own folder)",
+    )
+    group.addoption(
+        "--b70-speedup",
+        action="store_true",
+        help="also start the contract's target-only teacher once (RUN/teacher/) and report the "
+        "candidate's paired speed-up over it in the verdict line, JUnit and promotion.json",
+    )
+    group.addoption(
+        "--b70-prompts",
+        default=None,
+        metavar="ID,ID",
+        help="serve and judge only these prompts of the contract's set (a smoke run: the verdict "
+        "stays incomplete, since a promotion needs every prompt)",
+    )
     # What a lab pins in its pyproject.toml / pytest.ini; the options above override them. Relative paths
     # are relative to the ini file's folder.
     parser.addini("b70_contract", f"contract name or TOML path the gates judge (default {DEFAULT_CONTRACT})")
     parser.addini("b70_runs_dir", "folder each session's new run folder is made in (default data/runs)")
-    parser.addini("b70_cache_dir", "where generated models and engine caches live "
-                                   "(default $B70LAB_CACHE_DIR or ~/.cache/b70lab)")
+    parser.addini(
+        "b70_cache_dir", "where generated models and engine caches live (default $B70LAB_CACHE_DIR or ~/.cache/b70lab)"
+    )
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -94,6 +194,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     # B70LAB_EMULATE_CPU=avx2: this process too runs as on an AVX2-only CPU (the kernel lane calls vLLM's ops
     from ..in_engine import cpu_emulation
+
     # here), before anything loads torch or vLLM. Unset, nothing is imported.
     if cpu_emulation.requested():
         cpu_emulation.apply_from_environment()
@@ -111,11 +212,15 @@ def pytest_configure(config: pytest.Config) -> None:
         chosen = config.getoption("--b70-run-dir")
         run_dir = (chosen or runs_root(config) / time.strftime("%Y%m%d-%H%M%S")).resolve()
     config.stash[STATE] = LabState(
-        config=config, run_dir=run_dir,
+        config=config,
+        run_dir=run_dir,
         cache_dir_option=config.getoption("--b70-cache-dir") or ini_path(config, "b70_cache_dir"),
-        contract_name=contract_setting(config) or DEFAULT_CONTRACT, replay_dir=replay.resolve() if replay else None,
+        contract_name=contract_setting(config) or DEFAULT_CONTRACT,
+        replay_dir=replay.resolve() if replay else None,
         block_mark=Path(worker_input[WORKER_BLOCK_MARK])
-        if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK) else None)
+        if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK)
+        else None,
+    )
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(config.stash[STATE]), "b70lab-xdist")
     if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK):
@@ -137,10 +242,12 @@ def _guard_snapshot_update(config: pytest.Config) -> None:
         return
     markexpr = (config.getoption("-m") or "").strip()
     if markexpr not in ("teacher", "quality"):
-        raise pytest.UsageError("--snapshot-update records FP8 teacher snapshots or quality baselines and is only "
-                                "allowed with `-m teacher` or `-m quality` alone (e.g. `pytest -m teacher "
-                                "--snapshot-update --b70-contract NAME`); "
-                                f"this run selects -m {markexpr!r}")
+        raise pytest.UsageError(
+            "--snapshot-update records FP8 teacher snapshots or quality baselines and is only "
+            "allowed with `-m teacher` or `-m quality` alone (e.g. `pytest -m teacher "
+            "--snapshot-update --b70-contract NAME`); "
+            f"this run selects -m {markexpr!r}"
+        )
     # Recording one contract's teacher must never delete another contract's snapshots.
     config.option.no_cleanup = True
 
@@ -174,10 +281,12 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
             versions.append(f"{dist} {md.version(dist)}")
         except md.PackageNotFoundError:
             continue
-    where = (f"replaying {state.replay_dir}" if state.replay_dir is not None
-             else f"run folder {state.run_dir} (made when a gate or quality test needs the engine)")
-    return [f"b70lab: {contract}", f"b70lab: engine {', '.join(versions) or 'not installed'}", *fp8,
-            f"b70lab: {where}"]
+    where = (
+        f"replaying {state.replay_dir}"
+        if state.replay_dir is not None
+        else f"run folder {state.run_dir} (made when a gate or quality test needs the engine)"
+    )
+    return [f"b70lab: {contract}", f"b70lab: engine {', '.join(versions) or 'not installed'}", *fp8, f"b70lab: {where}"]
 
 
 @pytest.hookimpl(tryfirst=True)  # after the session's header (so the dry run shows it too), before collecting
@@ -185,8 +294,8 @@ def pytest_collection(session: pytest.Session) -> None:
     config = session.config
     if not config.getoption("--b70-dry-run") or hasattr(config, "workerinput"):
         return
-    from ..engine.starts import describe
     from ..contract import ContractError
+    from ..engine.starts import describe
 
     state = config.stash[STATE]
     try:
@@ -210,8 +319,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if figure:
                 item.user_properties.append((QUALITY_PROPERTY, figure))
                 if updating_snapshots(item.config):  # before its fixtures: no candidate engine is started
-                    item.add_marker(pytest.mark.skip(reason="recording the quality baseline: judge the candidate "
-                                                            "in a run without --snapshot-update"))
+                    item.add_marker(
+                        pytest.mark.skip(
+                            reason="recording the quality baseline: judge the candidate "
+                            "in a run without --snapshot-update"
+                        )
+                    )
         if not item.get_closest_marker("gates") or item.get_closest_marker("b70_report_only"):
             continue
         item.user_properties.append((GATE_TEST_PROPERTY, True))
@@ -223,8 +336,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         extra = item.config.stash[STATE].extra_gates
         if name not in gates.SCOPES and name not in extra:
             added = f"; added by plugins: {', '.join(extra)}" if extra else ""
-            pytest.exit(f"b70lab: {item.nodeid}: b70_gate({name!r}) is not a gate of the catalogue "
-                        f"({', '.join(gates.CATALOGUE)}){added}", returncode=pytest.ExitCode.USAGE_ERROR)
+            pytest.exit(
+                f"b70lab: {item.nodeid}: b70_gate({name!r}) is not a gate of the catalogue "
+                f"({', '.join(gates.CATALOGUE)}){added}",
+                returncode=pytest.ExitCode.USAGE_ERROR,
+            )
         params = item.callspec.params if hasattr(item, "callspec") else {}
         subject = gates.subject(params.get("b70_start"), params.get("b70_rank"), params.get("b70_prompt"))
         item.user_properties += [(GATE_PROPERTY, name), (SUBJECT_PROPERTY, subject)]
@@ -232,8 +348,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Gate tests name what they are per: `b70_start`, `b70_rank` or `b70_prompt`."""
-    wanted = {"b70_start", "b70_rank", "b70_prompt", "b70_quality_figure", "b70_quality_flavour"} \
-        & set(metafunc.fixturenames)
+    wanted = {"b70_start", "b70_rank", "b70_prompt", "b70_quality_figure", "b70_quality_flavour"} & set(
+        metafunc.fixturenames
+    )
     if not wanted:
         return
     contract = contract_or_exit(metafunc.config)
@@ -243,8 +360,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "b70_quality_flavour" in wanted:
         from ..quality import baseline
 
-        flavours = [f for f in baseline.FLAVOURS
-                    if f == "fp8" or (contract.quality and contract.quality.unquantized_kv_target)]
+        flavours = [
+            f for f in baseline.FLAVOURS if f == "fp8" or (contract.quality and contract.quality.unquantized_kv_target)
+        ]
         metafunc.parametrize("b70_quality_flavour", flavours, ids=flavours)
     if "b70_start" in wanted:
         n = contract.reproduction.fresh_starts

@@ -9,8 +9,19 @@ from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
-from .state import (GATE_PROPERTY, SUBJECT_PROPERTY, STATE, LabState, lab_errors, model_errors, probe_options,
-                    prompt_set, quality_for, quality_samples, selected_prompt_ids)
+from .state import (
+    GATE_PROPERTY,
+    STATE,
+    SUBJECT_PROPERTY,
+    LabState,
+    lab_errors,
+    model_errors,
+    probe_options,
+    prompt_set,
+    quality_for,
+    quality_samples,
+    selected_prompt_ids,
+)
 from .workers import blocked_reason, claim_block, sigterm_as_interrupt
 
 if TYPE_CHECKING:  # the plugin loads wherever it is installed: a run that never asks for a gate pays no import
@@ -72,8 +83,9 @@ def block_session(request: pytest.FixtureRequest, state: LabState, message: str)
     pytest.skip(blocked_reason(first))
 
 
-def collect_or_block(request: pytest.FixtureRequest, state: LabState, label: str,
-                      collect: Callable[[], list[evidence_mod.Evidence]]) -> list[evidence_mod.Evidence]:
+def collect_or_block(
+    request: pytest.FixtureRequest, state: LabState, label: str, collect: Callable[[], list[evidence_mod.Evidence]]
+) -> list[evidence_mod.Evidence]:
     """The starts' evidence, or one failure that names the start, the cause and where to look: a start
     that could not begin (a model that fails its manifest, a missing checkpoint), or one that failed."""
     from ..run_folder import kind_dir
@@ -99,8 +111,12 @@ def collect_or_block(request: pytest.FixtureRequest, state: LabState, label: str
             phase = f" while {failure.phase}" if failure and failure.phase else ""
             cause = headline(failure) if failure else "no cause recorded"
             folder = kind_dir(state.replay_dir or state.run_dir, record.role) / f"start-{record.start_index}"
-            block_session(request, state, f"{label}start-{record.start_index} failed{phase}: {cause} "
-                                           f"(evidence and each rank's last lines: {folder / 'evidence.json'})")
+            block_session(
+                request,
+                state,
+                f"{label}start-{record.start_index} failed{phase}: {cause} "
+                f"(evidence and each rank's last lines: {folder / 'evidence.json'})",
+            )
     return records
 
 
@@ -119,8 +135,9 @@ def headline(failure: evidence_mod.Failure) -> str:
 
 
 @pytest.fixture(scope="session")
-def b70_evidence(request: pytest.FixtureRequest, b70_state: LabState,
-                 b70_contract: contract_mod.Contract) -> list[evidence_mod.Evidence]:
+def b70_evidence(
+    request: pytest.FixtureRequest, b70_state: LabState, b70_contract: contract_mod.Contract
+) -> list[evidence_mod.Evidence]:
     """Evidence of every fresh start of the contract: launched once per session (once across xdist
     workers), or read from --b70-evidence."""
     from ..engine.starts import run_starts_once
@@ -130,23 +147,32 @@ def b70_evidence(request: pytest.FixtureRequest, b70_state: LabState,
             return b70_state.replay_evidence()
         b70_state.run_dir.mkdir(parents=True, exist_ok=True)
         b70_state.say(f"run folder {b70_state.run_dir}")
-        return run_starts_once(b70_contract, b70_state.run_dir, b70_state.cache_root, b70_state.say,
-                                    quality=quality_for(b70_state, b70_contract),
-                                    probe=probe_options(b70_state.config),
-                                    prompt_ids=selected_prompt_ids(b70_state.config))
+        return run_starts_once(
+            b70_contract,
+            b70_state.run_dir,
+            b70_state.cache_root,
+            b70_state.say,
+            quality=quality_for(b70_state, b70_contract),
+            probe=probe_options(b70_state.config),
+            prompt_ids=selected_prompt_ids(b70_state.config),
+        )
 
     return collect_or_block(request, b70_state, "", collect)
 
 
 @pytest.fixture
-def b70_start_evidence(b70_evidence: list[evidence_mod.Evidence], b70_start: int,
-                       b70_state: LabState) -> evidence_mod.Evidence:
+def b70_start_evidence(
+    b70_evidence: list[evidence_mod.Evidence], b70_start: int, b70_state: LabState
+) -> evidence_mod.Evidence:
     """The evidence of fresh start `b70_start`; a start the contract asks for but the run lacks fails."""
     found = [e for e in b70_evidence if e.start_index == b70_start]
     if not found:
-        pytest.fail(f"start-{b70_start}: no evidence (the run has starts {[e.start_index for e in b70_evidence]}; "
-                    f"the contract asks for {b70_state.contract.reproduction.fresh_starts}); looked in "
-                    f"{b70_state.run_dir}", pytrace=False)
+        pytest.fail(
+            f"start-{b70_start}: no evidence (the run has starts {[e.start_index for e in b70_evidence]}; "
+            f"the contract asks for {b70_state.contract.reproduction.fresh_starts}); looked in "
+            f"{b70_state.run_dir}",
+            pytrace=False,
+        )
     return found[0]
 
 
@@ -157,8 +183,9 @@ def b70_prompt_ids(b70_state: LabState, b70_contract: contract_mod.Contract) -> 
 
 
 @pytest.fixture(scope="session")
-def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidence],
-                    b70_contract: contract_mod.Contract) -> dict:
+def b70_checkpoints(
+    b70_state: LabState, b70_evidence: list[evidence_mod.Evidence], b70_contract: contract_mod.Contract
+) -> dict:
     """The checkpoint tables of the served target and draft (tensor moments, calibrated KV scales): the
     run folder's copy (so after `b70_evidence` has collected), else read from the checkpoints themselves. A
     part that cannot be read is None, with the reason under "problems" (its gates then fail closed)."""
@@ -172,8 +199,9 @@ def b70_checkpoints(b70_state: LabState, b70_evidence: list[evidence_mod.Evidenc
 
 
 @pytest.fixture(scope="session")
-def b70_teacher_evidence(request: pytest.FixtureRequest, b70_state: LabState,
-                         b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
+def b70_teacher_evidence(
+    request: pytest.FixtureRequest, b70_state: LabState, b70_contract: contract_mod.Contract
+) -> evidence_mod.Evidence:
     """One start of the contract's teacher (target only), launched once per session."""
     from ..engine.starts import run_starts_once
     from ..run_folder import read_starts
@@ -184,14 +212,26 @@ def b70_teacher_evidence(request: pytest.FixtureRequest, b70_state: LabState,
             return read_starts(b70_state.replay_dir, kind="teacher")[0]
         except lab_errors() as e:
             pytest.fail(str(e), pytrace=False)
-    return collect_or_block(request, b70_state, "teacher ", lambda: run_starts_once(
-        teacher, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
-        quality=quality_for(b70_state, teacher), probe=probe_options(b70_state.config)))[0]
+    return collect_or_block(
+        request,
+        b70_state,
+        "teacher ",
+        lambda: run_starts_once(
+            teacher,
+            b70_state.run_dir,
+            b70_state.cache_root,
+            b70_state.say,
+            starts=1,
+            quality=quality_for(b70_state, teacher),
+            probe=probe_options(b70_state.config),
+        ),
+    )[0]
 
 
 @pytest.fixture(scope="session")
-def b70_reference_evidence(request: pytest.FixtureRequest, b70_state: LabState,
-                           b70_contract: contract_mod.Contract) -> evidence_mod.Evidence:
+def b70_reference_evidence(
+    request: pytest.FixtureRequest, b70_state: LabState, b70_contract: contract_mod.Contract
+) -> evidence_mod.Evidence:
     """One start of the contract's unquantized-KV reference (target without its KV scheme, KV dtype auto),
     with the quality samples."""
     from ..engine.starts import run_starts_once
@@ -203,9 +243,20 @@ def b70_reference_evidence(request: pytest.FixtureRequest, b70_state: LabState,
             return read_starts(b70_state.replay_dir, kind="reference")[0]
     except lab_errors() as e:
         pytest.fail(str(e), pytrace=False)
-    return collect_or_block(request, b70_state, "reference ", lambda: run_starts_once(
-        reference, b70_state.run_dir, b70_state.cache_root, b70_state.say, starts=1,
-        quality=quality_samples(b70_contract), probe=probe_options(b70_state.config)))[0]
+    return collect_or_block(
+        request,
+        b70_state,
+        "reference ",
+        lambda: run_starts_once(
+            reference,
+            b70_state.run_dir,
+            b70_state.cache_root,
+            b70_state.say,
+            starts=1,
+            quality=quality_samples(b70_contract),
+            probe=probe_options(b70_state.config),
+        ),
+    )[0]
 
 
 @pytest.fixture(scope="session")
@@ -222,8 +273,9 @@ def b70_quality_keys(b70_quality_samples: list) -> dict:
 
 
 @pytest.fixture(scope="session")
-def b70_quality_scores(b70_state: LabState, b70_contract: contract_mod.Contract,
-                       b70_quality_samples: list) -> Callable[[evidence_mod.Evidence], tuple[dict, dict]]:
+def b70_quality_scores(
+    b70_state: LabState, b70_contract: contract_mod.Contract, b70_quality_samples: list
+) -> Callable[[evidence_mod.Evidence], tuple[dict, dict]]:
     """`scores(evidence)` -> (scores, texts) of a start's quality answers, computed once per evidence (coding
     samples run in the sandbox). A start without any quality answer fails: it was collected without them."""
     from ..quality import scoring
@@ -234,14 +286,22 @@ def b70_quality_scores(b70_state: LabState, b70_contract: contract_mod.Contract,
         key = evidence.digest or evidence.body_digest()
         if key not in cache:
             if evidence.status != "ok" and not evidence.quality:
-                pytest.fail(f"{evidence.role} start-{evidence.start_index} failed before its quality samples: "
-                            f"{evidence.failure.message if evidence.failure else '?'}", pytrace=False)
+                pytest.fail(
+                    f"{evidence.role} start-{evidence.start_index} failed before its quality samples: "
+                    f"{evidence.failure.message if evidence.failure else '?'}",
+                    pytrace=False,
+                )
             if not evidence.quality:
-                pytest.fail(f"{evidence.role} start-{evidence.start_index} of {b70_state.run_dir} holds no quality "
-                            f"answers (collected by a session that judged no quality?)", pytrace=False)
+                pytest.fail(
+                    f"{evidence.role} start-{evidence.start_index} of {b70_state.run_dir} holds no quality "
+                    f"answers (collected by a session that judged no quality?)",
+                    pytrace=False,
+                )
             answers = scoring.answers_of(evidence.quality)
-            cache[key] = (scoring.score_all(b70_quality_samples, answers, scoring.limits_of(b70_contract.quality)),
-                          scoring.texts_of(answers))
+            cache[key] = (
+                scoring.score_all(b70_quality_samples, answers, scoring.limits_of(b70_contract.quality)),
+                scoring.texts_of(answers),
+            )
         return cache[key]
 
     return scores
@@ -277,9 +337,11 @@ def b70_verdict(request: pytest.FixtureRequest) -> Callable[[object], None]:
     def judge(verdict) -> None:
         pair = (declared.get(GATE_PROPERTY), declared.get(SUBJECT_PROPERTY))
         if pair != (verdict.gate, verdict.subject):
-            pytest.fail(f"{request.node.nodeid} declares {pair[0]} [{pair[1]}] but its verdict is of {verdict.gate} "
-                        f"[{verdict.subject}]: the test judges another subject than the one the verdict counts",
-                        pytrace=False)
+            pytest.fail(
+                f"{request.node.nodeid} declares {pair[0]} [{pair[1]}] but its verdict is of {verdict.gate} "
+                f"[{verdict.subject}]: the test judges another subject than the one the verdict counts",
+                pytrace=False,
+            )
         record_property("b70_passed", verdict.passed)
         for key, value in verdict.observed.items():
             record_property(key, value)
@@ -300,12 +362,16 @@ def b70_engine(b70_state: LabState, b70_run_dir: Path) -> Iterator[Callable[...,
 
     started: list[EngineServer] = []
 
-    def start(config: ServeConfig, name: str, env_extra: dict[str, str] | None = None,
-              deadline_s: float = 900.0):
+    def start(config: ServeConfig, name: str, env_extra: dict[str, str] | None = None, deadline_s: float = 900.0):
         try:
-            server = start_engine(config, b70_run_dir / name, b70_state.cache_root / "engine-state",
-                                         deadline_s=deadline_s, env_extra=env_extra,
-                                         on_progress=lambda ph, t: b70_state.say(f"engine {name}: {ph} ({t:.0f} s)"))
+            server = start_engine(
+                config,
+                b70_run_dir / name,
+                b70_state.cache_root / "engine-state",
+                deadline_s=deadline_s,
+                env_extra=env_extra,
+                on_progress=lambda ph, t: b70_state.say(f"engine {name}: {ph} ({t:.0f} s)"),
+            )
         except EngineStartError as e:
             pytest.fail(f"engine {name} did not start:\n{e}", pytrace=False)
         started.append(server)
@@ -313,7 +379,8 @@ def b70_engine(b70_state: LabState, b70_run_dir: Path) -> Iterator[Callable[...,
 
     yield start
 
-    survivors = [f"{s.log_dir.name}: pid {p.pid} {p.name} ({p.cmdline[:80]})"
-                 for s in started for p in s.stop().survivors()]
+    survivors = [
+        f"{s.log_dir.name}: pid {p.pid} {p.name} ({p.cmdline[:80]})" for s in started for p in s.stop().survivors()
+    ]
     if survivors:
         pytest.fail("engine processes outlived teardown:\n  " + "\n  ".join(survivors), pytrace=False)

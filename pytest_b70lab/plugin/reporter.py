@@ -10,9 +10,21 @@ from pathlib import Path
 import pytest
 
 from ..run_folder import PROMOTION
-from .state import (BLOCKED_PROPERTY, FINDING_PROPERTY, GATE_PROPERTY, GATE_TEST_PROPERTY, QUALITY_PROPERTY,
-                    SPEEDUP_PROPERTY, SUBJECT_PROPERTY, LabState, NoQuality, lab_errors, prompt_set, quality_set, runs_root)
-
+from .state import (
+    BLOCKED_PROPERTY,
+    FINDING_PROPERTY,
+    GATE_PROPERTY,
+    GATE_TEST_PROPERTY,
+    QUALITY_PROPERTY,
+    SPEEDUP_PROPERTY,
+    SUBJECT_PROPERTY,
+    LabState,
+    NoQuality,
+    lab_errors,
+    prompt_set,
+    quality_set,
+    runs_root,
+)
 
 # --- verdict: summary, promotion.json, exit status -----------------------------------------------------
 
@@ -52,8 +64,10 @@ def baseline_comparison(config: pytest.Config, state: LabState) -> list[str]:
     except compare.CompareError as e:
         return [f"cannot compare with the baseline {baseline}: {e}"]
     out = state.run_dir / "baseline-comparison.json"
-    out.write_text(json.dumps({"baseline": str(baseline), **comparison.to_dict()}, indent=1, sort_keys=True) + "\n",
-                   encoding="utf-8")
+    out.write_text(
+        json.dumps({"baseline": str(baseline), **comparison.to_dict()}, indent=1, sort_keys=True) + "\n",
+        encoding="utf-8",
+    )
     return [*compare.format_comparison(comparison).splitlines(), f"written: {out}"]
 
 
@@ -81,9 +95,12 @@ class VerdictReporter:
         if (self.state.run_dir / PROMOTION).is_file():
             from .. import verdict
 
-            verdict.write_unjudged(self.state.run_dir, f"a session started {time.strftime('%Y-%m-%d %H:%M:%S')} "
-                                                       f"(pid {os.getpid()}) is judging this folder and has not "
-                                                       f"written its verdict: it was stopped, or is still running")
+            verdict.write_unjudged(
+                self.state.run_dir,
+                f"a session started {time.strftime('%Y-%m-%d %H:%M:%S')} "
+                f"(pid {os.getpid()}) is judging this folder and has not "
+                f"written its verdict: it was stopped, or is still running",
+            )
 
     def pytest_keyboard_interrupt(self, excinfo) -> None:
         self.state.stop_reason = self.state.stop_reason or "interrupted (Ctrl-C or SIGTERM) before any verdict"
@@ -100,8 +117,11 @@ class VerdictReporter:
             return
         from .. import verdict
 
-        why = self.state.stop_reason or (f"no gate test reported in this session (exit status {self.exitstatus})"
-                                         if self.exitstatus is not None else "it stopped before it began")
+        why = self.state.stop_reason or (
+            f"no gate test reported in this session (exit status {self.exitstatus})"
+            if self.exitstatus is not None
+            else "it stopped before it began"
+        )
         verdict.write_unjudged(folder, f"the session stopped before judging: {why}")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -123,12 +143,22 @@ class VerdictReporter:
 
         observed = {k: v for k, v in props.items() if not k.startswith("b70_")}
         if QUALITY_PROPERTY in props:
-            store, new = self.quality_outcomes, lambda: QualityOutcome(
-                report.nodeid, str(props[QUALITY_PROPERTY]), outcome, reasons(report), observed)
+            store, new = (
+                self.quality_outcomes,
+                lambda: QualityOutcome(report.nodeid, str(props[QUALITY_PROPERTY]), outcome, reasons(report), observed),
+            )
         else:
-            store, new = self.outcomes, lambda: GateOutcome(
-                report.nodeid, props.get(GATE_PROPERTY), props.get(SUBJECT_PROPERTY), outcome, reasons(report),
-                observed)
+            store, new = (
+                self.outcomes,
+                lambda: GateOutcome(
+                    report.nodeid,
+                    props.get(GATE_PROPERTY),
+                    props.get(SUBJECT_PROPERTY),
+                    outcome,
+                    reasons(report),
+                    observed,
+                ),
+            )
         if report.nodeid in store:
             store[report.nodeid].merge(outcome, reasons(report), observed)
         else:
@@ -146,12 +176,14 @@ class VerdictReporter:
                 contract = self.state.contract
                 name, digest = contract.name, contract.digest
                 problems += self.state.contract_problems
-                required = gates.required_subjects(contract, [p.id for p in prompt_set(self.state.config, contract)],
-                                                   self.state.extra_gates)
+                required = gates.required_subjects(
+                    contract, [p.id for p in prompt_set(self.state.config, contract)], self.state.extra_gates
+                )
             except lab_errors() as e:
                 problems.append(f"the required gate subjects cannot be known: {e}")
-            self._decision = verdict.Decision(name, digest, required, list(self.outcomes.values()), problems,
-                                              self.blocked, self.speedup)
+            self._decision = verdict.Decision(
+                name, digest, required, list(self.outcomes.values()), problems, self.blocked, self.speedup
+            )
         return self._decision
 
     def quality_decision(self):
@@ -180,8 +212,9 @@ class VerdictReporter:
         if self.state.run_dir.exists():
             verdict.write(decision, self.state.run_dir, quality)
             self.written = True
-        session.config.hook.pytest_b70lab_verdict(config=session.config, decision=decision, quality=quality,
-                                                  run_dir=self.state.run_dir)
+        session.config.hook.pytest_b70lab_verdict(
+            config=session.config, decision=decision, quality=quality, run_dir=self.state.run_dir
+        )
         if decision is not None and session.config.getoption("--b70-baseline"):
             self.baseline_lines = baseline_comparison(session.config, self.state)
         if decision is not None and not decision.promotable and session.exitstatus == pytest.ExitCode.OK:

@@ -49,11 +49,11 @@ class LabState:
     _evidence: list[evidence_mod.Evidence] | None = None
     # Set at collection: a selected test judges quality, so the starts ask the quality samples too.
     wants_quality: bool = False
-    _scores: dict[str, dict] | None = None   # quality scores by evidence digest (coding runs code once)
-    blocked: str | None = None   # why no test that needs an engine's evidence can run (see block_session)
-    stop_reason: str | None = None   # why the session stopped before it could judge (promotion.json says it)
+    _scores: dict[str, dict] | None = None  # quality scores by evidence digest (coding runs code once)
+    blocked: str | None = None  # why no test that needs an engine's evidence can run (see block_session)
+    stop_reason: str | None = None  # why the session stopped before it could judge (promotion.json says it)
     blocked_reported: bool = False
-    block_mark: Path | None = None   # on an xdist worker: the session's marker of who reported the block
+    block_mark: Path | None = None  # on an xdist worker: the session's marker of who reported the block
     _extra_gates: dict[str, str] | None = None
     # Why a replay cannot be promoted whatever its gates say (replay.judged_contract, a bundle recorded before
     # starts had an identity): the verdict's problems.
@@ -177,8 +177,9 @@ def contract_or_exit(config: pytest.Config) -> contract_mod.Contract:
         pytest.exit(f"b70lab: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
-def prompt_set(config: pytest.Config, contract: contract_mod.Contract,
-               selected: bool = False) -> list[contract_mod.Prompt]:
+def prompt_set(
+    config: pytest.Config, contract: contract_mod.Contract, selected: bool = False
+) -> list[contract_mod.Prompt]:
     """The contract's prompt set (never the evidence's requests: a prompt missing there must still be
     judged). A replayed run folder carries a copy, checked against the same pinned sha256. `selected`: only
     the prompts --b70-prompts names (the required pairs always come from the whole set)."""
@@ -205,8 +206,10 @@ def quality_set(contract: contract_mod.Contract) -> list:
     from ..quality import samples
 
     if contract.quality is None:
-        raise NoQuality(f"contract {contract.name} has no [quality] table: gate 8 (-m quality) needs its quality "
-                         f"prompt set and tolerances")
+        raise NoQuality(
+            f"contract {contract.name} has no [quality] table: gate 8 (-m quality) needs its quality "
+            f"prompt set and tolerances"
+        )
     q = contract.quality
     try:
         return samples.load(contract_mod.repo_path(q.file), q.sha256, q.count)
@@ -250,8 +253,8 @@ def model_errors() -> tuple[type[Exception], ...]:
     """What stops a start before it begins besides a bad contract: the model, the preflight probe, the
     capability preflight."""
     from ..capability import CapabilityError
-    from ..mini import MiniModelError
     from ..engine.probe import ProbeError
+    from ..mini import MiniModelError
 
     return MiniModelError, ProbeError, CapabilityError
 
@@ -259,6 +262,8 @@ def model_errors() -> tuple[type[Exception], ...]:
 def probe_options(config: pytest.Config):
     from ..engine.starts import ProbeOptions
 
-    return ProbeOptions(enabled=not config.getoption("--b70-no-probe"),
-                        deadline_s=config.getoption("--b70-probe-deadline"),
-                        stall_rank=config.getoption("--b70-probe-stall"))
+    return ProbeOptions(
+        enabled=not config.getoption("--b70-no-probe"),
+        deadline_s=config.getoption("--b70-probe-deadline"),
+        stall_rank=config.getoption("--b70-probe-stall"),
+    )

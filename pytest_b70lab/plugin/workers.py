@@ -69,6 +69,7 @@ class XdistHooks:
         """SIGTERM to the controller alone (a cancelled CI job) would end it and leave its workers, and their
         engines, to finish on their own: pass it on to the workers, which unwind like Ctrl-C while a start
         runs (`sigterm_as_interrupt`), then stop the controller as Ctrl-C does."""
+
         def forward() -> None:
             import signal
 
@@ -141,8 +142,10 @@ def sigterm_raises_interrupt(first: Callable[[], None] | None = None) -> Callabl
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         return None
 
     def interrupt(signum, frame):

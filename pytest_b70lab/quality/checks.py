@@ -35,8 +35,8 @@ class Score:
 @dataclass(frozen=True)
 class RepetitionLimits:
     ngram: int = 4
-    max_rate: float = 0.5    # share of repeated word n-grams in one answer
-    max_span: int = 16       # longest word sequence that occurs twice
+    max_rate: float = 0.5  # share of repeated word n-grams in one answer
+    max_span: int = 16  # longest word sequence that occurs twice
 
 
 def _validate(instance: Any, schema: dict[str, Any]) -> str | None:
@@ -89,7 +89,7 @@ def tool_use(sample: QualitySample, answer: Answer) -> Score:
 
 def repetition_rate(words: list[str], n: int) -> float:
     """Share of word n-grams that repeat an earlier one (0 for answers shorter than n words)."""
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
@@ -116,8 +116,9 @@ def repetition(sample: QualitySample, answer: Answer, limits: RepetitionLimits) 
     figures = {"words": float(len(words)), "ngram_repetition_rate": round(rate, 4), "longest_repeated_span": span}
     if len(words) < limits.ngram:
         return Score(False, f"{len(words)} words: too short to judge", figures)
-    problems = ([f"{limits.ngram}-gram repetition {rate:.2f} > {limits.max_rate}"] if rate > limits.max_rate else []) \
-        + ([f"a {span}-word span repeats (limit {limits.max_span})"] if span > limits.max_span else [])
+    problems = (
+        [f"{limits.ngram}-gram repetition {rate:.2f} > {limits.max_rate}"] if rate > limits.max_rate else []
+    ) + ([f"a {span}-word span repeats (limit {limits.max_span})"] if span > limits.max_span else [])
     return Score(not problems, "; ".join(problems) or f"rate {rate:.2f}, longest repeat {span} words", figures)
 
 
@@ -127,8 +128,9 @@ def long_context(sample: QualitySample, answer: Answer) -> Score:
     return Score(ok, f"answered {got[0] if got else '(nothing)'!r}, want {sample.expected!r}")
 
 
-def score(sample: QualitySample, answer: Answer, *, run: Callable[[str], Any],
-          limits: RepetitionLimits = RepetitionLimits()) -> Score:
+def score(
+    sample: QualitySample, answer: Answer, *, run: Callable[[str], Any], limits: RepetitionLimits = RepetitionLimits()
+) -> Score:
     """A request that failed is a failed sample (the engine's error is the reason), never a skipped one."""
     if answer.error:
         return Score(False, f"request failed: {answer.error}")

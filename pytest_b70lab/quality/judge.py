@@ -51,7 +51,7 @@ def one_sided_p(lost: int, gained: int) -> float:
     n = lost + gained
     if lost == 0:
         return 1.0
-    return sum(math.comb(n, k) for k in range(lost, n + 1)) / 2 ** n
+    return sum(math.comb(n, k) for k in range(lost, n + 1)) / 2**n
 
 
 @dataclass
@@ -73,18 +73,25 @@ class FigureVerdict:
 
     @property
     def observed(self) -> dict[str, Any]:
-        return {"quality_figure": self.figure, "candidate_passed": self.candidate_passed,
-                "baseline_passed": self.baseline_passed, "samples": self.of, "lost": len(self.lost),
-                "gained": len(self.gained), "p_value": None if self.p_value is None else round(self.p_value, 6),
-                "alpha": self.alpha}
+        return {
+            "quality_figure": self.figure,
+            "candidate_passed": self.candidate_passed,
+            "baseline_passed": self.baseline_passed,
+            "samples": self.of,
+            "lost": len(self.lost),
+            "gained": len(self.gained),
+            "p_value": None if self.p_value is None else round(self.p_value, 6),
+            "alpha": self.alpha,
+        }
 
     def explain(self) -> str:
         head = f"quality {self.figure}: {self.figure_text}"
         return "\n".join([head, *(f"  {r}" for r in self.reasons)])
 
 
-def judge(figure: str, keys: list[Key], candidate: dict[Key, Any], baseline: dict[Key, bool], alpha: float,
-          where: str = "") -> FigureVerdict:
+def judge(
+    figure: str, keys: list[Key], candidate: dict[Key, Any], baseline: dict[Key, bool], alpha: float, where: str = ""
+) -> FigureVerdict:
     """`candidate` maps a key to its Score (checks.Score), `baseline` to whether the baseline passed it."""
     missing_c = [k for k in keys if k not in candidate]
     missing_b = [k for k in keys if k not in baseline]
@@ -95,12 +102,16 @@ def judge(figure: str, keys: list[Key], candidate: dict[Key, Any], baseline: dic
         verdict.reasons.append("the quality prompt set has no sample of this figure")
         return verdict
     if missing_c:
-        verdict.reasons.append(f"{len(missing_c)} of {len(keys)} samples have no answer in the evidence "
-                               f"(first: {key_text(missing_c[0])}){where}: partial evidence is not judged")
+        verdict.reasons.append(
+            f"{len(missing_c)} of {len(keys)} samples have no answer in the evidence "
+            f"(first: {key_text(missing_c[0])}){where}: partial evidence is not judged"
+        )
     if missing_b:
-        verdict.reasons.append(f"{len(missing_b)} of {len(keys)} samples are not in the baseline (first: "
-                               f"{key_text(missing_b[0])}): the baseline is stale; re-record it with "
-                               f"`pytest -m quality --snapshot-update`")
+        verdict.reasons.append(
+            f"{len(missing_b)} of {len(keys)} samples are not in the baseline (first: "
+            f"{key_text(missing_b[0])}): the baseline is stale; re-record it with "
+            f"`pytest -m quality --snapshot-update`"
+        )
     if missing_c or missing_b:
         return verdict
     verdict.lost = [key_text(k) for k in keys if baseline[k] and not candidate[k].passed]
@@ -111,7 +122,8 @@ def judge(figure: str, keys: list[Key], candidate: dict[Key, Any], baseline: dic
         first = next(k for k in keys if baseline[k] and not candidate[k].passed)
         verdict.reasons.append(
             f"{len(verdict.lost)} samples the baseline passed now fail, {len(verdict.gained)} the other way: "
-            f"exact binomial p = {verdict.p_value:.4f} < alpha {alpha}{where}")
+            f"exact binomial p = {verdict.p_value:.4f} < alpha {alpha}{where}"
+        )
         verdict.reasons.append(f"first lost: {key_text(first)}: {candidate[first].detail}")
         verdict.reasons.append("lost: " + ", ".join(verdict.lost[:12]) + (" ..." if len(verdict.lost) > 12 else ""))
     return verdict

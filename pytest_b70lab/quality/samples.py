@@ -38,24 +38,28 @@ class QualitySample(BaseModel):
     id: str = Field(pattern=r"^[A-Za-z0-9_.\-/]+$")
     family: Family
     max_tokens: int = Field(gt=0)
-    prompt: str | None = None                      # every family but tool_use
+    prompt: str | None = None  # every family but tool_use
     stop: list[str] = Field(default_factory=list)  # stop strings sent with the request
-    entry_point: str | None = None                 # coding
-    test: str | None = None                        # coding: defines check(candidate)
+    entry_point: str | None = None  # coding
+    test: str | None = None  # coding: defines check(candidate)
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # structured
-    messages: list[dict[str, Any]] | None = None   # tool_use
-    tools: list[dict[str, Any]] | None = None      # tool_use
-    expected_tool: str | None = None               # tool_use
-    expected: str | None = None                    # long_context
+    messages: list[dict[str, Any]] | None = None  # tool_use
+    tools: list[dict[str, Any]] | None = None  # tool_use
+    expected_tool: str | None = None  # tool_use
+    expected: str | None = None  # long_context
     position: Literal["quarter", "half", "near-max"] | None = None  # long_context
-    prompt_tokens: int | None = None               # long_context: the prompt's length in the model's tokens
-    source: str | None = None                      # where the sample comes from (e.g. "HumanEval/12")
+    prompt_tokens: int | None = None  # long_context: the prompt's length in the model's tokens
+    source: str | None = None  # where the sample comes from (e.g. "HumanEval/12")
 
     @model_validator(mode="after")
     def _fields_of_family(self) -> QualitySample:
-        need = {"coding": ("prompt", "entry_point", "test"), "structured": ("prompt", "schema_"),
-                "tool_use": ("messages", "tools", "expected_tool"), "repetition": ("prompt",),
-                "long_context": ("prompt", "expected", "position")}[self.family]
+        need = {
+            "coding": ("prompt", "entry_point", "test"),
+            "structured": ("prompt", "schema_"),
+            "tool_use": ("messages", "tools", "expected_tool"),
+            "repetition": ("prompt",),
+            "long_context": ("prompt", "expected", "position"),
+        }[self.family]
         missing = [n.rstrip("_") for n in need if getattr(self, n) in (None, "", [])]
         if missing:
             raise ValueError(f"a {self.family} sample needs {', '.join(missing)}")
@@ -66,9 +70,16 @@ def load(path: Path, sha256: str, count: int) -> list[QualitySample]:
     """The pinned quality prompt set, checked against its sha256 and count, ids unique."""
     from ..contract import read_pinned_jsonl
 
-    return read_pinned_jsonl(path, sha256, count, QualitySample, f"quality prompt set {path}", QualityPromptError,
-                             noun="samples", changed="the samples changed; a new set needs a new version and "
-                                                     "digest (and a new quality baseline)")
+    return read_pinned_jsonl(
+        path,
+        sha256,
+        count,
+        QualitySample,
+        f"quality prompt set {path}",
+        QualityPromptError,
+        noun="samples",
+        changed="the samples changed; a new set needs a new version and digest (and a new quality baseline)",
+    )
 
 
 def dump_line(sample: QualitySample) -> str:

@@ -43,37 +43,37 @@ from typing import Any, NoReturn
 
 __all__ = ["SandboxResult", "run_python", "os_layers", "PROBE_FAILURES", "BASE_LAYERS", "OS_LAYERS"]
 
-BLOCKED_STATUS = 97   # the audit hook's exit status; with the marker on stderr it means "blocked: ..."
-SETUP_STATUS = 125    # the launcher could not set up a layer it was asked for
+BLOCKED_STATUS = 97  # the audit hook's exit status; with the marker on stderr it means "blocked: ..."
+SETUP_STATUS = 125  # the launcher could not set up a layer it was asked for
 MARKER = "[b70lab-sandbox] "
 BASE_LAYERS = ("tempdir", "rlimits", "no-new-privs")
 OS_LAYERS = ("pids-cgroup", "netns", "mountns-tmpfs", "pidns", "unprivileged-user")
-PROBE_FAILURES: dict[str, str] = {}   # filled by os_layers(): why a layer is not used on this machine
+PROBE_FAILURES: dict[str, str] = {}  # filled by os_layers(): why a layer is not used on this machine
 
 # Linux constants the stdlib does not export (os.unshare and its CLONE_* arrive in Python 3.12).
 _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 38, 36
-_THROWAWAY = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")   # world-writable places, tmpfs in the mount ns
+_THROWAWAY = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # world-writable places, tmpfs in the mount ns
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    passed: bool                 # exit status 0, not timed out, nothing blocked, nothing left behind
-    reason: str                  # "passed", "exit status 1: AssertionError", "CPU limit", "blocked: ...", ...
-    returncode: int | None       # the program's; negative: killed by that signal; None: no status came back
+    passed: bool  # exit status 0, not timed out, nothing blocked, nothing left behind
+    reason: str  # "passed", "exit status 1: AssertionError", "CPU limit", "blocked: ...", ...
+    returncode: int | None  # the program's; negative: killed by that signal; None: no status came back
     stdout_tail: str
     stderr_tail: str
-    seconds: float               # wall clock, set-up and teardown included
-    layers: tuple[str, ...]      # the isolation layers that were active for this run
+    seconds: float  # wall clock, set-up and teardown included
+    layers: tuple[str, ...]  # the isolation layers that were active for this run
     timed_out: bool = False
-    cpu_s: float | None = None   # the program's CPU time, as the launcher reaped it
+    cpu_s: float | None = None  # the program's CPU time, as the launcher reaped it
 
 
 # The preamble runs in the sandboxed interpreter (possibly another Python version than this one: keep it
 # plain). It installs the audit hook, then runs the program as __main__. A blocked event ends the process at
 # once with os._exit rather than raising, so a program cannot catch the error and carry on.
-_PREAMBLE = r'''
+_PREAMBLE = r"""
 import os, sys
 def _sandbox(box, program):
     import _posixsubprocess
@@ -183,26 +183,45 @@ def _sandbox(box, program):
 _code, _globals = _sandbox(sys.argv[1], sys.argv[2])
 del _sandbox
 exec(_code, _globals)
-'''.replace("@MARKER@", repr(MARKER)).replace("@STATUS@", str(BLOCKED_STATUS))
+""".replace("@MARKER@", repr(MARKER)).replace("@STATUS@", str(BLOCKED_STATUS))
 
 
 # ----------------------------------------------------------------------------------------------- public API
 
-def run_python(program: str, *, timeout_s: float = 10.0, cpu_s: int = 5, memory_mb: int = 1024,
-               max_pids: int = 32, output_limit: int = 4000, file_mb: int = 64,
-               audit_hook: bool = True) -> SandboxResult:
+
+def run_python(
+    program: str,
+    *,
+    timeout_s: float = 10.0,
+    cpu_s: int = 5,
+    memory_mb: int = 1024,
+    max_pids: int = 32,
+    output_limit: int = 4000,
+    file_mb: int = 64,
+    audit_hook: bool = True,
+) -> SandboxResult:
     """Run `program` in a fresh sandbox and say whether it passed; never raises, never leaves a process.
 
     `audit_hook=False` runs the program without the hook, so tests can see the OS layers hold on their own.
     """
-    layers = BASE_LAYERS + (("audit-hook",) if audit_hook else ()) + os_layers()   # probes on first use
+    layers = BASE_LAYERS + (("audit-hook",) if audit_hook else ()) + os_layers()  # probes on first use
     start = time.monotonic()
     try:
-        return _run(program, layers, start, timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb,
-                    max_pids=max_pids, output_limit=output_limit, file_mb=file_mb)
-    except Exception as e:   # a sandbox fault is a failed sample, not a crashed session
-        return SandboxResult(False, f"sandbox error: {type(e).__name__}: {e}", None, "", "",
-                             time.monotonic() - start, layers)
+        return _run(
+            program,
+            layers,
+            start,
+            timeout_s=timeout_s,
+            cpu_s=cpu_s,
+            memory_mb=memory_mb,
+            max_pids=max_pids,
+            output_limit=output_limit,
+            file_mb=file_mb,
+        )
+    except Exception as e:  # a sandbox fault is a failed sample, not a crashed session
+        return SandboxResult(
+            False, f"sandbox error: {type(e).__name__}: {e}", None, "", "", time.monotonic() - start, layers
+        )
 
 
 @functools.cache
@@ -225,8 +244,17 @@ def os_layers() -> tuple[str, ...]:
             continue
         trial = BASE_LAYERS + ("audit-hook",) + tuple(kept) + (layer,)
         try:
-            result = _run("import sys\nsys.stdout.write('ok')\n", trial, time.monotonic(), timeout_s=20.0,
-                          cpu_s=5, memory_mb=1024, max_pids=8, output_limit=4000, file_mb=8)
+            result = _run(
+                "import sys\nsys.stdout.write('ok')\n",
+                trial,
+                time.monotonic(),
+                timeout_s=20.0,
+                cpu_s=5,
+                memory_mb=1024,
+                max_pids=8,
+                output_limit=4000,
+                file_mb=8,
+            )
         except Exception as e:
             PROBE_FAILURES[layer] = f"{type(e).__name__}: {e}"
             continue
@@ -239,8 +267,19 @@ def os_layers() -> tuple[str, ...]:
 
 # --------------------------------------------------------------------------------------------- parent side
 
-def _run(program: str, layers: tuple[str, ...], start: float, *, timeout_s: float, cpu_s: int, memory_mb: int,
-         max_pids: int, output_limit: int, file_mb: int) -> SandboxResult:
+
+def _run(
+    program: str,
+    layers: tuple[str, ...],
+    start: float,
+    *,
+    timeout_s: float,
+    cpu_s: int,
+    memory_mb: int,
+    max_pids: int,
+    output_limit: int,
+    file_mb: int,
+) -> SandboxResult:
     box = tempfile.mkdtemp(prefix="b70lab-sandbox-")
     cgroup: _PidsCgroup | None = None
     proc: subprocess.Popen[bytes] | None = None
@@ -257,19 +296,35 @@ def _run(program: str, layers: tuple[str, ...], start: float, *, timeout_s: floa
             parent = _pids_cgroup_parent()
             if parent is None:
                 raise RuntimeError("the pids cgroup went away")
-            cgroup = _PidsCgroup.create(parent, max_pids + 1)   # + the PID namespace's init
+            cgroup = _PidsCgroup.create(parent, max_pids + 1)  # + the PID namespace's init
         status_r, status_w = os.pipe()
-        config = _launch_config(box, program_path, layers, status_w, cgroup, cpu_s=cpu_s, memory_mb=memory_mb,
-                                max_pids=max_pids, file_mb=file_mb)
+        config = _launch_config(
+            box,
+            program_path,
+            layers,
+            status_w,
+            cgroup,
+            cpu_s=cpu_s,
+            memory_mb=memory_mb,
+            max_pids=max_pids,
+            file_mb=file_mb,
+        )
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), "--launch", json.dumps(config)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
-            pass_fds=(status_w,), start_new_session=True, cwd="/", env={"LANG": "C.UTF-8"})
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            pass_fds=(status_w,),
+            start_new_session=True,
+            cwd="/",
+            env={"LANG": "C.UTF-8"},
+        )
         os.close(status_w)
         status_w = -1
         assert proc.stdout is not None and proc.stderr is not None
         status, timed_out = _watch(proc, status_r, out, err, start + timeout_s)
-    finally:   # each step guarded: a failing one must not keep the next from running
+    finally:  # each step guarded: a failing one must not keep the next from running
         try:
             if proc is not None:
                 left_behind = _teardown(proc, cgroup)
@@ -294,51 +349,85 @@ def _run(program: str, layers: tuple[str, ...], start: float, *, timeout_s: floa
     passed = reason == "passed" and not left_behind
     if left_behind:
         reason += f"; {left_behind} process(es) could not be killed"
-    return SandboxResult(passed, reason, returncode, out.text(output_limit), err.text(output_limit),
-                         time.monotonic() - start, layers, timed_out, cpu)
+    return SandboxResult(
+        passed,
+        reason,
+        returncode,
+        out.text(output_limit),
+        err.text(output_limit),
+        time.monotonic() - start,
+        layers,
+        timed_out,
+        cpu,
+    )
 
 
-def _launch_config(box: str, program_path: str, layers: tuple[str, ...], status_w: int,
-                   cgroup: _PidsCgroup | None, *, cpu_s: int, memory_mb: int, max_pids: int,
-                   file_mb: int) -> dict[str, Any]:
+def _launch_config(
+    box: str,
+    program_path: str,
+    layers: tuple[str, ...],
+    status_w: int,
+    cgroup: _PidsCgroup | None,
+    *,
+    cpu_s: int,
+    memory_mb: int,
+    max_pids: int,
+    file_mb: int,
+) -> dict[str, Any]:
     """What the launcher is told: the interpreter and its argv, the user, the namespaces, the limits."""
     user = _nobody() if "unprivileged-user" in layers else None
     interpreter = _interpreter(for_others=user is not None)
     if interpreter is None:
-        raise RuntimeError("no Python interpreter outside /tmp" + (" that the unprivileged user may run"
-                                                                  if user else ""))
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": box, "TMPDIR": box, "LANG": "C.UTF-8",
-           "LC_ALL": "C.UTF-8"}
-    argv = [interpreter, "-I", "-B"] + (["-c", _PREAMBLE, box, program_path] if "audit-hook" in layers
-                                        else [program_path])
+        raise RuntimeError(
+            "no Python interpreter outside /tmp" + (" that the unprivileged user may run" if user else "")
+        )
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": box, "TMPDIR": box, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    argv = [interpreter, "-I", "-B"] + (
+        ["-c", _PREAMBLE, box, program_path] if "audit-hook" in layers else [program_path]
+    )
     return {
-        "status_fd": status_w, "box": box, "program": program_path, "interpreter": interpreter,
-        "argv": argv, "env": env, "uid": user[0] if user else None, "gid": user[1] if user else None,
-        "cgroup_procs": cgroup.procs_file if cgroup else None, "netns": "netns" in layers,
-        "mountns": "mountns-tmpfs" in layers, "pidns": "pidns" in layers, "tmpfs_mb": file_mb,
+        "status_fd": status_w,
+        "box": box,
+        "program": program_path,
+        "interpreter": interpreter,
+        "argv": argv,
+        "env": env,
+        "uid": user[0] if user else None,
+        "gid": user[1] if user else None,
+        "cgroup_procs": cgroup.procs_file if cgroup else None,
+        "netns": "netns" in layers,
+        "mountns": "mountns-tmpfs" in layers,
+        "pidns": "pidns" in layers,
+        "tmpfs_mb": file_mb,
         "rlimits": _rlimits(cpu_s, memory_mb, file_mb, max_pids, unprivileged=user is not None),
     }
 
 
-def _rlimits(cpu_s: int, memory_mb: int, file_mb: int, max_pids: int, *,
-             unprivileged: bool) -> dict[str, list[int]]:
+def _rlimits(cpu_s: int, memory_mb: int, file_mb: int, max_pids: int, *, unprivileged: bool) -> dict[str, list[int]]:
     nproc = max_pids
     if not unprivileged and os.geteuid() != 0:
         # RLIMIT_NPROC counts every thread of the real user, not of this run: leave room for the ones the
         # user already has, or a developer's desktop session would use the whole allowance.
         nproc += _threads_of_user(os.getuid())
     mib = 1024 * 1024
-    return {"RLIMIT_CORE": [0, 0], "RLIMIT_CPU": [cpu_s, cpu_s + 1], "RLIMIT_AS": [memory_mb * mib] * 2,
-            "RLIMIT_FSIZE": [file_mb * mib] * 2, "RLIMIT_NPROC": [nproc, nproc], "RLIMIT_NOFILE": [256, 256]}
+    return {
+        "RLIMIT_CORE": [0, 0],
+        "RLIMIT_CPU": [cpu_s, cpu_s + 1],
+        "RLIMIT_AS": [memory_mb * mib] * 2,
+        "RLIMIT_FSIZE": [file_mb * mib] * 2,
+        "RLIMIT_NPROC": [nproc, nproc],
+        "RLIMIT_NOFILE": [256, 256],
+    }
 
 
-def _watch(proc: subprocess.Popen[bytes], status_r: int, out: _Tail, err: _Tail,
-           deadline: float) -> tuple[dict[str, Any] | None, bool]:
+def _watch(
+    proc: subprocess.Popen[bytes], status_r: int, out: _Tail, err: _Tail, deadline: float
+) -> tuple[dict[str, Any] | None, bool]:
     """Collect output until the launcher reports the program's end, or the deadline passes."""
     assert proc.stdout is not None and proc.stderr is not None
     tails = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
     status_bytes = b""
-    with selectors.DefaultSelector() as watched:   # not select.select: fds may be above 1024 in a long session
+    with selectors.DefaultSelector() as watched:  # not select.select: fds may be above 1024 in a long session
         for fd in (*tails, status_r):
             watched.register(fd, selectors.EVENT_READ)
         while status_r in watched.get_map():
@@ -352,11 +441,11 @@ def _watch(proc: subprocess.Popen[bytes], status_r: int, out: _Tail, err: _Tail,
                     watched.unregister(fd)
                 elif fd == status_r:
                     status_bytes += data
-                    if b"\n" in status_bytes:   # the first line wins: a set-up error comes before the status
+                    if b"\n" in status_bytes:  # the first line wins: a set-up error comes before the status
                         return json.loads(status_bytes.split(b"\n", 1)[0]), False
                 else:
                     tails[fd].add(data)
-    return None, False   # the launcher ended without a word
+    return None, False  # the launcher ended without a word
 
 
 def _drain(tails: dict[int, _Tail], deadline: float) -> None:
@@ -380,7 +469,7 @@ def _teardown(proc: subprocess.Popen[bytes], cgroup: _PidsCgroup | None) -> int:
     orphan would go to this machine's init, which reaps only now and then), and with a PID namespace it is
     the namespace init's parent.
     """
-    import psutil   # not at module level: the launcher runs this file with -S, without site-packages
+    import psutil  # not at module level: the launcher runs this file with -S, without site-packages
 
     from .. import processes
 
@@ -392,7 +481,7 @@ def _teardown(proc: subprocess.Popen[bytes], cgroup: _PidsCgroup | None) -> int:
         try:
             launcher = psutil.Process(proc.pid)
             for child in launcher.children():
-                processes.signal_group(child.pid)   # the program's own process group, in one atomic step
+                processes.signal_group(child.pid)  # the program's own process group, in one atomic step
             victims.update(p.pid for p in launcher.children(recursive=True))
         except psutil.Error:
             pass
@@ -413,12 +502,12 @@ def _teardown(proc: subprocess.Popen[bytes], cgroup: _PidsCgroup | None) -> int:
         except subprocess.TimeoutExpired:
             pass
     if cgroup is not None:
-        return 0   # cgroup.remove() checks and counts
+        return 0  # cgroup.remove() checks and counts
     return _kill_session(proc.pid)
 
 
 def _signal(pid: int) -> None:
-    from .. import processes   # parent side only: the launcher runs this file isolated, without the package
+    from .. import processes  # parent side only: the launcher runs this file isolated, without the package
 
     processes.signal_process(pid)
 
@@ -450,8 +539,15 @@ def _threads_of_user(uid: int) -> int:
     return count
 
 
-def _reason(status: dict[str, Any] | None, rc: int | None, stderr: str, timed_out: bool, timeout_s: float,
-            cpu: float | None, cpu_s: int) -> str:
+def _reason(
+    status: dict[str, Any] | None,
+    rc: int | None,
+    stderr: str,
+    timed_out: bool,
+    timeout_s: float,
+    cpu: float | None,
+    cpu_s: int,
+) -> str:
     if status and "error" in status:
         return f"sandbox setup failed: {status['error']}"
     if timed_out:
@@ -491,13 +587,13 @@ class _Tail:
             del self.buf[: len(self.buf) - self.limit]
 
     def text(self, limit: int | None = None) -> str:
-        data = self.buf if limit is None else self.buf[len(self.buf) - min(len(self.buf), max(0, limit)):]
+        data = self.buf if limit is None else self.buf[len(self.buf) - min(len(self.buf), max(0, limit)) :]
         return bytes(data).decode("utf-8", "replace")
 
 
 def _remove_tree(path: str) -> None:
     def make_writable(_func: Any, failed: str, _exc: Any) -> None:
-        try:   # a program may have taken its own permissions away
+        try:  # a program may have taken its own permissions away
             os.chmod(os.path.dirname(failed), 0o700)
             os.chmod(failed, 0o700)
             if os.path.isdir(failed) and not os.path.islink(failed):
@@ -506,6 +602,7 @@ def _remove_tree(path: str) -> None:
                 os.unlink(failed)
         except OSError:
             pass
+
     shutil.rmtree(path, onerror=make_writable)
 
 
@@ -546,12 +643,22 @@ def _interpreter(for_others: bool) -> str | None:
     under /tmp is hidden there, so the venv's own interpreter is resolved to the one it links to, or a
     system one is used. `nobody` also needs to be able to run it (a venv under root's home folder is not
     one)."""
-    candidates = [sys.executable, getattr(sys, "_base_executable", ""),
-                  "/usr/bin/python3", "/usr/local/bin/python3",
-                  shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or ""]
-    resolved = [os.path.realpath(c) for c in candidates if c]   # exec'd inside the namespace: no links via /tmp
-    return next((c for c in resolved if os.path.isfile(c) and not _under_throwaway(c)
-                 and (not for_others or _runnable_by_others(c))), None)
+    candidates = [
+        sys.executable,
+        getattr(sys, "_base_executable", ""),
+        "/usr/bin/python3",
+        "/usr/local/bin/python3",
+        shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "",
+    ]
+    resolved = [os.path.realpath(c) for c in candidates if c]  # exec'd inside the namespace: no links via /tmp
+    return next(
+        (
+            c
+            for c in resolved
+            if os.path.isfile(c) and not _under_throwaway(c) and (not for_others or _runnable_by_others(c))
+        ),
+        None,
+    )
 
 
 @functools.cache
@@ -582,7 +689,7 @@ def _pids_cgroup_parent() -> tuple[str, str] | None:
             with open(os.path.join(folder, "cgroup.subtree_control"), "w") as f:
                 f.write("+pids")
     except OSError:
-        return None   # e.g. the no-internal-processes rule: this cgroup holds processes of its own
+        return None  # e.g. the no-internal-processes rule: this cgroup holds processes of its own
     return folder, "v2"
 
 
@@ -615,7 +722,7 @@ class _PidsCgroup:
             return set()
 
     def kill(self) -> None:
-        kill_file = os.path.join(self.folder, "cgroup.kill")   # v2 (Linux 5.14+): every task, atomically
+        kill_file = os.path.join(self.folder, "cgroup.kill")  # v2 (Linux 5.14+): every task, atomically
         if os.path.exists(kill_file):
             try:
                 with open(kill_file, "w") as f:
@@ -638,7 +745,7 @@ class _PidsCgroup:
                 except FileNotFoundError:
                     return 0
                 except OSError:
-                    pass   # EBUSY while the last tasks are being torn down
+                    pass  # EBUSY while the last tasks are being torn down
             for pid in left:
                 _signal(pid)
             time.sleep(0.01)
@@ -646,6 +753,7 @@ class _PidsCgroup:
 
 
 # ------------------------------------------------------------------------------------------- launcher side
+
 
 def _libc() -> Any:
     import ctypes
@@ -666,7 +774,9 @@ def _check(result: int, what: str) -> None:
 
 
 def _mount(libc: Any, source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
-    enc = (lambda s: None if s is None else s.encode())
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
+
     _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
@@ -680,7 +790,7 @@ def _private_tmp(libc: Any, config: dict[str, Any]) -> None:
         source = f.read()
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     size = f"size={config['tmpfs_mb']}m"
-    _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE, None)   # nothing below propagates back to the host
+    _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE, None)  # nothing below propagates back to the host
     for place in _THROWAWAY:
         if os.path.isdir(place) and not os.path.islink(place):
             _mount(libc, "tmpfs", place, "tmpfs", flags, f"{size},mode=1777")
@@ -700,7 +810,7 @@ def _private_tmp(libc: Any, config: dict[str, Any]) -> None:
 def _launch(config: dict[str, Any]) -> NoReturn:
     """The launcher's main: set up the layers, fork the program, reap everything, report its status."""
     status_fd: int = config["status_fd"]
-    os.set_inheritable(status_fd, False)   # the program must not inherit it (it could forge a status)
+    os.set_inheritable(status_fd, False)  # the program must not inherit it (it could forge a status)
 
     def report(message: dict[str, Any]) -> None:
         os.write(status_fd, (json.dumps(message) + "\n").encode())
@@ -708,8 +818,11 @@ def _launch(config: dict[str, Any]) -> NoReturn:
     stage = "launcher"
     try:
         libc = _libc()
-        flags = ((_CLONE_NEWNET if config["netns"] else 0) | (_CLONE_NEWNS if config["mountns"] else 0)
-                 | (_CLONE_NEWPID if config["pidns"] else 0))
+        flags = (
+            (_CLONE_NEWNET if config["netns"] else 0)
+            | (_CLONE_NEWNS if config["mountns"] else 0)
+            | (_CLONE_NEWPID if config["pidns"] else 0)
+        )
         if flags:
             stage = "namespaces"
             _check(libc.unshare(flags), "unshare")
@@ -737,7 +850,7 @@ def _launch(config: dict[str, Any]) -> NoReturn:
                 with open(config["cgroup_procs"], "w") as f:
                     f.write("0")
             stage = "program start"
-            os.setpgid(0, 0)   # the program's own group: one killpg reaches it without the launcher
+            os.setpgid(0, 0)  # the program's own group: one killpg reaches it without the launcher
             if config["pidns"]:
                 # This process is the PID namespace's init: the program is its child, so the program is not
                 # init (init ignores signals it has no handler for, SIGXCPU included). When init ends, the
@@ -764,8 +877,12 @@ def _reap(main: int, report: Any, *, linger: bool) -> None:
             return
         if pid == main:
             if report is not None:
-                report({"returncode": os.waitstatus_to_exitcode(status),
-                        "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
+                report(
+                    {
+                        "returncode": os.waitstatus_to_exitcode(status),
+                        "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+                    }
+                )
             if not linger:
                 return
 

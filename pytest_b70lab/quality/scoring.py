@@ -14,23 +14,35 @@ from .samples import QualitySample
 
 def answers_of(records: list[Any]) -> dict[Key, checks.Answer]:
     """The evidence's quality records (evidence.QualityRecord) as engine-free answers, by (sample, variant)."""
-    return {(r.sample_id, r.variant): checks.Answer(text=r.text, tool_calls=list(r.tool_calls), error=r.error,
-                                                    finish_reason=r.finish_reason)
-            for r in records}
+    return {
+        (r.sample_id, r.variant): checks.Answer(
+            text=r.text, tool_calls=list(r.tool_calls), error=r.error, finish_reason=r.finish_reason
+        )
+        for r in records
+    }
 
 
 def limits_of(quality: Any) -> checks.RepetitionLimits:
-    return checks.RepetitionLimits(ngram=quality.repetition_ngram, max_rate=quality.max_repetition_rate,
-                                   max_span=quality.max_repeated_span)
+    return checks.RepetitionLimits(
+        ngram=quality.repetition_ngram, max_rate=quality.max_repetition_rate, max_span=quality.max_repeated_span
+    )
 
 
-def score_all(samples: list[QualitySample], answers: dict[Key, checks.Answer], limits: checks.RepetitionLimits,
-              run: Callable[[str], Any] | None = None) -> dict[Key, checks.Score]:
+def score_all(
+    samples: list[QualitySample],
+    answers: dict[Key, checks.Answer],
+    limits: checks.RepetitionLimits,
+    run: Callable[[str], Any] | None = None,
+) -> dict[Key, checks.Score]:
     """Scores of every answered (sample, variant); an unanswered one is left out (the judge fails it)."""
     if run is None:
         from .sandbox import run_python as run
-    return {(s.id, v): checks.score(s, answers[(s.id, v)], run=run, limits=limits)
-            for s in samples for v in variants(s) if (s.id, v) in answers}
+    return {
+        (s.id, v): checks.score(s, answers[(s.id, v)], run=run, limits=limits)
+        for s in samples
+        for v in variants(s)
+        if (s.id, v) in answers
+    }
 
 
 def answer_text(answer: checks.Answer) -> str:

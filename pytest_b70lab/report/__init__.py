@@ -35,6 +35,7 @@ class ReportError(LabError, ValueError):
 
 # --- reading ----------------------------------------------------------------------------------------------
 
+
 def load(folder: Path) -> Run:
     """Every start-N/evidence.json of a run folder and its promotion.json (if any); anything unreadable is a
     ReportError that names the file."""
@@ -44,12 +45,14 @@ def load(folder: Path) -> Run:
     except EvidenceError as e:
         raise ReportError(str(e)) from e
     if not run.starts and run.promotion is None:
-        raise ReportError(f"{folder} holds no start-N/{evidence_mod.FILENAME} and no {PROMOTION}: not a b70lab "
-                          "run folder")
+        raise ReportError(
+            f"{folder} holds no start-N/{evidence_mod.FILENAME} and no {PROMOTION}: not a b70lab run folder"
+        )
     return run
 
 
 # --- what the plots show (pure) -------------------------------------------------------------------------
+
 
 def arrival(request: Request) -> tuple[list[float], list[int]]:
     """(seconds since the request began, tokens received by then), one point per streamed chunk."""
@@ -77,12 +80,14 @@ def prompt_order(starts: Sequence[Evidence]) -> list[str]:
 
 # --- the verdict line -------------------------------------------------------------------------------------
 
+
 def headline(run: Run) -> tuple[str, str]:
     """(css class, the line): promotion.json's verdict, as every surface prints it (verdict.recorded_headline)."""
     return verdict_mod.recorded_headline(run.promotion, run.starts, run.folder)
 
 
 # --- HTML helpers -----------------------------------------------------------------------------------------
+
 
 class Raw(str):
     """HTML this module built itself; every other string is escaped on its way into the page."""
@@ -122,20 +127,33 @@ def _label(text: str) -> str:
 
 # --- sections ---------------------------------------------------------------------------------------------
 
+
 def _model(ref: ModelRef | None) -> Raw:
     if ref is None:
         return Raw("none (the contract does not speculate)")
-    lines = [ref.ref + (f" @ {ref.revision}" if ref.revision else ""),
-             f"checkpoint digest {ref.digest or 'n/a'}", f"manifest digest {ref.manifest_digest or 'n/a'}"]
+    lines = [
+        ref.ref + (f" @ {ref.revision}" if ref.revision else ""),
+        f"checkpoint digest {ref.digest or 'n/a'}",
+        f"manifest digest {ref.manifest_digest or 'n/a'}",
+    ]
     return Raw("<br>".join(_h(line) for line in lines))
 
 
 def _identity(run: Run) -> Raw:
     if not run.starts:
         p = run.promotion or {}
-        return _section("identity", "Identity", _table(None, [
-            ["contract", f"{p.get('contract', '?')} ({p.get('contract_digest') or 'digest not recorded'})"],
-            ["engine starts", "none recorded in this folder"]], "identity"))
+        return _section(
+            "identity",
+            "Identity",
+            _table(
+                None,
+                [
+                    ["contract", f"{p.get('contract', '?')} ({p.get('contract_digest') or 'digest not recorded'})"],
+                    ["engine starts", "none recorded in this folder"],
+                ],
+                "identity",
+            ),
+        )
     first = run.starts[0]
     c = first.contract
     canonical = c.canonical
@@ -146,13 +164,20 @@ def _identity(run: Run) -> Raw:
         ["contract", Raw(f"<b>{_h(c.name)}</b> ({_h(c.kind)})<br><code>{_h(c.digest)}</code>")],
         ["engine", f"vLLM {first.engine.vllm_version or 'n/a'}, torch {first.engine.torch_version or 'n/a'}"],
         ["machine", host.describe(first.host) if first.host else "CPU not recorded"],
-        ["FP8 attention", " · ".join(f"start-{s.start_index}: {host.fp8_attention_ran(s.audits) or 'not recorded'}"
-                                     for s in run.starts)],
+        [
+            "FP8 attention",
+            " · ".join(
+                f"start-{s.start_index}: {host.fp8_attention_ran(s.audits) or 'not recorded'}" for s in run.starts
+            ),
+        ],
         ["target", _model(first.target)],
         ["draft", _model(first.draft)],
         ["speculation", ", ".join(f"{k} {v}" for k, v in spec.items()) or "none"],
-        ["prompt set", f"{prompts.get('file', '?')} v{prompts.get('version', '?')}, {prompts.get('count', '?')} "
-                       f"prompts, {(canonical.get('decode') or {}).get('tokens_per_request', '?')} tokens each"],
+        [
+            "prompt set",
+            f"{prompts.get('file', '?')} v{prompts.get('version', '?')}, {prompts.get('count', '?')} "
+            f"prompts, {(canonical.get('decode') or {}).get('tokens_per_request', '?')} tokens each",
+        ],
         ["reproduction", ", ".join(f"{k} {v}" for k, v in (canonical.get("reproduction") or {}).items())],
     ]
     if other := sorted({s.contract.digest for s in run.starts} - {c.digest}):
@@ -161,24 +186,56 @@ def _identity(run: Run) -> Raw:
     for s in run.starts:
         commands.setdefault(shlex.join(s.engine.command), []).append(f"start-{s.start_index}")
     env = "\n".join(f"{k}={v}" for k, v in sorted(first.engine.environment.items()))
-    return _section("identity", "Identity", _table(None, rows, "identity"),
-                    Raw("<h3>Engine command</h3>"),
-                    *(Raw(_p(", ".join(names) + ":") + _pre(cmd)) for cmd, names in commands.items()),
-                    Raw(f"<details><summary>Engine environment ({len(first.engine.environment)} variables)"
-                        f"</summary>{_pre(env)}</details>"))
+    return _section(
+        "identity",
+        "Identity",
+        _table(None, rows, "identity"),
+        Raw("<h3>Engine command</h3>"),
+        *(Raw(_p(", ".join(names) + ":") + _pre(cmd)) for cmd, names in commands.items()),
+        Raw(
+            f"<details><summary>Engine environment ({len(first.engine.environment)} variables)"
+            f"</summary>{_pre(env)}</details>"
+        ),
+    )
 
 
 def _starts(run: Run) -> Raw:
     rows = []
     for s in run.starts:
         teardown = s.teardown or {}
-        rows.append([f"start-{s.start_index}", s.status, s.created_at, _num(s.ready_s, ".1f"), len(s.requests),
-                     _num(throughput.arrival_median(s.requests)), _num(s.throughput.server_tokens_per_s),
-                     "clean" if teardown.get("clean") is True else ("not clean" if teardown else "not recorded"),
-                     s.failure.message if s.failure else ""])
-    return _section("starts", "Engine starts", _table(
-        ["start", "status", "created", "ready (s)", "requests", "median decode (tok/s)", "server tok/s", "teardown",
-         "failure"], rows) if rows else _p("No engine start was recorded in this folder."))
+        rows.append(
+            [
+                f"start-{s.start_index}",
+                s.status,
+                s.created_at,
+                _num(s.ready_s, ".1f"),
+                len(s.requests),
+                _num(throughput.arrival_median(s.requests)),
+                _num(s.throughput.server_tokens_per_s),
+                "clean" if teardown.get("clean") is True else ("not clean" if teardown else "not recorded"),
+                s.failure.message if s.failure else "",
+            ]
+        )
+    return _section(
+        "starts",
+        "Engine starts",
+        _table(
+            [
+                "start",
+                "status",
+                "created",
+                "ready (s)",
+                "requests",
+                "median decode (tok/s)",
+                "server tok/s",
+                "teardown",
+                "failure",
+            ],
+            rows,
+        )
+        if rows
+        else _p("No engine start was recorded in this folder."),
+    )
 
 
 def _subject_key(subject: str, prompts: list[str]) -> tuple:
@@ -196,16 +253,19 @@ def _subject_key(subject: str, prompts: list[str]) -> tuple:
 
 def _cell(entries: list[dict[str, Any]], numbers: dict[int, int], required: bool, missing: bool) -> Raw:
     if not entries:
-        return Raw('<span class="cell missing">not run</span>' if missing or required
-                   else '<span class="cell na"></span>')
+        return Raw(
+            '<span class="cell missing">not run</span>' if missing or required else '<span class="cell na"></span>'
+        )
     bad = [e for e in entries if e.get("outcome") != "passed"]
     if not bad:
         return Raw('<span class="cell pass">&#10003;</span>')
     e = bad[0]
     counts = e.get("outcome") == "failed" or required  # a required pair that was skipped is a failure
     mark, cls = ("&#10007;", "fail") if counts else ("skipped", "skip")
-    return Raw(f'<a class="cell {cls}" href="#failure-{numbers[id(e)]}" title="{_h(e.get("reasons"))}">{mark} '
-               f'{numbers[id(e)]}</a>')
+    return Raw(
+        f'<a class="cell {cls}" href="#failure-{numbers[id(e)]}" title="{_h(e.get("reasons"))}">{mark} '
+        f"{numbers[id(e)]}</a>"
+    )
 
 
 def _gates(run: Run) -> Raw:
@@ -226,20 +286,30 @@ def _gates(run: Run) -> Raw:
     columns = [g for g in CATALOGUE if g in names] + sorted(names - set(CATALOGUE))
     prompts = prompt_order(run.starts)
     subjects = sorted({subj for _, subj in pairs}, key=lambda s: _subject_key(s, prompts))
-    rows = [[s] + [_cell(cells.get((g, s), []), numbers, (g, s) in required, (g, s) in missing) for g in columns]
-            for s in subjects]
+    rows = [
+        [s] + [_cell(cells.get((g, s), []), numbers, (g, s) in required, (g, s) in missing) for g in columns]
+        for s in subjects
+    ]
     checks = [g for g in outcomes if not (g.get("gate") and g.get("subject"))]
     parts: list[Any] = [
         _table(["subject"] + columns, rows, "matrix") if rows else _p("No gate test ran in this session."),
-        _p(f"Evidence checks (gate-marked tests that check the evidence is all there): {len(checks)} ran, "
-           f"{sum(1 for g in checks if g.get('outcome') == 'passed')} passed."),
+        _p(
+            f"Evidence checks (gate-marked tests that check the evidence is all there): {len(checks)} ran, "
+            f"{sum(1 for g in checks if g.get('outcome') == 'passed')} passed."
+        ),
     ]
     if problems := p.get("problems") or []:
-        parts.append(Raw("<h3>Problems of the verdict</h3><ul>" +
-                         "".join(f"<li>{_h(x)}</li>" for x in problems) + "</ul>"))
+        parts.append(
+            Raw("<h3>Problems of the verdict</h3><ul>" + "".join(f"<li>{_h(x)}</li>" for x in problems) + "</ul>")
+        )
     if missing:
-        parts.append(Raw(f"<h3>Required, did not run ({len(missing)})</h3><ul>" + "".join(
-            f"<li>{_h(g)} [{_h(s)}]</li>" for g, s in sorted(missing)) + "</ul>"))
+        parts.append(
+            Raw(
+                f"<h3>Required, did not run ({len(missing)})</h3><ul>"
+                + "".join(f"<li>{_h(g)} [{_h(s)}]</li>" for g, s in sorted(missing))
+                + "</ul>"
+            )
+        )
     if failures:
         parts.append(_failure_list(failures, numbers))
     return _section("gates", "Gates", *parts)
@@ -247,10 +317,16 @@ def _gates(run: Run) -> Raw:
 
 def _failure_list(failures: list[dict[str, Any]], numbers: dict[int, int]) -> Raw:
     """Every gate test that did not pass, numbered as the matrix links to it, with its whole message."""
-    return Raw(f'<h3>Failures ({len(failures)})</h3><ol class="failures">' + "".join(
-        f'<li id="failure-{numbers[id(g)]}"><b>{_h(g.get("gate") or "evidence check")}</b> '
-        f'[{_h(g.get("subject") or "")}] {_h(g.get("outcome"))}: <code>{_h(g.get("test"))}</code>'
-        f'{_pre(g.get("reasons") or "(no message)")}</li>' for g in failures) + "</ol>")
+    return Raw(
+        f'<h3>Failures ({len(failures)})</h3><ol class="failures">'
+        + "".join(
+            f'<li id="failure-{numbers[id(g)]}"><b>{_h(g.get("gate") or "evidence check")}</b> '
+            f"[{_h(g.get('subject') or '')}] {_h(g.get('outcome'))}: <code>{_h(g.get('test'))}</code>"
+            f"{_pre(g.get('reasons') or '(no message)')}</li>"
+            for g in failures
+        )
+        + "</ol>"
+    )
 
 
 class _Plots:
@@ -265,9 +341,15 @@ class _Plots:
         import plotly.io as pio
 
         fig.update_layout(template="plotly_white", margin={"t": 30, "r": 20}, legend={"font": {"size": 11}})
-        body = pio.to_html(fig, full_html=False, include_plotlyjs=not self.inlined, div_id=f"plot-{name}",
-                           config={"displaylogo": False, "responsive": True}, default_height="460px",
-                           post_script=self.RENDERED)
+        body = pio.to_html(
+            fig,
+            full_html=False,
+            include_plotlyjs=not self.inlined,
+            div_id=f"plot-{name}",
+            config={"displaylogo": False, "responsive": True},
+            default_height="460px",
+            post_script=self.RENDERED,
+        )
         self.inlined = True
         return Raw(f'<div class="plot" data-plot="{name}">{body}</div>')
 
@@ -285,44 +367,74 @@ def _decode(run: Run, plots: _Plots) -> Raw:
     fig = go.Figure()
     for i, s in enumerate(starts):
         points = [(r.prompt_id, rate) for r in s.requests if (rate := decode_rate(s, r)) is not None]
-        fig.add_trace(go.Scatter(x=[_label(p) for p, _ in points], y=[v for _, v in points], mode="markers",
-                                 name=f"start-{s.start_index}",
-                                 marker={"size": 11, "color": palette[i % len(palette)]}))
-    notes = [f"Each point is one request's (N - 1) / (t_N - t_1); a start's endpoint figure is its median."]
+        fig.add_trace(
+            go.Scatter(
+                x=[_label(p) for p, _ in points],
+                y=[v for _, v in points],
+                mode="markers",
+                name=f"start-{s.start_index}",
+                marker={"size": 11, "color": palette[i % len(palette)]},
+            )
+        )
+    notes = ["Each point is one request's (N - 1) / (t_N - t_1); a start's endpoint figure is its median."]
     for i, s in enumerate(starts):
         if (m := throughput.arrival_median(s.requests)) is not None:
-            fig.add_hline(y=m, line_dash="dash", line_color=palette[i % len(palette)], line_width=1.5,
-                          annotation_text=f"start-{s.start_index} median {m:.2f}",
-                          annotation_position=("top left", "bottom right", "top right", "bottom left")[i % 4])
+            fig.add_hline(
+                y=m,
+                line_dash="dash",
+                line_color=palette[i % len(palette)],
+                line_width=1.5,
+                annotation_text=f"start-{s.start_index} median {m:.2f}",
+                annotation_position=("top left", "bottom right", "top right", "bottom left")[i % 4],
+            )
     ref, tol = starts[0], tolerance(starts[0])
     if (m0 := throughput.arrival_median(ref.requests)) is not None and tol is not None:
-        fig.add_hrect(y0=m0 * (1 - tol), y1=m0 * (1 + tol), fillcolor="#2ca02c", opacity=0.12, line_width=0,
-                      layer="below")
-        notes.append(f"Shaded: start-{ref.start_index}'s median {m0:.2f} tok/s ± {tol:.0%} "
-                     f"({m0 * (1 - tol):.2f} - {m0 * (1 + tol):.2f} tok/s), the band fresh-start reproduction "
-                     "accepts for every later start's median.")
+        fig.add_hrect(
+            y0=m0 * (1 - tol), y1=m0 * (1 + tol), fillcolor="#2ca02c", opacity=0.12, line_width=0, layer="below"
+        )
+        notes.append(
+            f"Shaded: start-{ref.start_index}'s median {m0:.2f} tok/s ± {tol:.0%} "
+            f"({m0 * (1 - tol):.2f} - {m0 * (1 + tol):.2f} tok/s), the band fresh-start reproduction "
+            "accepts for every later start's median."
+        )
         for s in starts[1:]:
             if (m := throughput.arrival_median(s.requests)) is not None and m0 > 0:
                 drift = abs(m - m0) / m0
-                notes.append(f"start-{s.start_index}: {m:.2f} tok/s, {drift:.1%} from start-{ref.start_index}: "
-                             + ("inside the band." if drift <= tol else "OUTSIDE the band."))
+                notes.append(
+                    f"start-{s.start_index}: {m:.2f} tok/s, {drift:.1%} from start-{ref.start_index}: "
+                    + ("inside the band." if drift <= tol else "OUTSIDE the band.")
+                )
     paired_tol = tolerance(ref, "paired_tolerance")
     for s in starts[1:]:
-        if (paired := throughput.paired_ratio(throughput.arrival_rates(ref.requests)[0],
-                                                 throughput.arrival_rates(s.requests)[0])) is not None:
-            where = "" if paired_tol is None else (
-                f"; tolerance {paired_tol:.0%}: " + ("inside." if paired.drift <= paired_tol else "OUTSIDE."))
-            notes.append(f"Paired figure start-{s.start_index} / start-{ref.start_index} {paired.line()}: the "
-                         f"geometric mean of the per-prompt decode-rate ratios (from the arrival times), "
-                         f"{paired.drift:.1%} from 1{where}")
-    fig.update_layout(xaxis={"title": "prompt", "categoryorder": "array",
-                             "categoryarray": [_label(p) for p in prompts]},
-                      yaxis={"title": "decode rate (tok/s)", "rangemode": "tozero"})
+        if (
+            paired := throughput.paired_ratio(
+                throughput.arrival_rates(ref.requests)[0], throughput.arrival_rates(s.requests)[0]
+            )
+        ) is not None:
+            where = (
+                ""
+                if paired_tol is None
+                else (f"; tolerance {paired_tol:.0%}: " + ("inside." if paired.drift <= paired_tol else "OUTSIDE."))
+            )
+            notes.append(
+                f"Paired figure start-{s.start_index} / start-{ref.start_index} {paired.line()}: the "
+                f"geometric mean of the per-prompt decode-rate ratios (from the arrival times), "
+                f"{paired.drift:.1%} from 1{where}"
+            )
+    fig.update_layout(
+        xaxis={"title": "prompt", "categoryorder": "array", "categoryarray": [_label(p) for p in prompts]},
+        yaxis={"title": "decode rate (tok/s)", "rangemode": "tozero"},
+    )
     rates = {(s.start_index, r.prompt_id): decode_rate(s, r) for s in starts for r in s.requests}
     rows = [[p] + [_num(rates.get((s.start_index, p))) for s in starts] for p in prompts]
     rows.append([Raw("<b>median</b>")] + [_num(throughput.arrival_median(s.requests)) for s in starts])
-    return _section("decode-rate", title, plots.div("decode-rate", fig), *(_p(n, "note") for n in notes),
-                    _table(["prompt"] + [f"start-{s.start_index} (tok/s)" for s in starts], rows, "numbers"))
+    return _section(
+        "decode-rate",
+        title,
+        plots.div("decode-rate", fig),
+        *(_p(n, "note") for n in notes),
+        _table(["prompt"] + [f"start-{s.start_index} (tok/s)" for s in starts], rows, "numbers"),
+    )
 
 
 def _timeline(run: Run, plots: _Plots) -> Raw:
@@ -340,17 +452,32 @@ def _timeline(run: Run, plots: _Plots) -> Raw:
         for r in s.requests:
             times, tokens = arrival(r)
             if len(r.chunk_times) != len(r.chunk_tokens):
-                notes.append(f"start-{s.start_index} {r.prompt_id}: {len(r.chunk_times)} chunk times but "
-                             f"{len(r.chunk_tokens)} chunk token counts; the first {len(times)} are plotted.")
+                notes.append(
+                    f"start-{s.start_index} {r.prompt_id}: {len(r.chunk_times)} chunk times but "
+                    f"{len(r.chunk_tokens)} chunk token counts; the first {len(times)} are plotted."
+                )
             color = palette[prompts.index(r.prompt_id) % len(palette)]
-            fig.add_trace(go.Scatter(x=times, y=tokens, mode="lines+markers", line_shape="hv",
-                                     name=_label(f"{r.prompt_id} · start-{s.start_index}"),
-                                     legendgroup=_label(r.prompt_id), marker={"size": 5},
-                                     line={"color": color, "dash": dashes[si % len(dashes)], "width": 1.5}))
-    fig.update_layout(xaxis={"title": "seconds since the request began"},
-                      yaxis={"title": "tokens received (cumulative)", "rangemode": "tozero"})
-    notes.insert(0, "One point per streamed chunk; a step taller than one token is a chunk that carried accepted "
-                    "draft tokens. Line style tells the starts apart, colour the prompts.")
+            fig.add_trace(
+                go.Scatter(
+                    x=times,
+                    y=tokens,
+                    mode="lines+markers",
+                    line_shape="hv",
+                    name=_label(f"{r.prompt_id} · start-{s.start_index}"),
+                    legendgroup=_label(r.prompt_id),
+                    marker={"size": 5},
+                    line={"color": color, "dash": dashes[si % len(dashes)], "width": 1.5},
+                )
+            )
+    fig.update_layout(
+        xaxis={"title": "seconds since the request began"},
+        yaxis={"title": "tokens received (cumulative)", "rangemode": "tozero"},
+    )
+    notes.insert(
+        0,
+        "One point per streamed chunk; a step taller than one token is a chunk that carried accepted "
+        "draft tokens. Line style tells the starts apart, colour the prompts.",
+    )
     return _section("timeline", title, plots.div("token-timeline", fig), *(_p(n, "note") for n in notes))
 
 
@@ -367,23 +494,42 @@ def _acceptance(run: Run, plots: _Plots) -> Raw:
         return _section("acceptance", title, *(_p(n, "note") for n in notes or ["No start recorded /metrics."]))
     fig = go.Figure()
     for i, (s, a) in enumerate(judged):  # starts often accept alike: open markers and dashes keep both visible
-        fig.add_trace(go.Scatter(x=list(a.rates), y=list(a.rates.values()), mode="lines+markers",
-                                 name=f"start-{s.start_index}", line={"dash": ("solid", "dash", "dot")[i % 3]},
-                                 marker={"size": 12 - 3 * (i % 3),
-                                         "symbol": ("circle-open", "circle", "diamond")[i % 3]}))
+        fig.add_trace(
+            go.Scatter(
+                x=list(a.rates),
+                y=list(a.rates.values()),
+                mode="lines+markers",
+                name=f"start-{s.start_index}",
+                line={"dash": ("solid", "dash", "dot")[i % 3]},
+                marker={"size": 12 - 3 * (i % 3), "symbol": ("circle-open", "circle", "diamond")[i % 3]},
+            )
+        )
         total = sum(a.accepted.values())
-        notes.append(f"start-{s.start_index}: {a.drafts:g} drafts, {total:g} draft tokens accepted "
-                     f"({total / a.drafts:.2f} per draft).")
-    fig.update_layout(xaxis={"title": "draft position (0: the first drafted token)", "dtick": 1},
-                      yaxis={"title": "accepted / drafts", "range": [0, 1.05]})
-    notes.insert(0, "At position k: tokens accepted there over the run, divided by the drafts proposed (vLLM's "
-                    f"{ACCEPTED_PER_POS} and {DRAFTS}, after the prompts minus before).")
+        notes.append(
+            f"start-{s.start_index}: {a.drafts:g} drafts, {total:g} draft tokens accepted "
+            f"({total / a.drafts:.2f} per draft)."
+        )
+    fig.update_layout(
+        xaxis={"title": "draft position (0: the first drafted token)", "dtick": 1},
+        yaxis={"title": "accepted / drafts", "range": [0, 1.05]},
+    )
+    notes.insert(
+        0,
+        "At position k: tokens accepted there over the run, divided by the drafts proposed (vLLM's "
+        f"{ACCEPTED_PER_POS} and {DRAFTS}, after the prompts minus before).",
+    )
     positions = sorted({pos for _, a in judged for pos in a.accepted})
-    rows = [[pos] + [f"{a.accepted[pos]:g} ({a.rates[pos]:.1%})" if pos in a.accepted else "n/a" for _, a in judged]
-            for pos in positions]
-    return _section("acceptance", title, plots.div("acceptance", fig), *(_p(n, "note") for n in notes),
-                    _table(["position"] + [f"start-{s.start_index} accepted (rate)" for s, _ in judged], rows,
-                           "numbers"))
+    rows = [
+        [pos] + [f"{a.accepted[pos]:g} ({a.rates[pos]:.1%})" if pos in a.accepted else "n/a" for _, a in judged]
+        for pos in positions
+    ]
+    return _section(
+        "acceptance",
+        title,
+        plots.div("acceptance", fig),
+        *(_p(n, "note") for n in notes),
+        _table(["position"] + [f"start-{s.start_index} accepted (rate)" for s, _ in judged], rows, "numbers"),
+    )
 
 
 def _quality(run: Run) -> Raw | None:
@@ -395,24 +541,43 @@ def _quality(run: Run) -> Raw | None:
     if recorded:
         parts.append(_p(f"Quality answers recorded: {', '.join(recorded)}."))
     if not isinstance(q, dict):
-        parts.append(_p("Not judged in this run's promotion.json: replay gate 8 with pytest -m quality "
-                        "--b70-evidence RUN_DIR.", "verdict-text incomplete"))
+        parts.append(
+            _p(
+                "Not judged in this run's promotion.json: replay gate 8 with pytest -m quality --b70-evidence RUN_DIR.",
+                "verdict-text incomplete",
+            )
+        )
         return _section("quality", "Quality (gate 8)", *parts)
     status = str(q.get("status", "?"))
     cls = {"ok": "pass", "regressed": "fail"}.get(status, "incomplete")
-    details = [f"regressed: {', '.join(q.get('regressed') or [])}" if q.get("regressed") else "",
-               f"did not run: {', '.join(q.get('missing') or [])}" if q.get("missing") else "",
-               "; ".join(q.get("problems") or [])]
+    details = [
+        f"regressed: {', '.join(q.get('regressed') or [])}" if q.get("regressed") else "",
+        f"did not run: {', '.join(q.get('missing') or [])}" if q.get("missing") else "",
+        "; ".join(q.get("problems") or []),
+    ]
     parts.append(_p(f"QUALITY {status.upper()}" + "".join(f" - {d}" for d in details if d), f"verdict-text {cls}"))
     rows = []
     for f in q.get("figures") or []:
         o = f.get("observed") or {}
-        shown = (f"{o.get('candidate_passed')}/{o['samples']} vs baseline {o.get('baseline_passed')}/{o['samples']}"
-                 if o.get("samples") is not None else "not judged")
-        rows.append([f.get("figure"), f.get("outcome"), shown, _num(o.get("p_value"), ".3g"), o.get("lost", ""),
-                     o.get("gained", ""), f.get("reasons") or ""])
-    parts.append(_table(["figure", "outcome", "candidate vs baseline", "p-value", "lost", "gained", "reasons"], rows,
-                        "numbers"))
+        shown = (
+            f"{o.get('candidate_passed')}/{o['samples']} vs baseline {o.get('baseline_passed')}/{o['samples']}"
+            if o.get("samples") is not None
+            else "not judged"
+        )
+        rows.append(
+            [
+                f.get("figure"),
+                f.get("outcome"),
+                shown,
+                _num(o.get("p_value"), ".3g"),
+                o.get("lost", ""),
+                o.get("gained", ""),
+                f.get("reasons") or "",
+            ]
+        )
+    parts.append(
+        _table(["figure", "outcome", "candidate vs baseline", "p-value", "lost", "gained", "reasons"], rows, "numbers")
+    )
     return _section("quality", "Quality (gate 8)", *parts)
 
 
@@ -444,13 +609,22 @@ def render(run: Run) -> str:
     plots = _Plots()
     cls, line = headline(run)
     name = run.starts[0].contract.name if run.starts else (run.promotion or {}).get("contract", "?")
-    sections = [_identity(run), _starts(run), _gates(run), _decode(run, plots), _timeline(run, plots),
-                _acceptance(run, plots), _quality(run)]
+    sections = [
+        _identity(run),
+        _starts(run),
+        _gates(run),
+        _decode(run, plots),
+        _timeline(run, plots),
+        _acceptance(run, plots),
+        _quality(run),
+    ]
     body = "".join(s for s in sections if s is not None)
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>b70lab report - {_h(run.folder.name)} - {_h(name)}</title><style>{CSS}</style></head><body>"
-            f"<h1>b70lab promotion report: {_h(run.folder.name)}</h1>"
-            f'<div class="verdict {cls}" id="verdict">{_h(line)}</div>{body}</body></html>\n')
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>b70lab report - {_h(run.folder.name)} - {_h(name)}</title><style>{CSS}</style></head><body>"
+        f"<h1>b70lab promotion report: {_h(run.folder.name)}</h1>"
+        f'<div class="verdict {cls}" id="verdict">{_h(line)}</div>{body}</body></html>\n'
+    )
 
 
 def write(folder: Path, out: Path | None = None) -> Path:

@@ -1,11 +1,11 @@
 """A sweep's folder and the order of its starts.
 
-    DIR/contracts/<variant>.toml     each variant's full contract, as the replay that judged it loaded it
-    DIR/variants/<variant>/          the variant's run folder (start-N/, promotion.json, junit.xml, judge.log)
-    DIR/variants/<variant>/teacher/  its own target-only teacher, when its target's output is not the base's
-    DIR/teachers/teacher-<digest>/   the snapshots recorded from those teachers (never the repository's)
-    DIR/probe/, DIR/launches.log     the collective probe before the first start; one line per engine launched
-    DIR/sweep.json, sweep.html, sweep-junit.xml   the table, its page, one JUnit test per variant
+DIR/contracts/<variant>.toml     each variant's full contract, as the replay that judged it loaded it
+DIR/variants/<variant>/          the variant's run folder (start-N/, promotion.json, junit.xml, judge.log)
+DIR/variants/<variant>/teacher/  its own target-only teacher, when its target's output is not the base's
+DIR/teachers/teacher-<digest>/   the snapshots recorded from those teachers (never the repository's)
+DIR/probe/, DIR/launches.log     the collective probe before the first start; one line per engine launched
+DIR/sweep.json, sweep.html, sweep-junit.xml   the table, its page, one JUnit test per variant
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def teachers_dir(out: Path) -> Path:
 
 @dataclass(frozen=True)
 class PlannedStart:
-    round: int            # 1-based
+    round: int  # 1-based
     variant: str
-    index: int            # start-N within the variant's folder (or its teacher/ folder)
+    index: int  # start-N within the variant's folder (or its teacher/ folder)
     own_teacher: bool = False
 
     def label(self) -> str:

@@ -16,8 +16,17 @@ from ..contract import Contract
 from ..engine import starts as starts_mod
 from ..errors import LabError
 from ..variants import Variant
-from .plan import (JUDGE_JUNIT, JUDGE_LOG, SWEEP_JSON, VARIANTS, PlannedStart, contract_file, start_order,
-                   teachers_dir, variant_dir)
+from .plan import (
+    JUDGE_JUNIT,
+    JUDGE_LOG,
+    SWEEP_JSON,
+    VARIANTS,
+    PlannedStart,
+    contract_file,
+    start_order,
+    teachers_dir,
+    variant_dir,
+)
 
 Progress = Callable[[str], None]
 JUDGE_TIMEOUT_S = 600.0
@@ -32,16 +41,18 @@ class SweepError(LabError, RuntimeError):
 @dataclass
 class Outcome:
     """What ran: each planned start with its status, and each variant's judging replay."""
+
     order: list[PlannedStart]
-    status: dict[str, str] = field(default_factory=dict)          # PlannedStart.label() -> ok / failed: ... / not run: ...
-    judged: dict[str, str] = field(default_factory=dict)          # variant -> "" when judged, else why not
+    status: dict[str, str] = field(default_factory=dict)  # PlannedStart.label() -> ok / failed: ... / not run: ...
+    judged: dict[str, str] = field(default_factory=dict)  # variant -> "" when judged, else why not
     teachers: dict[str, list[str]] = field(default_factory=dict)  # variant -> the snapshot files of its own teacher
 
     @property
     def problems(self) -> list[str]:
         """Why the sweep exits non-zero: a start that failed or never ran, a variant left unjudged."""
-        return [f"{label}: {s}" for label, s in self.status.items() if s != "ok"] + \
-            [f"{name}: not judged: {why}" for name, why in self.judged.items() if why]
+        return [f"{label}: {s}" for label, s in self.status.items() if s != "ok"] + [
+            f"{name}: not judged: {why}" for name, why in self.judged.items() if why
+        ]
 
 
 def needs_own_teacher(variant: Variant, base: Contract) -> bool:
@@ -66,8 +77,10 @@ def prepare(out: Path, variants: list[Variant]) -> None:
             raise SweepError(f"cannot write {path}: {e.strerror or e}") from e
         again = contract_mod.load(path)
         if again.digest != v.contract.digest:
-            raise SweepError(f"{path} reads back as digest {again.digest[:16]}, the variant is "
-                             f"{v.contract.digest[:16]}: the contract does not survive TOML")
+            raise SweepError(
+                f"{path} reads back as digest {again.digest[:16]}, the variant is "
+                f"{v.contract.digest[:16]}: the contract does not survive TOML"
+            )
 
 
 def _without_none(data):
@@ -79,8 +92,16 @@ def _without_none(data):
     return data
 
 
-def run(base: Contract, variants: list[Variant], rounds: int, out: Path, cache_root: Path,
-        progress: Progress | None = None, prompt_ids: list[str] | None = None, probe: bool = True) -> Outcome:
+def run(
+    base: Contract,
+    variants: list[Variant],
+    rounds: int,
+    out: Path,
+    cache_root: Path,
+    progress: Progress | None = None,
+    prompt_ids: list[str] | None = None,
+    probe: bool = True,
+) -> Outcome:
     """Every planned start, then every variant judged. A variant whose start failed gets no later start
     (nothing past a failed start can be promoted); the others go on, so one broken variant costs the sweep
     only its own starts."""
@@ -100,8 +121,9 @@ def run(base: Contract, variants: list[Variant], rounds: int, out: Path, cache_r
     for v in variants:
         starts_mod.write_run_files(variant_dir(out, v.name), v.contract, models[v.name])
         if v.name in own:
-            starts_mod.write_run_files(run_folder.kind_dir(variant_dir(out, v.name), "teacher"), v.contract.teacher(),
-                            teacher_models[v.name])
+            starts_mod.write_run_files(
+                run_folder.kind_dir(variant_dir(out, v.name), "teacher"), v.contract.teacher(), teacher_models[v.name]
+            )
     broken: set[str] = set()
     for i, planned in enumerate(outcome.order, 1):
         label = planned.label()
@@ -113,9 +135,18 @@ def run(base: Contract, variants: list[Variant], rounds: int, out: Path, cache_r
         folder = variant_dir(out, v.name)
         where = run_folder.start_dir(folder, "teacher", 1) if planned.own_teacher else folder / f"start-{planned.index}"
         say(f"sweep: start {i} of {len(outcome.order)} (round {planned.round}): {label}")
-        record = starts_mod.run_start(c, teacher_models[v.name] if planned.own_teacher else models[v.name], where,
-                                      cache_root / "engine-state", planned.index, say,
-                                      out / run_folder.LAUNCHES_LOG, None, probe_result, prompt_ids)
+        record = starts_mod.run_start(
+            c,
+            teacher_models[v.name] if planned.own_teacher else models[v.name],
+            where,
+            cache_root / "engine-state",
+            planned.index,
+            say,
+            out / run_folder.LAUNCHES_LOG,
+            None,
+            probe_result,
+            prompt_ids,
+        )
         if record.status == "ok":
             outcome.status[label] = "ok"
         else:
@@ -144,8 +175,9 @@ def _record_teacher(v: Variant, out: Path, prompt_ids: list[str] | None) -> list
     return [str(p.relative_to(out)) for p in written]
 
 
-def judge(v: Variant, out: Path, prompt_ids: list[str] | None, own_teacher: bool,
-          progress: Progress | None = None) -> str:
+def judge(
+    v: Variant, out: Path, prompt_ids: list[str] | None, own_teacher: bool, progress: Progress | None = None
+) -> str:
     """Replay the variant's run folder with the gates under its own contract file; "" when a verdict was
     written, else why not. The replay's output is the folder's judge.log, its JUnit junit.xml."""
     folder = variant_dir(out, v.name)
@@ -154,9 +186,21 @@ def judge(v: Variant, out: Path, prompt_ids: list[str] | None, own_teacher: bool
         return f"the gate tests are not here ({tests}): a sweep judges with the lab repository's tests/gates"
     if not any(folder.glob("start-*/" + evidence.FILENAME)):
         return "no start of this variant recorded evidence"
-    cmd = [sys.executable, "-m", "pytest", str(tests), "-m", "gates", f"--b70-evidence={folder}",
-           f"--b70-contract={contract_file(out, v.name)}", "-p", "no:cacheprovider", "-q",
-           f"--junitxml={folder / JUDGE_JUNIT}", f"--rootdir={tests.parent.parent}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(tests),
+        "-m",
+        "gates",
+        f"--b70-evidence={folder}",
+        f"--b70-contract={contract_file(out, v.name)}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--junitxml={folder / JUDGE_JUNIT}",
+        f"--rootdir={tests.parent.parent}",
+    ]
     if own_teacher:
         cmd.append(f"--b70-teacher-snapshots={teachers_dir(out)}")
     if prompt_ids:
@@ -167,8 +211,9 @@ def judge(v: Variant, out: Path, prompt_ids: list[str] | None, own_teacher: bool
         with open(folder / JUDGE_LOG, "w", encoding="utf-8") as log:
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
-            done = subprocess.run(cmd, cwd=tests.parent.parent, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  timeout=JUDGE_TIMEOUT_S)
+            done = subprocess.run(
+                cmd, cwd=tests.parent.parent, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=JUDGE_TIMEOUT_S
+            )
     except subprocess.TimeoutExpired:
         return f"the replay ran past {JUDGE_TIMEOUT_S:.0f} s ({folder / JUDGE_LOG})"
     except OSError as e:

@@ -27,7 +27,7 @@ class StartFacts:
     launched_at: str | None
     ready_s: float | None
     decode_median: float | None
-    graphs: str          # "compiled" (this start traced its graphs), "loaded" (from the AOT cache) or "n/a"
+    graphs: str  # "compiled" (this start traced its graphs), "loaded" (from the AOT cache) or "n/a"
 
 
 @dataclass
@@ -38,15 +38,15 @@ class Row:
     contract_digest: str
     judged_against: str
     folder: str
-    verdict: str                      # pass / fail / incomplete / none
+    verdict: str  # pass / fail / incomplete / none
     verdict_line: str
     promotable: bool
     starts_required: int
     starts: list[StartFacts] = field(default_factory=list)
     decode_median: float | None = None
-    paired_to_base: dict[str, Any] | None = None      # ratio, low, high, prompts, confidence
+    paired_to_base: dict[str, Any] | None = None  # ratio, low, high, prompts, confidence
     medians_to_base: float | None = None
-    outputs_identical_to_base: str | None = None      # "6/6"
+    outputs_identical_to_base: str | None = None  # "6/6"
     accepted_per_draft: float | None = None
     acceptance_per_position: dict[int, float] = field(default_factory=dict)
     kv_blocks: int | None = None
@@ -75,9 +75,18 @@ def _read(folder: Path) -> Run | str:
 
 def _row(v: Variant, base: Variant, run: Run | str, base_run: Run | str | None, unjudged: str, out: Path) -> Row:
     c = v.contract
-    row = Row(variant=v.name, kind=c.kind, changes=v.changes, contract_digest=c.digest,
-              judged_against=v.judged_against(base.contract), folder=str(variant_dir(out, v.name).relative_to(out)),
-              verdict="none", verdict_line="", promotable=False, starts_required=c.reproduction.fresh_starts)
+    row = Row(
+        variant=v.name,
+        kind=c.kind,
+        changes=v.changes,
+        contract_digest=c.digest,
+        judged_against=v.judged_against(base.contract),
+        folder=str(variant_dir(out, v.name).relative_to(out)),
+        verdict="none",
+        verdict_line="",
+        promotable=False,
+        starts_required=c.reproduction.fresh_starts,
+    )
     if isinstance(run, str):
         row.verdict, row.verdict_line = "fail", f"NOT PROMOTABLE: {run}"
         return row
@@ -97,8 +106,14 @@ def _row(v: Variant, base: Variant, run: Run | str, base_run: Run | str | None, 
 def _start_facts(s) -> StartFacts:
     sources = {m.get("source") for a in s.audits for m in (a.get("compiled_modules") or []) if isinstance(m, dict)}
     graphs = "compiled" if "compiled" in sources else "loaded" if sources == {"loaded"} else "n/a"
-    return StartFacts(s.start_index, s.status, s.identity.launched_at if s.identity else s.created_at, s.ready_s,
-                      throughput.arrival_median(s.requests) if s.status == "ok" else None, graphs)
+    return StartFacts(
+        s.start_index,
+        s.status,
+        s.identity.launched_at if s.identity else s.created_at,
+        s.ready_s,
+        throughput.arrival_median(s.requests) if s.status == "ok" else None,
+        graphs,
+    )
 
 
 def _verdict(run: Run, row: Row, unjudged: str) -> tuple[str, str]:
@@ -114,14 +129,22 @@ def _verdict(run: Run, row: Row, unjudged: str) -> tuple[str, str]:
     required = {tuple(pair) for pair in p.get("required") or []}
     # The gate tests of the starts that ran and that a promotion requires (a draft gate skipped for a contract
     # without a draft is not one of them).
-    judged = [g for g in p.get("gates") or [] if isinstance(g, dict) and _start_of(g.get("subject")) in
-              range(1, ran + 1) and (g.get("gate"), g.get("subject")) in required]
+    judged = [
+        g
+        for g in p.get("gates") or []
+        if isinstance(g, dict)
+        and _start_of(g.get("subject")) in range(1, ran + 1)
+        and (g.get("gate"), g.get("subject")) in required
+    ]
     failed = sorted({g["gate"] for g in judged if g.get("outcome") != "passed"})
-    on_them = (f"; on {'it' if ran == 1 else 'them'}: {sum(g.get('outcome') == 'passed' for g in judged)} of "
-               f"{len(judged)} required gate tests passed" + (f", failed: {', '.join(failed)}" if failed else ""))
+    on_them = (
+        f"; on {'it' if ran == 1 else 'them'}: {sum(g.get('outcome') == 'passed' for g in judged)} of "
+        f"{len(judged)} required gate tests passed" + (f", failed: {', '.join(failed)}" if failed else "")
+    )
     return ("fail" if failed else "incomplete"), (
         f"NOT PROMOTABLE (incomplete) - contract {run.starts[0].contract.name}: {_count(ran, 'fresh start')} of "
-        f"{row.starts_required} (--rounds {ran}){on_them}")
+        f"{row.starts_required} (--rounds {ran}){on_them}"
+    )
 
 
 def _start_of(subject: Any) -> int | None:
@@ -140,8 +163,13 @@ def _against_base(row: Row, base_run: Run, run: Run) -> None:
     speed = comparison.speed
     if speed.paired is not None:
         p = speed.paired
-        row.paired_to_base = {"ratio": p.ratio, "low": p.low, "high": p.high, "prompts": p.prompts,
-                              "confidence": p.confidence}
+        row.paired_to_base = {
+            "ratio": p.ratio,
+            "low": p.low,
+            "high": p.high,
+            "prompts": p.prompts,
+            "confidence": p.confidence,
+        }
     row.medians_to_base = speed.ratio
     row.outputs_identical_to_base = f"{comparison.identical_outputs}/{len(comparison.prompts)}"
 
@@ -178,29 +206,51 @@ def _capacity(row: Row, ok: list) -> None:
         return
     first = good[0][1]
     row.kv_blocks, row.kv_tokens, row.kv_memory_bytes, row.kv_cache_dtype = (
-        first.blocks, first.tokens, first.memory_bytes, first.cache_dtype)
-    row.notes += [f"start-{i}: the engine allocated {k.blocks} KV blocks, start-{good[0][0]} {first.blocks}"
-                  for i, k in good[1:] if k.blocks != first.blocks]
+        first.blocks,
+        first.tokens,
+        first.memory_bytes,
+        first.cache_dtype,
+    )
+    row.notes += [
+        f"start-{i}: the engine allocated {k.blocks} KV blocks, start-{good[0][0]} {first.blocks}"
+        for i, k in good[1:]
+        if k.blocks != first.blocks
+    ]
 
 
 # --- what the table is written as -----------------------------------------------------------------------
 
+
 def format_table(table: list[Row]) -> str:
     """The terminal's table: one line per variant, then each verdict line in full."""
-    head = ["variant", "verdict", "starts", "tok/s", "paired vs base [95 %]", "acc/draft", "KV blocks (tokens)",
-            "ready s"]
+    head = [
+        "variant",
+        "verdict",
+        "starts",
+        "tok/s",
+        "paired vs base [95 %]",
+        "acc/draft",
+        "KV blocks (tokens)",
+        "ready s",
+    ]
     lines = [head]
     for r in table:
         p = r.paired_to_base
         ready = [f"{s.ready_s:.0f}" for s in r.starts if s.ready_s is not None]
-        lines.append([
-            r.variant, r.verdict.upper(), f"{sum(s.status == 'ok' for s in r.starts)}/{r.starts_required}",
-            _num(r.decode_median), "base" if r is table[0] else
-            (f"{p['ratio']:.3f} [{p['low']:.3f}, {p['high']:.3f}]" if p else "n/a"),
-            _num(r.accepted_per_draft), f"{r.kv_blocks} ({r.kv_tokens})" if r.kv_blocks is not None else "n/a",
-            ", ".join(ready) or "n/a"])
+        lines.append(
+            [
+                r.variant,
+                r.verdict.upper(),
+                f"{sum(s.status == 'ok' for s in r.starts)}/{r.starts_required}",
+                _num(r.decode_median),
+                "base" if r is table[0] else (f"{p['ratio']:.3f} [{p['low']:.3f}, {p['high']:.3f}]" if p else "n/a"),
+                _num(r.accepted_per_draft),
+                f"{r.kv_blocks} ({r.kv_tokens})" if r.kv_blocks is not None else "n/a",
+                ", ".join(ready) or "n/a",
+            ]
+        )
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
-    text = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    text = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False)).rstrip() for line in lines]
     return "\n".join(text + [""] + [f"{r.variant}: {r.verdict_line}" for r in table])
 
 
@@ -214,15 +264,28 @@ def junit_xml(table: list[Row], suite: str) -> str:
     from xml.etree import ElementTree as ET
 
     root = ET.Element("testsuites")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(table)),
-                       failures=str(sum(r.verdict == "fail" for r in table)),
-                       skipped=str(sum(r.verdict in ("incomplete", "none") for r in table)), errors="0")
+    ts = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(table)),
+        failures=str(sum(r.verdict == "fail" for r in table)),
+        skipped=str(sum(r.verdict in ("incomplete", "none") for r in table)),
+        errors="0",
+    )
     for r in table:
         case = ET.SubElement(ts, "testcase", classname=f"b70lab.sweep.{suite}", name=r.variant, time="0")
         props = ET.SubElement(case, "properties")
-        figures = {"verdict": r.verdict, "contract_digest": r.contract_digest, "decode_median_tok_s": r.decode_median,
-                   "paired_to_base": (r.paired_to_base or {}).get("ratio"), "accepted_per_draft": r.accepted_per_draft,
-                   "kv_blocks": r.kv_blocks, "kv_tokens": r.kv_tokens, "judged_against": r.judged_against}
+        figures = {
+            "verdict": r.verdict,
+            "contract_digest": r.contract_digest,
+            "decode_median_tok_s": r.decode_median,
+            "paired_to_base": (r.paired_to_base or {}).get("ratio"),
+            "accepted_per_draft": r.accepted_per_draft,
+            "kv_blocks": r.kv_blocks,
+            "kv_tokens": r.kv_tokens,
+            "judged_against": r.judged_against,
+        }
         for k, v in figures.items():
             ET.SubElement(props, "property", name=k, value="" if v is None else str(v))
         if r.verdict == "fail":

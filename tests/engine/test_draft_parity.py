@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from pytest_b70lab import contract, mini
-from pytest_b70lab.engine.client import served_model, stream_completion
 from pytest_b70lab.engine import command
-from pytest_b70lab.mini.draft_model import DFlashDraft, target_aux_hidden
+from pytest_b70lab.engine.client import served_model, stream_completion
 from pytest_b70lab.in_engine.draft_capture import ENV_CAPTURE
+from pytest_b70lab.mini.draft_model import DFlashDraft, target_aux_hidden
 
 pytestmark = pytest.mark.engine
 
@@ -59,31 +59,42 @@ def _rebuild(prompt: str, sequence: list[int], steps: list[dict[str, torch.Tenso
     history: dict[int, torch.Tensor] = {}
     for step in steps:
         anchor = int(step["positions"][0])
-        for pos, row in zip(step["context_positions"].tolist(), step["aux_hidden"]):
+        for pos, row in zip(step["context_positions"].tolist(), step["aux_hidden"], strict=False):
             if pos < anchor:
                 assert pos not in history, f"position {pos} entered the draft's context twice"
                 history[pos] = row
     length = max(history) + 1
     assert sorted(history) == list(range(length)), "the draft's context has holes"
-    return RequestSteps(prompt, sequence, steps, torch.stack([history[p] for p in range(length)]),
-                        torch.tensor([int(s["positions"][0]) for s in steps]),
-                        torch.tensor([int(s["input_ids"][0]) for s in steps]))
+    return RequestSteps(
+        prompt,
+        sequence,
+        steps,
+        torch.stack([history[p] for p in range(length)]),
+        torch.tensor([int(s["positions"][0]) for s in steps]),
+        torch.tensor([int(s["input_ids"][0]) for s in steps]),
+    )
 
 
 @pytest.fixture(scope="module")
 def engine_capture(b70_engine, b70_mini_model: Path, tmp_path_factory) -> list[RequestSteps]:
     capture = tmp_path_factory.mktemp("draft-capture")
     manifest = mini.load_manifest(b70_mini_model)
-    config = command.ServeConfig(model=b70_mini_model / manifest["reference"]["path"], dtype="float32",
-                                kv_cache_dtype="auto", draft=b70_mini_model / manifest["draft"]["path"],
-                                num_speculative_tokens=manifest["draft"]["num_speculative_tokens"],
-                                enforce_eager=True)
+    config = command.ServeConfig(
+        model=b70_mini_model / manifest["reference"]["path"],
+        dtype="float32",
+        kv_cache_dtype="auto",
+        draft=b70_mini_model / manifest["draft"]["path"],
+        num_speculative_tokens=manifest["draft"]["num_speculative_tokens"],
+        enforce_eager=True,
+    )
     server = b70_engine(config, "draft-parity", {ENV_CAPTURE: str(capture)})
     try:
         with server.client() as client:
             model = served_model(client)
-            completions = {name: stream_completion(client, model, prompt, TOKENS, prompt_id=name)
-                           for name, prompt in PROMPTS.items()}
+            completions = {
+                name: stream_completion(client, model, prompt, TOKENS, prompt_id=name)
+                for name, prompt in PROMPTS.items()
+            }
     finally:
         report = server.stop()
     assert report.clean, f"engine processes left behind: {report.survivors()}"
@@ -98,7 +109,7 @@ def engine_capture(b70_engine, b70_mini_model: Path, tmp_path_factory) -> list[R
         per_request[-1].append(step)
     assert len(per_request) == len(PROMPTS), [len(r) for r in per_request]
     rebuilt = []
-    for (name, done), steps in zip(completions.items(), per_request):
+    for (name, done), steps in zip(completions.items(), per_request, strict=False):
         assert len(done.token_ids) == TOKENS
         assert steps[0]["context_positions"].numel() == len(done.prompt_token_ids)
         rebuilt.append(_rebuild(name, done.prompt_token_ids + done.token_ids, steps))
@@ -108,8 +119,9 @@ def engine_capture(b70_engine, b70_mini_model: Path, tmp_path_factory) -> list[R
 @pytest.fixture(scope="module")
 def draft(b70_mini_model: Path) -> DFlashDraft:
     manifest = mini.load_manifest(b70_mini_model)
-    return DFlashDraft.from_folders(b70_mini_model / manifest["draft"]["path"],
-                                    b70_mini_model / manifest["reference"]["path"]).eval()
+    return DFlashDraft.from_folders(
+        b70_mini_model / manifest["draft"]["path"], b70_mini_model / manifest["reference"]["path"]
+    ).eval()
 
 
 def test_query_block_is_bonus_then_masks_at_the_next_positions(engine_capture, b70_mini_model: Path) -> None:
@@ -117,7 +129,7 @@ def test_query_block_is_bonus_then_masks_at_the_next_positions(engine_capture, b
     config = _draft_config(b70_mini_model)
     width, mask = config["block_size"], config["dflash_config"]["mask_token_id"]
     for request in engine_capture:
-        for step, anchor in zip(request.steps, request.anchors.tolist()):
+        for step, anchor in zip(request.steps, request.anchors.tolist(), strict=False):
             assert step["positions"].tolist() == list(range(anchor, anchor + width))
             assert step["input_ids"].tolist()[1:] == [mask] * (width - 1)
             if anchor < len(request.sequence):
@@ -133,8 +145,13 @@ def test_training_forward_equals_the_engine_draft(engine_capture, draft: DFlashD
             context = draft.combine_hidden_states(request.aux_hidden)
         for k, step in enumerate(request.steps):
             valid = step["context_positions"] < request.anchors[k]
-            torch.testing.assert_close(context[step["context_positions"][valid]], step["context_states"][valid],
-                                       rtol=0, atol=LOGIT_ATOL, msg=f"{request.prompt} step {k}: context states")
+            torch.testing.assert_close(
+                context[step["context_positions"][valid]],
+                step["context_states"][valid],
+                rtol=0,
+                atol=LOGIT_ATOL,
+                msg=f"{request.prompt} step {k}: context states",
+            )
             got, want = logits[k, 1:], step["logits"]
             assert torch.isfinite(want).all(), f"{request.prompt} step {k}: the engine's draft logits are not finite"
             diff = float((got - want).abs().max())
@@ -143,22 +160,27 @@ def test_training_forward_equals_the_engine_draft(engine_capture, draft: DFlashD
             agree, total = agree + int(same.sum()), total + same.numel()
             assert diff <= LOGIT_ATOL and bool(same.all()), (
                 f"{request.prompt} step {k} (anchor {int(request.anchors[k])}): max |logit diff| {diff:.3g}, "
-                f"argmax differs at block rows {(~same).nonzero().flatten().add(1).tolist()}")
+                f"argmax differs at block rows {(~same).nonzero().flatten().add(1).tolist()}"
+            )
     record_property("max_abs_logit_diff", worst)
     record_property("argmax_agreement", f"{agree}/{total}")
     # The trained draft is accepted for several tokens a step: the rebuilt context grows by whole runs.
     steps = sum(len(r.steps) for r in engine_capture)
-    record_property("tokens_per_drafting_step", round(sum(len(r.sequence) - len(r.steps[0]["context_positions"])
-                                                          for r in engine_capture) / steps, 2))
+    record_property(
+        "tokens_per_drafting_step",
+        round(sum(len(r.sequence) - len(r.steps[0]["context_positions"]) for r in engine_capture) / steps, 2),
+    )
 
 
-def test_target_aux_hidden_is_what_the_engine_hands_the_draft(engine_capture, draft: DFlashDraft,
-                                                              b70_mini_model: Path) -> None:
+def test_target_aux_hidden_is_what_the_engine_hands_the_draft(
+    engine_capture, draft: DFlashDraft, b70_mini_model: Path
+) -> None:
     from transformers import LagunaForCausalLM
 
     manifest = mini.load_manifest(b70_mini_model)
-    target = LagunaForCausalLM.from_pretrained(str(b70_mini_model / manifest["reference"]["path"]),
-                                               dtype=torch.float32).eval()
+    target = LagunaForCausalLM.from_pretrained(
+        str(b70_mini_model / manifest["reference"]["path"]), dtype=torch.float32
+    ).eval()
     for request in engine_capture:
         length = min(request.aux_hidden.shape[0], len(request.sequence))  # positions whose tokens were returned
         with torch.no_grad():

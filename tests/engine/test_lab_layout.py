@@ -29,11 +29,28 @@ def test_the_lab_layout_is_promotable(tmp_path: Path, b70_cache_root: Path) -> N
     assert (c.engine.tensor_parallel, c.engine.expert_parallel) == (4, True)
     run = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "tests" / "gates"), "-m", "gates", "--b70-contract", LAB_LAYOUT,
-         f"--b70-run-dir={run}", "-p", "no:cacheprovider", "-q",
-         "--b70-no-probe"],  # the layout's audits are the point: the probe is the gates lane's (saves ~20 s)
-        cwd=REPO, env={**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(REPO / "tests" / "gates"),
+            "-m",
+            "gates",
+            "--b70-contract",
+            LAB_LAYOUT,
+            f"--b70-run-dir={run}",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--b70-no-probe",
+        ],  # the layout's audits are the point: the probe is the gates lane's (saves ~20 s)
+        cwd=REPO,
+        env={**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1500,
+    )
     out = done.stdout[-8000:]
     verdict = json.loads((run / "promotion.json").read_text()) if (run / "promotion.json").exists() else {}
     assert done.returncode == 0 and verdict.get("promotable") is True, out

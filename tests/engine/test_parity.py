@@ -41,22 +41,31 @@ def transformers_greedy(b70_mini_model: Path) -> dict[str, dict[str, list[int]]]
     for name, prompt in PROMPTS.items():
         ids = tok(prompt, return_tensors="pt")["input_ids"]
         with torch.no_grad():
-            seq = model.generate(ids, max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=False,
-                                 eos_token_id=None, pad_token_id=tok.pad_token_id)
-        out[name] = {"prompt": ids[0].tolist(), "tokens": seq[0, ids.shape[1]:].tolist()}
+            seq = model.generate(
+                ids,
+                max_new_tokens=TOKENS,
+                min_new_tokens=TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=tok.pad_token_id,
+            )
+        out[name] = {"prompt": ids[0].tolist(), "tokens": seq[0, ids.shape[1] :].tolist()}
     return out
 
 
 def _serve_reference(b70_engine, model_dir: Path, name: str, env_extra=None, enforce_eager=False):
-    config = command.ServeConfig(model=model_dir / "reference", dtype="float32", kv_cache_dtype="auto",
-                                enforce_eager=enforce_eager)
+    config = command.ServeConfig(
+        model=model_dir / "reference", dtype="float32", kv_cache_dtype="auto", enforce_eager=enforce_eager
+    )
     server = b70_engine(config, name, env_extra)
     try:
         with server.client() as client:
             model = served_model(client)
             audits = audit(client)
-            completions = {name: stream_completion(client, model, prompt, TOKENS, prompt_id=name)
-                           for name, prompt in PROMPTS.items()}
+            completions = {
+                name: stream_completion(client, model, prompt, TOKENS, prompt_id=name)
+                for name, prompt in PROMPTS.items()
+            }
     finally:
         report = server.stop()
     assert report.clean, f"engine processes left behind: {report.survivors()}"
@@ -71,14 +80,18 @@ def vllm_greedy(b70_engine, b70_mini_model: Path):
 @pytest.fixture(scope="module")
 def vllm_without_bias_fix(b70_engine, b70_mini_model: Path):
     others = ",".join(n for n in fixes.FIX_NAMES if n != "moe_router_bias_load")
-    return _serve_reference(b70_engine, b70_mini_model, "parity-no-bias-fix",
-                            {fixes.ENV_SELECT: others}, enforce_eager=True)
+    return _serve_reference(
+        b70_engine, b70_mini_model, "parity-no-bias-fix", {fixes.ENV_SELECT: others}, enforce_eager=True
+    )
 
 
 def checkpoint_router_bias(model_dir: Path) -> dict[int, list[float]]:
     tensors = load_file(str(model_dir / "reference" / "model.safetensors"))
-    return {int(LAYER.search(k).group(1)): v.float().tolist()
-            for k, v in tensors.items() if k.endswith("e_score_correction_bias")}
+    return {
+        int(LAYER.search(k).group(1)): v.float().tolist()
+        for k, v in tensors.items()
+        if k.endswith("e_score_correction_bias")
+    }
 
 
 def engine_router_bias(audit: dict) -> dict[int, list[float]]:
@@ -91,10 +104,12 @@ def test_vllm_greedy_equals_transformers(prompt: str, transformers_greedy, vllm_
     got = vllm_greedy["completions"][prompt]
     assert got.prompt_token_ids == want["prompt"], "both sides must see the same prompt tokens"
     assert len(got.token_ids) == TOKENS
-    first = next((i for i, (a, b) in enumerate(zip(got.token_ids, want["tokens"])) if a != b), None)
-    assert first is None, (f"prompt {prompt!r}: vLLM and transformers diverge at token {first}: "
-                           f"vLLM {got.token_ids[first:first + 5]} vs transformers "
-                           f"{want['tokens'][first:first + 5]} (log: {vllm_greedy['log']})")
+    first = next((i for i, (a, b) in enumerate(zip(got.token_ids, want["tokens"], strict=False)) if a != b), None)
+    assert first is None, (
+        f"prompt {prompt!r}: vLLM and transformers diverge at token {first}: "
+        f"vLLM {got.token_ids[first : first + 5]} vs transformers "
+        f"{want['tokens'][first : first + 5]} (log: {vllm_greedy['log']})"
+    )
 
 
 def test_engine_loaded_the_router_bias(b70_mini_model: Path, vllm_greedy) -> None:
@@ -103,18 +118,21 @@ def test_engine_loaded_the_router_bias(b70_mini_model: Path, vllm_greedy) -> Non
     assert engine_router_bias(audit) == want
 
 
-def test_without_the_fix_the_router_bias_is_silently_zero(b70_mini_model: Path, transformers_greedy,
-                                                          vllm_without_bias_fix) -> None:
+def test_without_the_fix_the_router_bias_is_silently_zero(
+    b70_mini_model: Path, transformers_greedy, vllm_without_bias_fix
+) -> None:
     want = checkpoint_router_bias(b70_mini_model)
     (audit,) = vllm_without_bias_fix["audits"]
     got = engine_router_bias(audit)
     assert sorted(got) == sorted(want)
     assert all(any(v != 0 for v in values) for values in want.values())
-    assert all(all(v == 0 for v in values) for values in got.values()), \
+    assert all(all(v == 0 for v in values) for values in got.values()), (
         "vLLM 0.32 drops the checkpoint's router bias; if it now loads it, retire the moe_router_bias_load fix"
+    )
     log = vllm_without_bias_fix["log"].read_text()
     assert "moe_router_bias_load disabled" in log
     assert "e_score_correction_bias" not in log, "the loader said nothing about the dropped tensor"
-    diverged = [p for p in PROMPTS
-                if vllm_without_bias_fix["completions"][p].token_ids != transformers_greedy[p]["tokens"]]
+    diverged = [
+        p for p in PROMPTS if vllm_without_bias_fix["completions"][p].token_ids != transformers_greedy[p]["tokens"]
+    ]
     assert diverged, "with the bias at zero the output should differ from transformers on some prompt"

@@ -26,8 +26,8 @@ import pytest
 
 from pytest_b70lab import checkpoint, contract, host
 from pytest_b70lab.engine.starts import model_folder
-from pytest_b70lab.run_folder import TABLES_COPY, read_starts
 from pytest_b70lab.in_engine import portable_fp8
+from pytest_b70lab.run_folder import TABLES_COPY, read_starts
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
@@ -35,17 +35,35 @@ CONTRACT = "mini-laguna-cpu-path"
 
 
 def test_a_path_checkpoint_is_promotable_on_the_portable_path_with_full_load_audit_coverage(
-        tmp_path: Path, b70_cache_root: Path) -> None:
+    tmp_path: Path, b70_cache_root: Path
+) -> None:
     run_dir = tmp_path / "run"
     env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}
     emulated = host.native_fp8_possible(host.cpu_identity())
     if emulated:
         env["B70LAB_EMULATE_CPU"] = "avx2"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "tests" / "gates"), "-m", "gates", "-p", "no:cacheprovider",
-         "--b70-contract", CONTRACT, f"--b70-run-dir={run_dir}",  # not -q: the header forecasts the path
-         "--b70-no-probe"],  # the checkpoint's lane is the point: the probe is the gates lane's
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(REPO / "tests" / "gates"),
+            "-m",
+            "gates",
+            "-p",
+            "no:cacheprovider",
+            "--b70-contract",
+            CONTRACT,
+            f"--b70-run-dir={run_dir}",  # not -q: the header forecasts the path
+            "--b70-no-probe",
+        ],  # the checkpoint's lane is the point: the probe is the gates lane's
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1800,
+    )
     tail = done.stdout[-6000:]
     assert done.returncode == 0, tail
     assert "PROMOTABLE at" in tail and f"contract {CONTRACT}" in tail, tail
@@ -58,8 +76,11 @@ def test_a_path_checkpoint_is_promotable_on_the_portable_path_with_full_load_aud
         assert start.host["emulated"] == ("avx2" if emulated else None), start.host
         for audit in start.audits:
             path = audit["fp8_attention"]
-            assert (path["implementation"], path["op_library"], path["torch_cpu_capability"]) == \
-                (portable_fp8.IMPLEMENTATION, "_C_AVX2", "AVX2"), f"start-{start.start_index}: {path}"
+            assert (path["implementation"], path["op_library"], path["torch_cpu_capability"]) == (
+                portable_fp8.IMPLEMENTATION,
+                "_C_AVX2",
+                "AVX2",
+            ), f"start-{start.start_index}: {path}"
     # The tables came from reading the exported folders, not from a manifest.
     folders = {part: model_folder(getattr(contract.load(CONTRACT), part)) for part in ("target", "draft")}
     assert not any((f / "manifest.json").exists() for f in folders.values())

@@ -46,15 +46,19 @@ def degraded_copy(target: Path, out: Path, layer: int, factor: float) -> Path:
     return out
 
 
-def test_a_scaled_down_k_scale_fails_long_context_and_nothing_else(tmp_path: Path, b70_cache_root: Path,
-                                                                    b70_mini_model: Path) -> None:
+def test_a_scaled_down_k_scale_fails_long_context_and_nothing_else(
+    tmp_path: Path, b70_cache_root: Path, b70_mini_model: Path
+) -> None:
     c = contract.load("mini-laguna-cpu")
     q = c.quality
     quality_set = samples.load(contract.repo_path(q.file), q.sha256, q.count)
     target = degraded_copy(b70_mini_model / "target", tmp_path / "degraded" / "target", LAYER, FACTOR)
     models = starts.resolve_models(c, b70_cache_root)
-    models = replace(models, target_model=target,
-                     target=evidence.ModelRef(ref=str(target), digest=checkpoint.read_table(target)["digest"]))
+    models = replace(
+        models,
+        target_model=target,
+        target=evidence.ModelRef(ref=str(target), digest=checkpoint.read_table(target)["digest"]),
+    )
     run = tmp_path / "run"
     record = starts.run_start(c, models, run / "start-1", b70_cache_root / "engine-state", 1, quality=quality_set)
     assert record.status == "ok", record.failure
@@ -63,9 +67,28 @@ def test_a_scaled_down_k_scale_fails_long_context_and_nothing_else(tmp_path: Pat
     junit = tmp_path / "quality.xml"
     env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "tests" / "quality"), "-m", "quality", "-k", "not baseline",
-         "-p", "no:cacheprovider", f"--b70-evidence={run}", f"--junitxml={junit}", "-q"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(REPO / "tests" / "quality"),
+            "-m",
+            "quality",
+            "-k",
+            "not baseline",
+            "-p",
+            "no:cacheprovider",
+            f"--b70-evidence={run}",
+            f"--junitxml={junit}",
+            "-q",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+    )
     out = done.stdout[-6000:]
     assert done.returncode != 0, out
     assert "QUALITY REGRESSED: " in out, out
@@ -76,9 +99,12 @@ def test_a_scaled_down_k_scale_fails_long_context_and_nothing_else(tmp_path: Pat
         outcomes[props.get("quality_figure") or case.get("name")] = (not failed, props)
     verdict = json.loads((run / "promotion.json").read_text())["quality"]
     assert set(outcomes) == set(verdict["required"]), outcomes
-    assert {f for f, (ok, _) in outcomes.items() if not ok} == BROKEN, \
-        {f: props for f, (ok, props) in outcomes.items() if not ok}
+    assert {f for f, (ok, _) in outcomes.items() if not ok} == BROKEN, {
+        f: props for f, (ok, props) in outcomes.items() if not ok
+    }
     assert verdict["status"] == "regressed" and set(verdict["regressed"]) == BROKEN
     for figure in sorted(outcomes):
-        print(f"{figure}: {outcomes[figure][1].get('candidate_passed')}/{outcomes[figure][1].get('samples')} vs "
-              f"{outcomes[figure][1].get('baseline_passed')}, p = {outcomes[figure][1].get('p_value')}")
+        print(
+            f"{figure}: {outcomes[figure][1].get('candidate_passed')}/{outcomes[figure][1].get('samples')} vs "
+            f"{outcomes[figure][1].get('baseline_passed')}, p = {outcomes[figure][1].get('p_value')}"
+        )

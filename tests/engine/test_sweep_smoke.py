@@ -13,8 +13,8 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
-
 from browser import Tree, browse, chromium, points, traces  # tests/browser.py
+
 from pytest_b70lab import contract, evidence
 from pytest_b70lab.sweep import plan
 
@@ -22,18 +22,36 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
 BASE = "mini-laguna-cpu"
 DEPTH = 3
-SHORTEST = ["code-publish-ladder", "prose-3"]   # 57 and 64 characters: the set's two shortest prompts
+SHORTEST = ["code-publish-ladder", "prose-3"]  # 57 and 64 characters: the set's two shortest prompts
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory, b70_cache_root: Path) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("sweep") / "s"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest_b70lab.cli", "sweep", "--contract", BASE, "--out", str(out),
-         "--vary", f"speculative.num_speculative_tokens={DEPTH}", "--rounds", "1", "--prompts", ",".join(SHORTEST),
-         "--no-probe"],  # the probe is the gates lane's to test
-        cwd=REPO, env={**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}, capture_output=True, text=True,
-        timeout=1200)
+        [
+            sys.executable,
+            "-m",
+            "pytest_b70lab.cli",
+            "sweep",
+            "--contract",
+            BASE,
+            "--out",
+            str(out),
+            "--vary",
+            f"speculative.num_speculative_tokens={DEPTH}",
+            "--rounds",
+            "1",
+            "--prompts",
+            ",".join(SHORTEST),
+            "--no-probe",
+        ],  # the probe is the gates lane's to test
+        cwd=REPO,
+        env={**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     return out, done
 
 

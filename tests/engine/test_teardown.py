@@ -36,13 +36,28 @@ def test_ctrl_c_during_start_up_leaves_no_engine_behind(tmp_path: Path, b70_cach
     run_dir = tmp_path / "run"
     env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}
     session = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-m", "gates", "-p", "no:cacheprovider", "-x",
-         str(REPO / "tests" / "gates" / "test_evidence_complete.py"), f"--b70-run-dir={run_dir}",
-         "--b70-no-probe"],  # interrupted while the ranks load weights: the probe before them only costs time
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "gates",
+            "-p",
+            "no:cacheprovider",
+            "-x",
+            str(REPO / "tests" / "gates" / "test_evidence_complete.py"),
+            f"--b70-run-dir={run_dir}",
+            "--b70-no-probe",
+        ],  # interrupted while the ranks load weights: the probe before them only costs time
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         # Ctrl-C as a terminal delivers it: a session started from a background job inherits SIGINT ignored,
         # and Python then never raises KeyboardInterrupt (seen when CI itself ran as a background job).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     log = run_dir / "start-1" / "server.log"
     output = ""
     try:
@@ -65,8 +80,9 @@ def test_ctrl_c_during_start_up_leaves_no_engine_behind(tmp_path: Path, b70_cach
         if session.poll() is None:
             session.kill()
     time.sleep(2)
-    left = [(p.pid, p.name()) for p in _engine_processes(run_dir) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    left = [
+        (p.pid, p.name()) for p in _engine_processes(run_dir) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
     assert not left, f"engine processes outlived the interrupted session: {left}\n{output[-2000:]}"
     record = json.loads((run_dir / "start-1" / "evidence.json").read_text())
     assert record["status"] == "failed" and record["failure"]["message"].startswith("interrupted")

@@ -36,16 +36,16 @@ SMOKE = REPO / "tests" / "gates" / "test_evidence_complete.py"
 @dataclass
 class Row:
     id: str
-    fault: str | None                 # B70LAB_FAULT, or None
-    start_s: float                    # the contract's start deadline for this row
-    verdict: str                      # regex the verdict line must match
+    fault: str | None  # B70LAB_FAULT, or None
+    start_s: float  # the contract's start deadline for this row
+    verdict: str  # regex the verdict line must match
     ci: bool = False
     args: list[str] = field(default_factory=list)
-    signal: int | None = None         # sent to pytest once `when` is seen in the start's server.log
+    signal: int | None = None  # sent to pytest once `when` is seen in the start's server.log
     when: str | None = None
-    engine_starts: bool = True        # False: the row must stop before any engine process exists
-    rank_tails: bool = True           # False: the row ends before the ranks exist (only the server's lines)
-    absent: tuple[str, ...] = ()      # what the verdict line must not say
+    engine_starts: bool = True  # False: the row must stop before any engine process exists
+    rank_tails: bool = True  # False: the row ends before the ranks exist (only the server's lines)
+    absent: tuple[str, ...] = ()  # what the verdict line must not say
     # The preflight probe runs in the rows about it; every other row passes --b70-no-probe: the probe is
     # theirs to test, and each row would spend its ~10 s before the start the row is about.
     probe: bool = False
@@ -57,58 +57,131 @@ class Row:
 SLOW_SERVING = "slow-decode:0:900"
 
 ROWS = [
-    Row("probe-catches-collective-stall", "collective-stall:1", 120,
+    Row(
+        "probe-catches-collective-stall",
+        "collective-stall:1",
+        120,
         r"NOT PROMOTABLE: start-1 could not begin: collective probe failed: rank 0: stopped after entered, never "
         r"completed; rank 1: stopped after entered, never completed; the all_reduce did not complete within 20 s",
-        ci=True, engine_starts=False, probe=True),
-    Row("collective-stall-without-probe", "collective-stall:1", 75,
-        r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server was not ready within the 75 s start-up deadline"),
-    Row("rank-dies-loading-weights", "die-loading:1", 240,
+        ci=True,
+        engine_starts=False,
+        probe=True,
+    ),
+    Row(
+        "collective-stall-without-probe",
+        "collective-stall:1",
+        75,
+        r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server was not ready within the 75 s start-up deadline",
+    ),
+    Row(
+        "rank-dies-loading-weights",
+        "die-loading:1",
+        240,
         r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server exited with code \d+ during start-up.*; "
-        r"cause( on [\w\-]+)?: .+", ci=True),
+        r"cause( on [\w\-]+)?: .+",
+        ci=True,
+    ),
     # A rank's exception names the failure, whatever its class: not the engine core's "WorkerProc initialization
     # failed ... See stack trace for root cause", nor a bare "Traceback" line.
-    Row("rank-raises-loading-weights", "raise-loading:1", 240,
+    Row(
+        "rank-raises-loading-weights",
+        "raise-loading:1",
+        240,
         r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server exited with code \d+ during start-up.*; "
         r"cause on Worker_TP1[\w\-]*: [\w.]*InjectedFault: b70lab fault injected: rank 1 cannot load its weights",
-        ci=True, absent=("root cause", "Traceback")),
+        ci=True,
+        absent=("root cause", "Traceback"),
+    ),
     # As on a CPU without AVX-512, where the refusal comes after the compile warm-up (~2.5 min here: not in
     # make test's budget): not the executor's "died unexpectedly" that follows it, nor a bare "Traceback".
-    Row("rank-raises-allocating-kv-cache", "raise-kv-cache:1", 240,
+    Row(
+        "rank-raises-allocating-kv-cache",
+        "raise-kv-cache:1",
+        240,
         r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server exited with code \d+ during start-up.*; "
         r"cause on Worker_TP1[\w\-]*: NotImplementedError: b70lab fault injected: rank 1 refuses its FP8 KV cache",
-        absent=("died unexpectedly", "Traceback")),
-    Row("rank-killed-mid-decode", "die-decode:1:20", 240,
-        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*", ci=True),
-    Row("engine-core-exits", "engine-core-exit:20", 240,
-        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*"),
-    Row("stream-cut-mid-response", "stream-cut:10", 240,
-        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*", ci=True),
-    Row("never-ready", None, 12,
+        absent=("died unexpectedly", "Traceback"),
+    ),
+    Row(
+        "rank-killed-mid-decode",
+        "die-decode:1:20",
+        240,
+        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*",
+        ci=True,
+    ),
+    Row(
+        "engine-core-exits",
+        "engine-core-exit:20",
+        240,
+        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*",
+    ),
+    Row(
+        "stream-cut-mid-response",
+        "stream-cut:10",
+        240,
+        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*",
+        ci=True,
+    ),
+    Row(
+        "never-ready",
+        None,
+        12,
         r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server was not ready within the 12 s start-up deadline",
-        ci=True, rank_tails=False),
+        ci=True,
+        rank_tails=False,
+    ),
     Row("sigint-during-start-up-n0", None, 240, r"", signal=signal.SIGINT, when="loading weights"),
     Row("sigterm-during-start-up-n0", None, 240, r"", signal=signal.SIGTERM, when="loading weights", ci=True),
-    Row("sigint-during-the-probe-n0", None, 240, r"", signal=signal.SIGINT, when="probing", engine_starts=False,
-        probe=True),
-    Row("sigterm-during-the-probe-n2", None, 240, r"", signal=signal.SIGTERM, when="probing", engine_starts=False,
-        args=["-n", "2"], probe=True),
-    Row("sigint-during-start-up-n2", None, 240, r"", signal=signal.SIGINT, when="loading weights",
-        args=["-n", "2"]),
-    Row("sigterm-during-start-up-n2", None, 240, r"", signal=signal.SIGTERM, when="loading weights",
-        args=["-n", "2"]),
+    Row(
+        "sigint-during-the-probe-n0",
+        None,
+        240,
+        r"",
+        signal=signal.SIGINT,
+        when="probing",
+        engine_starts=False,
+        probe=True,
+    ),
+    Row(
+        "sigterm-during-the-probe-n2",
+        None,
+        240,
+        r"",
+        signal=signal.SIGTERM,
+        when="probing",
+        engine_starts=False,
+        args=["-n", "2"],
+        probe=True,
+    ),
+    Row("sigint-during-start-up-n2", None, 240, r"", signal=signal.SIGINT, when="loading weights", args=["-n", "2"]),
+    Row("sigterm-during-start-up-n2", None, 240, r"", signal=signal.SIGTERM, when="loading weights", args=["-n", "2"]),
     Row("sigint-during-decode-n0", SLOW_SERVING, 240, r"", signal=signal.SIGINT, when="serving"),
     Row("sigterm-during-decode-n0", SLOW_SERVING, 240, r"", signal=signal.SIGTERM, when="serving"),
     Row("sigint-during-decode-n2", SLOW_SERVING, 240, r"", signal=signal.SIGINT, when="serving", args=["-n", "2"]),
-    Row("sigterm-during-decode-n2", SLOW_SERVING, 240, r"", signal=signal.SIGTERM, when="serving", args=["-n", "2"],
-        ci=True),
-    Row("rank-killed-mid-decode-n2", "die-decode:1:20", 240,
-        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*", args=["-n", "2"]),
+    Row(
+        "sigterm-during-decode-n2",
+        SLOW_SERVING,
+        240,
+        r"",
+        signal=signal.SIGTERM,
+        when="serving",
+        args=["-n", "2"],
+        ci=True,
+    ),
+    Row(
+        "rank-killed-mid-decode-n2",
+        "die-decode:1:20",
+        240,
+        r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*",
+        args=["-n", "2"],
+    ),
 ]
 # When to interrupt: a file of the run folder and what it must show by then.
-WHEN = {"probing": ("probe/rank-1.jsonl", re.compile(r'"stage": "initialized"')),
-        "loading weights": ("start-1/server.log", re.compile(r"Starting to load model|Loading weights")),
-        "serving": ("start-1/server.log", re.compile(r"\"POST /v1/completions HTTP"))}
+WHEN = {
+    "probing": ("probe/rank-1.jsonl", re.compile(r'"stage": "initialized"')),
+    "loading weights": ("start-1/server.log", re.compile(r"Starting to load model|Loading weights")),
+    "serving": ("start-1/server.log", re.compile(r"\"POST /v1/completions HTTP")),
+}
 
 
 def _fault_contract(tmp_path: Path, start_s: float, paired_tolerance: float | None = None) -> Path:
@@ -143,23 +216,43 @@ def _probe_ranks(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def _run(row: Row, tmp_path: Path, cache_root: Path, tests: tuple[str, ...] = (str(SMOKE),),
-         contract: Path | None = None) -> tuple[int, str, float, Path, list[int]]:
+def _run(
+    row: Row, tmp_path: Path, cache_root: Path, tests: tuple[str, ...] = (str(SMOKE),), contract: Path | None = None
+) -> tuple[int, str, float, Path, list[int]]:
     run_dir = tmp_path / "run"
     env = {**os.environ, "B70LAB_CACHE_DIR": str(cache_root)}
     env.pop("B70LAB_FAULT", None)
     if row.fault:
         env["B70LAB_FAULT"] = row.fault
     contract = contract or _fault_contract(tmp_path, row.start_s)
-    cmd = [sys.executable, "-m", "pytest", "-m", "gates", *tests, "-p", "no:cacheprovider", "-q",
-           f"--b70-contract={contract}", f"--b70-run-dir={run_dir}", *row.args,
-           *([] if row.probe else ["--b70-no-probe"])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "gates",
+        *tests,
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--b70-contract={contract}",
+        f"--b70-run-dir={run_dir}",
+        *row.args,
+        *([] if row.probe else ["--b70-no-probe"]),
+    ]
     t0 = time.monotonic()
     # Its own process group: SIGINT goes to the whole group, as a terminal's Ctrl-C does; SIGTERM to the
     # pytest process alone, as a cancelled CI job or `kill` does.
-    session = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    session = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen_pids: set[int] = set()
     limit = row.start_s + 30 + 120  # the session's own deadline + 30 s, plus the probe and imports before it
     try:
@@ -221,7 +314,8 @@ def test_fault(row: Row, request: pytest.FixtureRequest, tmp_path: Path, b70_cac
         starts = sorted(p.parent.name for p in run_dir.glob("start-*/evidence.json"))
         assert record["status"] == "failed" and record["failure"], (
             f"{row.id}: start-1 is {record['status']!r}, expected failed (evidence of {starts}): "
-            f"{record.get('failure')}\n{out[-3000:]}")
+            f"{record.get('failure')}\n{out[-3000:]}"
+        )
         tails = record["failure"]["tails"]
         ranks = [tag for tag in tails if tag.startswith("Worker")]
         assert len(ranks) >= 2 or (not row.rank_tails and tails), f"{row.id}: last lines of {sorted(tails)}"
@@ -277,5 +371,7 @@ def test_a_slower_second_start_fails_reproduction(tmp_path: Path, b70_cache_root
     assert ratio < 1 - PAIRED_TOLERANCE, f"{row.id}: paired figure {ratio}: start-2 was not measurably slower"
     line = _verdict_line(out)
     assert line.startswith("NOT PROMOTABLE") and "fresh-start-reproduction" in out.split(line, 1)[-1][:2000], line
-    print(f"{row.id}: exit {code}, {wall:.0f} s, paired figure {ratio}, endpoint medians "
-          f"{test['observed'].get('endpoint_medians')}")
+    print(
+        f"{row.id}: exit {code}, {wall:.0f} s, paired figure {ratio}, endpoint medians "
+        f"{test['observed'].get('endpoint_medians')}"
+    )

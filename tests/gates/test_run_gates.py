@@ -23,8 +23,15 @@ def test_spec_counters(b70_start_evidence, b70_contract, b70_verdict) -> None:
 
 @pytest.mark.b70_gate("load-audit")
 def test_load_audit(b70_start_evidence, b70_contract, b70_checkpoints, b70_verdict) -> None:
-    b70_verdict(gates.load_audit(b70_start_evidence, b70_contract, b70_checkpoints.get("target"),
-                                 b70_checkpoints.get("draft"), b70_checkpoints.get("problems")))
+    b70_verdict(
+        gates.load_audit(
+            b70_start_evidence,
+            b70_contract,
+            b70_checkpoints.get("target"),
+            b70_checkpoints.get("draft"),
+            b70_checkpoints.get("problems"),
+        )
+    )
 
 
 @pytest.mark.b70_gate("fresh-start-reproduction")

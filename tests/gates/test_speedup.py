@@ -21,12 +21,15 @@ def test_speedup_over_target_only(request: pytest.FixtureRequest, b70_evidence, 
     assert target_only.status == "ok", f"the target-only start failed: {target_only.failure}"
     candidate = [s for s in b70_evidence if s.status == "ok"]
     try:
-        figure = compare.speedup_figure(Run(kind_dir(b70_state.run_dir, "teacher"), (target_only,), None),
-                                        Run(b70_state.run_dir, tuple(candidate), None))
+        figure = compare.speedup_figure(
+            Run(kind_dir(b70_state.run_dir, "teacher"), (target_only,), None),
+            Run(b70_state.run_dir, tuple(candidate), None),
+        )
     except compare.CompareError as e:
         pytest.fail(str(e), pytrace=False)
     for key in ("ratio", "low", "high", "ratio_of_medians", "outputs_identical"):
         record_property(f"speedup_{key}", figure[key])
     record_property("b70_speedup", json.dumps(figure))
-    assert figure["outputs_identical"] == figure["prompts"], \
+    assert figure["outputs_identical"] == figure["prompts"], (
         "the candidate's tokens differ from its target-only start's: that is not a speed-up (teacher-exactness says where)"
+    )

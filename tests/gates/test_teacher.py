@@ -14,8 +14,9 @@ pytestmark = pytest.mark.teacher
 
 
 def test_record_teacher(b70_prompt, b70_contract, b70_teacher_evidence, snapshot) -> None:
-    assert b70_teacher_evidence.status == "ok", \
+    assert b70_teacher_evidence.status == "ok", (
         f"the teacher start failed: {b70_teacher_evidence.failure.message if b70_teacher_evidence.failure else '?'}"
+    )
     assert b70_teacher_evidence.role == "teacher" and b70_teacher_evidence.draft is None
     record = teacher.payload(b70_contract, b70_teacher_evidence, b70_prompt)
     assert snapshot(extension_class=teacher.snapshot_extension(b70_contract)) == record

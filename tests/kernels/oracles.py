@@ -31,9 +31,9 @@ import torch.nn.functional as F
 
 E4M3_MAX = 448.0
 LARGEST_FINITE_MAGNITUDE_CODE = 0x7E  # 448; 0x7F is NaN
-SMALLEST_NORMAL = 2.0 ** -6
+SMALLEST_NORMAL = 2.0**-6
 # vLLM's CPU write adds 2^-6 to a subnormal |y| in fp32 before truncating: fp32's spacing on [2^-6, 2^-5)
-SUBNORMAL_GRID = 2.0 ** -29
+SUBNORMAL_GRID = 2.0**-29
 
 
 def _e4m3_value(code: int) -> float:
@@ -42,13 +42,13 @@ def _e4m3_value(code: int) -> float:
     if exponent == 0xF and mantissa == 0x7:
         return math.nan
     if exponent == 0:
-        return sign * mantissa * 2.0 ** -9  # subnormal: 0.mmm x 2^-6
+        return sign * mantissa * 2.0**-9  # subnormal: 0.mmm x 2^-6
     return sign * (1 + mantissa / 8) * 2.0 ** (exponent - 7)
 
 
 # value of each of the 256 codes (NaN at 0x7F and 0xFF); the magnitudes 0x00..0x7E ascend from 0 to 448
 CODE_VALUES = torch.tensor([_e4m3_value(c) for c in range(256)], dtype=torch.float32)
-MAGNITUDES = CODE_VALUES[:LARGEST_FINITE_MAGNITUDE_CODE + 1].contiguous()
+MAGNITUDES = CODE_VALUES[: LARGEST_FINITE_MAGNITUDE_CODE + 1].contiguous()
 
 
 def quotient(x: torch.Tensor, scale: float, rounding: str) -> torch.Tensor:
@@ -120,6 +120,7 @@ def code_steps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
 
 # --- attention ----------------------------------------------------------------------------------------
 
+
 def dequantize(codes: torch.Tensor, scale: float) -> torch.Tensor:
     return CODE_VALUES[codes.long()] * scale
 
@@ -135,16 +136,23 @@ def visibility_mask(ctx_len: int, q_len: int, causal: bool = True) -> torch.Tens
     return keys <= ctx_len + rows
 
 
-def sdpa_attention(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                   ctx_lens: list[int], q_lens: list[int], causal: bool = True) -> torch.Tensor:
+def sdpa_attention(
+    query: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    ctx_lens: list[int],
+    q_lens: list[int],
+    causal: bool = True,
+) -> torch.Tensor:
     """fp32 attention per sequence through torch's SDPA. query [sum q, H, D]; keys and values per sequence
     [S, KVH, D]. Query head h reads KV head h // (H / KVH) (enable_gqa), the convention vLLM uses."""
     dim = query.shape[-1]
     out = []
-    for q, k, v, ctx, ql in zip(query.split(q_lens), keys, values, ctx_lens, q_lens):
+    for q, k, v, ctx, ql in zip(query.split(q_lens), keys, values, ctx_lens, q_lens, strict=False):
         heads_first = [t.float().transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # [1, heads, tokens, D]
-        o = F.scaled_dot_product_attention(*heads_first, attn_mask=visibility_mask(ctx, ql, causal),
-                                           scale=dim ** -0.5, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            *heads_first, attn_mask=visibility_mask(ctx, ql, causal), scale=dim**-0.5, enable_gqa=True
+        )
         out.append(o[0].transpose(0, 1))
     return torch.cat(out) if out else torch.zeros(0, *query.shape[1:])
 

@@ -43,8 +43,10 @@ def test_vllm_xpu_without_an_xpu_is_unavailable(monkeypatch) -> None:
     monkeypatch.setattr(discovery, "_has_xpu", lambda: False)
     found = discovery._vllm_xpu()
     assert len(found) == 1 and isinstance(found[0], kernels.Unavailable)
-    assert found[0].reason == ("no XPU device here (torch.xpu.is_available() is False): vLLM's XPU ops "
-                               "(vllm-xpu-kernels) run where the B70 cards are")
+    assert found[0].reason == (
+        "no XPU device here (torch.xpu.is_available() is False): vLLM's XPU ops "
+        "(vllm-xpu-kernels) run where the B70 cards are"
+    )
 
 
 def test_vllm_xpu_on_an_xpu_host_without_the_package_is_unavailable(monkeypatch) -> None:
@@ -68,8 +70,10 @@ def test_ipex_not_installed_is_unavailable(monkeypatch) -> None:
     monkeypatch.setattr(discovery, "_importable", lambda module: False)
     found = discovery._ipex()
     assert isinstance(found[0], kernels.Unavailable) and found[0].name == "ipex"
-    assert found[0].reason == ("intel-extension-for-pytorch is not installed here (it pins its own torch; "
-                               "`make kernels-ipex` runs these tests in .venv-ipex)")
+    assert found[0].reason == (
+        "intel-extension-for-pytorch is not installed here (it pins its own torch; "
+        "`make kernels-ipex` runs these tests in .venv-ipex)"
+    )
 
 
 def test_ipex_beside_another_torch_is_broken_without_importing_it(monkeypatch) -> None:
@@ -78,8 +82,10 @@ def test_ipex_beside_another_torch_is_broken_without_importing_it(monkeypatch) -
     monkeypatch.setitem(sys.modules, "intel_extension_for_pytorch", None)  # an import would fail: none happens
     found = discovery._ipex()
     assert isinstance(found[0], kernels.Broken), found
-    assert found[0].error == (f"intel-extension-for-pytorch 1.99.0 is installed beside torch {torch.__version__}: "
-                              f"it loads only with torch 1.99.*")
+    assert found[0].error == (
+        f"intel-extension-for-pytorch 1.99.0 is installed beside torch {torch.__version__}: "
+        f"it loads only with torch 1.99.*"
+    )
 
 
 class _RefusingIpex:

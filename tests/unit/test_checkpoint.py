@@ -17,8 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pytest_b70lab import checkpoint, cli, digests, mini
-from pytest_b70lab.engine import starts
 from pytest_b70lab.checkpoint import CheckpointError
+from pytest_b70lab.engine import starts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,6 +46,7 @@ def target_copy(tmp_path: Path, b70_mini_model: Path) -> Path:
 
 
 # --- the mini: folder against manifest --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("part", ["target", "draft"])
 def test_table_of_a_mini_folder_equals_the_manifest_table(part: str, tmp_path: Path, b70_mini_model: Path) -> None:
@@ -95,6 +96,7 @@ def test_large_tensors_are_summed_in_row_chunks(monkeypatch: pytest.MonkeyPatch,
 
 # --- the per-file cache -----------------------------------------------------------------------------------
 
+
 def _file_count(folder: Path) -> int:
     """Files a table reads: every file of the checkpoint folder (config, tokenizer, chat template, weights)."""
     return sum(1 for p in folder.iterdir() if p.is_file())
@@ -115,7 +117,9 @@ def test_two_readers_at_once_read_each_file_once(tmp_path: Path, b70_mini_model:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2) as pool:
-        tables = list(pool.map(lambda _: checkpoint.read_table(b70_mini_model / "target", tmp_path / "cache"), range(2)))
+        tables = list(
+            pool.map(lambda _: checkpoint.read_table(b70_mini_model / "target", tmp_path / "cache"), range(2))
+        )
     n = _file_count(b70_mini_model / "target")
     assert sum(t["read"]["files_read"] for t in tables) == n
     assert sum(t["read"]["files_cached"] for t in tables) == n
@@ -130,7 +134,7 @@ def test_a_corrupted_cache_entry_is_read_again(tmp_path: Path, b70_mini_model: P
     assert len(entries) == n
     weights = next(p for p in entries if "tensors" in json.loads(p.read_bytes()))
     others = [p for p in entries if p != weights]
-    others[0].write_bytes(others[0].read_bytes()[:40])          # cut short
+    others[0].write_bytes(others[0].read_bytes()[:40])  # cut short
     others[1].write_text(json.dumps({"format": checkpoint.CACHE_FORMAT, "key": "someone else's"}))
     others[2].write_bytes(b"\x00\xff not json")
     weights.write_text(json.dumps({**json.loads(weights.read_bytes()), "tensors": {"x": 5}}))  # right key, bad body
@@ -172,6 +176,7 @@ def test_an_edited_file_is_read_again(tmp_path: Path, target_copy: Path) -> None
 
 # --- bad inputs: a CheckpointError naming the file --------------------------------------------------------
 
+
 def test_a_missing_folder_is_named(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=str(tmp_path / "nowhere")):
         checkpoint.read_table(tmp_path / "nowhere", None)
@@ -193,8 +198,9 @@ def test_a_truncated_safetensors_file_is_named(keep, tmp_path: Path, target_copy
 
 
 def test_an_index_naming_a_missing_shard_is_named(target_copy: Path) -> None:
-    (target_copy / checkpoint.INDEX_FILE).write_text(json.dumps(
-        {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    (target_copy / checkpoint.INDEX_FILE).write_text(
+        json.dumps({"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}})
+    )
     with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors"):
         checkpoint.read_table(target_copy, None)
 
@@ -206,6 +212,7 @@ def test_a_corrupted_config_is_named(target_copy: Path) -> None:
 
 
 # --- a pack-quantized INT4 checkpoint ---------------------------------------------------------------------
+
 
 def _pack_quantized(folder: Path) -> dict[str, torch.Tensor]:
     """A two-layer compressed-tensors pack-quantized checkpoint (INT4, group 32, symmetric), packed by the
@@ -237,14 +244,23 @@ def _pack_quantized(folder: Path) -> dict[str, torch.Tensor]:
     folder.mkdir()
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     quantization = {
-        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": args.model_dump(mode="json"),
-                                      "input_activations": None, "output_activations": None}},
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": args.model_dump(mode="json"),
+                "input_activations": None,
+                "output_activations": None,
+            }
+        },
         "ignore": ["lm_head"],
         "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
     }
-    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
-                                                    "quantization_config": quantization}))
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "quantization_config": quantization})
+    )
     return int4
 
 
@@ -272,30 +288,42 @@ def test_a_pack_quantized_checkpoint_is_tabled_in_its_checkpoint_form(tmp_path: 
         assert torch.equal(unpack_from_int32(words, 4, shape), values)
         assert int(values.min()) >= -8 and int(values.max()) <= 7
     for name, tensor in stored.items():  # moments against an independent float64 computation
-        as_float64 = tensor.numpy().astype("float64") if tensor.dtype != torch.bfloat16 else tensor.float().numpy().astype("float64")
-        want = {"sum": float(as_float64.sum()), "sumsq": float((as_float64 ** 2).sum()), "numel": as_float64.size}
+        as_float64 = (
+            tensor.numpy().astype("float64")
+            if tensor.dtype != torch.bfloat16
+            else tensor.float().numpy().astype("float64")
+        )
+        want = {"sum": float(as_float64.sum()), "sumsq": float((as_float64**2).sum()), "numel": as_float64.size}
         assert _same_moments(table["tensors"][name]["moments"], want), name
-    assert any(abs(t["moments"]["sum"]) > 2 ** 31 for n, t in table["tensors"].items() if n.endswith("_packed"))
+    assert any(abs(t["moments"]["sum"]) > 2**31 for n, t in table["tensors"].items() if n.endswith("_packed"))
 
-    expected = {f"model.layers.{i}.self_attn.attn": (float(stored[f"model.layers.{i}.self_attn.k_proj.output_scale"]),
-                                                     float(stored[f"model.layers.{i}.self_attn.v_proj.output_scale"]))
-                for i in range(2)}
+    expected = {
+        f"model.layers.{i}.self_attn.attn": (
+            float(stored[f"model.layers.{i}.self_attn.k_proj.output_scale"]),
+            float(stored[f"model.layers.{i}.self_attn.v_proj.output_scale"]),
+        )
+        for i in range(2)
+    }
     assert table["kv_scales"] == {layer: {"k_scale": k, "v_scale": v} for layer, (k, v) in expected.items()}
     assert table["kv_scale_count"] == 4 and table["kv_scale_digest"] == digests.kv_scale_digest(expected)
 
 
-@pytest.mark.parametrize(("name", "engine"), [
-    ("model.layers.3.self_attn.k_scale", ("model.layers.3.self_attn.attn", "k_scale")),
-    ("model.layers.3.self_attn.attn.v_scale", ("model.layers.3.self_attn.attn", "v_scale")),
-    ("model.layers.3.self_attn.v_proj.output_scale", ("model.layers.3.self_attn.attn", "v_scale")),
-    ("model.layers.3.self_attn.q_proj.output_scale", None),
-    ("model.layers.3.self_attn.k_proj.weight_scale", None),
-])
+@pytest.mark.parametrize(
+    ("name", "engine"),
+    [
+        ("model.layers.3.self_attn.k_scale", ("model.layers.3.self_attn.attn", "k_scale")),
+        ("model.layers.3.self_attn.attn.v_scale", ("model.layers.3.self_attn.attn", "v_scale")),
+        ("model.layers.3.self_attn.v_proj.output_scale", ("model.layers.3.self_attn.attn", "v_scale")),
+        ("model.layers.3.self_attn.q_proj.output_scale", None),
+        ("model.layers.3.self_attn.k_proj.weight_scale", None),
+    ],
+)
 def test_kv_scale_names_map_to_the_engine_attention_layer(name: str, engine) -> None:
     assert checkpoint.engine_kv_scale(name) == engine
 
 
 # --- a Hugging Face cache snapshot ------------------------------------------------------------------------
+
 
 def test_a_model_absent_from_the_hub_cache_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
@@ -326,8 +354,9 @@ def _lay_hub_snapshot(cache: Path, hub_id: str, commit: str, files: Path) -> Pat
     return snapshot
 
 
-def test_a_hub_snapshot_is_read_with_its_blob_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    b70_mini_model: Path) -> None:
+def test_a_hub_snapshot_is_read_with_its_blob_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, b70_mini_model: Path
+) -> None:
     from huggingface_hub import scan_cache_dir
 
     hub, commit, hub_id = tmp_path / "hub", "0123456789abcdef0123456789abcdef01234567", "b70lab/mini-target"
@@ -353,8 +382,10 @@ def test_a_hub_snapshot_is_read_with_its_blob_names(tmp_path: Path, monkeypatch:
 
 # --- the command line -------------------------------------------------------------------------------------
 
-def test_contract_derive_prints_the_mini_contracts_pins(tmp_path: Path, b70_mini_model: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+
+def test_contract_derive_prints_the_mini_contracts_pins(
+    tmp_path: Path, b70_mini_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pinned = tomllib.loads((REPO / "fixtures" / "contracts" / "mini-laguna-cpu.toml").read_text())["expect"]
     assert cli.main(["contract", "derive", str(b70_mini_model / "target"), "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -371,16 +402,18 @@ def test_contract_derive_prints_the_mini_contracts_pins(tmp_path: Path, b70_mini
 
 
 @pytest.mark.parametrize("spec", ["{tmp}/nowhere", "someone/absent@main"])
-def test_contract_derive_of_a_missing_checkpoint_exits_2(spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_contract_derive_of_a_missing_checkpoint_exits_2(
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     assert cli.main(["contract", "derive", spec.format(tmp=tmp_path), "--cache-dir", str(tmp_path)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith("b70lab: ") and "Traceback" not in captured.err
 
 
-def test_mini_export_writes_plain_folders(tmp_path: Path, b70_cache_root: Path, b70_mini_model: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_mini_export_writes_plain_folders(
+    tmp_path: Path, b70_cache_root: Path, b70_mini_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "export"
     assert cli.main(["mini", "export", str(out), "--cache-dir", str(b70_cache_root)]) == 0
     assert capsys.readouterr().out.strip() == str(out)
@@ -397,7 +430,10 @@ def test_mini_export_writes_plain_folders(tmp_path: Path, b70_cache_root: Path, 
 
     (out / "draft" / "config.json").write_text("{}")  # damaged: exported again
     assert mini.export_plain(b70_mini_model, out) == out
-    assert digests.file_sha256(out / "draft" / "config.json") == mini.load_manifest(b70_mini_model)["files"]["draft/config.json"]
+    assert (
+        digests.file_sha256(out / "draft" / "config.json")
+        == mini.load_manifest(b70_mini_model)["files"]["draft/config.json"]
+    )
 
 
 def test_mini_export_refuses_a_folder_it_did_not_write(tmp_path: Path, b70_mini_model: Path) -> None:
@@ -407,8 +443,9 @@ def test_mini_export_refuses_a_folder_it_did_not_write(tmp_path: Path, b70_mini_
     assert (tmp_path / "precious.txt").read_text() == "keep me"
 
 
-def test_a_stale_mini_export_is_refreshed_and_a_foreign_folder_is_not(tmp_path: Path, b70_cache_root: Path,
-                                                                      b70_mini_model: Path) -> None:
+def test_a_stale_mini_export_is_refreshed_and_a_foreign_folder_is_not(
+    tmp_path: Path, b70_cache_root: Path, b70_mini_model: Path
+) -> None:
     """An export left by an earlier mini (its mark says it is ours) is replaced by the current mini's; a
     folder without the mark is somebody's checkpoint and is served as it is."""
     from pytest_b70lab import contract

@@ -34,8 +34,11 @@ def rewrite(run: Path, start: int, change: Any) -> None:
 def expected_changes(a: Any, b: Any, prefix: str = "") -> set[str]:
     """The spec of the contract diff, written independently: dotted keys down to where both sides are dicts."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return {key for k in a.keys() | b.keys()
-                for key in expected_changes(a.get(k, "<none>"), b.get(k, "<none>"), f"{prefix}.{k}".lstrip("."))}
+        return {
+            key
+            for k in a.keys() | b.keys()
+            for key in expected_changes(a.get(k, "<none>"), b.get(k, "<none>"), f"{prefix}.{k}".lstrip("."))
+        }
     return set() if a == b else {prefix}
 
 
@@ -66,8 +69,10 @@ def test_a_run_against_itself_changes_nothing(candidate: Path) -> None:
     assert all(p.starts_agree_a and p.starts_agree_b for p in c.prompts)
     assert c.speed.ratio == 1.0 and c.speed.low <= 1.0 <= c.speed.high
     assert c.speed.paired is not None and c.speed.paired.ratio == 1.0
-    assert c.headline().startswith("speed B/A paired 1.000 [1.000, 1.000], of medians 1.000 [1.000, 1.000] "
-                                   "(95 %, 6 prompts); outputs identical on 6/6 prompts; contract: identical")
+    assert c.headline().startswith(
+        "speed B/A paired 1.000 [1.000, 1.000], of medians 1.000 [1.000, 1.000] "
+        "(95 %, 6 prompts); outputs identical on 6/6 prompts; contract: identical"
+    )
     assert "only the speed changed" in compare.format_comparison(c)
 
 
@@ -89,16 +94,20 @@ def test_the_candidate_against_its_teacher(candidate: Path, teacher: Path) -> No
         assert p.identical == (a.starts[0].request(p.prompt_id).token_ids == tokens_b[p.prompt_id])
     assert c.identical_outputs == sum(r.token_ids == tokens_b[r.prompt_id] for r in a.starts[0].requests)
 
-    rates_a = [statistics.median(r.decode_rate for s in a.starts for r in s.requests if r.prompt_id == pid)
-               for pid in tokens_b]
+    rates_a = [
+        statistics.median(r.decode_rate for s in a.starts for r in s.requests if r.prompt_id == pid) for pid in tokens_b
+    ]
     rates_b = [b.starts[0].request(pid).decode_rate for pid in tokens_b]
     assert c.speed.ratio == pytest.approx(statistics.median(rates_b) / statistics.median(rates_a))
     assert c.speed.paired is not None and c.speed.paired.ratio == pytest.approx(
-        statistics.geometric_mean([rb / ra for ra, rb in zip(rates_a, rates_b)]))
+        statistics.geometric_mean([rb / ra for ra, rb in zip(rates_a, rates_b, strict=False)])
+    )
     assert c.speed.paired.high < 1
     assert c.speed.high < 1, "the teacher decodes without drafts: slower, beyond the interval"
     assert not c.only_speed_changed
-    assert "contract: 7 fields differ" in c.headline()  # name, kind, description, draft, speculative, expect.compile_graphs and .draft_unit_scale_layers
+    assert (
+        "contract: 7 fields differ" in c.headline()
+    )  # name, kind, description, draft, speculative, expect.compile_graphs and .draft_unit_scale_layers
     text = compare.format_comparison(c)
     assert "kind: candidate -> teacher" in text and "more than the speed changed" in text
 
@@ -110,6 +119,7 @@ def test_one_changed_token_is_found_where_it_is(candidate: Path, tmp_path: Path,
 
     def change(record: evidence.Evidence) -> None:
         record.requests[prompt].token_ids[position] += 1
+
     rewrite(mutated, 1, change)
 
     c = compare.compare_runs(compare.load_run(candidate), compare.load_run(mutated))
@@ -129,9 +139,13 @@ def test_a_shorter_output_differs_at_its_end(candidate: Path, tmp_path: Path) ->
 
     def change(record: evidence.Evidence) -> None:
         record.requests[1].token_ids.pop()
+
     rewrite(mutated, 1, change)
-    (p,) = [p for p in compare.compare_runs(compare.load_run(candidate), compare.load_run(mutated)).prompts
-            if not p.identical]
+    (p,) = [
+        p
+        for p in compare.compare_runs(compare.load_run(candidate), compare.load_run(mutated)).prompts
+        if not p.identical
+    ]
     assert (p.position, p.token_b, p.length_a, p.length_b) == (99, None, 100, 99)
 
 
@@ -141,6 +155,7 @@ def test_a_faster_run_reads_as_its_ratio(candidate: Path, tmp_path: Path) -> Non
     def scale(record: evidence.Evidence) -> None:
         for r in record.requests:
             r.chunk_times = [t / 1.5 for t in r.chunk_times]
+
     for start in (1, 2):
         rewrite(faster, start, scale)
 
@@ -168,10 +183,12 @@ def test_where_a_start_lived_is_not_a_difference(candidate: Path, tmp_path: Path
         cmd = record.engine.command
         cmd[cmd.index("--uds") + 1] = "/tmp/b70lab-abc123/engine.sock"
         record.engine.command = [w.replace("<repo>", "/srv/lab/checkout") for w in cmd]
-        record.engine.environment = {k: v.replace("<repo>", "/srv/lab/checkout")
-                                     for k, v in record.engine.environment.items()}
+        record.engine.environment = {
+            k: v.replace("<repo>", "/srv/lab/checkout") for k, v in record.engine.environment.items()
+        }
         record.engine.environment["B70LAB_SOCKET"] = "/tmp/b70lab-abc123/engine.sock"
         record.target.ref = record.target.ref.replace("<repo>", "/srv/lab/checkout")
+
     rewrite(elsewhere, 1, move)
 
     c = compare.compare_runs(compare.load_run(candidate), compare.load_run(elsewhere))
@@ -185,6 +202,7 @@ def test_a_changed_flag_and_version_are_named(candidate: Path, tmp_path: Path) -
         cmd = record.engine.command
         cmd[cmd.index("--block-size") + 1] = "16"
         record.engine.vllm_version = "0.33.0"
+
     rewrite(other, 1, change)
     c = compare.compare_runs(compare.load_run(candidate), compare.load_run(other))
     assert [ch.line() for ch in c.flags] == ["--block-size: 32 -> 16"]
@@ -192,6 +210,7 @@ def test_a_changed_flag_and_version_are_named(candidate: Path, tmp_path: Path) -
 
 
 # --- bad inputs ---------------------------------------------------------------------------------------
+
 
 def test_a_missing_folder_is_named(tmp_path: Path) -> None:
     with pytest.raises(CompareError, match="no run folder at") as err:
@@ -213,8 +232,9 @@ def test_corrupted_evidence_is_named(candidate: Path) -> None:
     assert str(path) in str(err.value)
 
 
-@pytest.mark.parametrize(("content", "message"), [("{truncated", "is not valid JSON"),
-                                                   ("[1, 2]", "is not a b70lab promotion verdict")])
+@pytest.mark.parametrize(
+    ("content", "message"), [("{truncated", "is not valid JSON"), ("[1, 2]", "is not a b70lab promotion verdict")]
+)
 def test_a_corrupted_verdict_is_named(candidate: Path, content: str, message: str) -> None:
     path = candidate / compare.PROMOTION
     path.write_text(content)
@@ -225,43 +245,64 @@ def test_a_corrupted_verdict_is_named(candidate: Path, content: str, message: st
 
 # --- show and the last promoted run ---------------------------------------------------------------------
 
+
 def test_show_says_what_ran_and_the_verdict(candidate: Path) -> None:
     record = evidence.read(candidate / "start-1")
     text = compare.show(compare.load_run(candidate))
-    for expected in (record.contract.name, record.contract.digest, record.target.digest, record.draft.digest,
-                     "vllm 0.32.0", "--kv-cache-dtype fp8", "start-1  ok", "start-2  ok", f"ready {record.ready_s:.1f} s",
-                     f"endpoint median {record.throughput.endpoint_median:.2f} tok/s",
-                     f"verdict   No verdict recorded: {candidate.name} has no promotion.json",
-                     f"machine   {host.describe(record.host)}; FP8 attention {host.fp8_attention_ran(record.audits)}"):
+    for expected in (
+        record.contract.name,
+        record.contract.digest,
+        record.target.digest,
+        record.draft.digest,
+        "vllm 0.32.0",
+        "--kv-cache-dtype fp8",
+        "start-1  ok",
+        "start-2  ok",
+        f"ready {record.ready_s:.1f} s",
+        f"endpoint median {record.throughput.endpoint_median:.2f} tok/s",
+        f"verdict   No verdict recorded: {candidate.name} has no promotion.json",
+        f"machine   {host.describe(record.host)}; FP8 attention {host.fp8_attention_ran(record.audits)}",
+    ):
         assert expected in text
     assert "--uds" not in text
 
-    (candidate / compare.PROMOTION).write_text(json.dumps(
-        {"promotable": True, "complete": True, "endpoint_medians_tok_s": [193.45, 194.62]}))
+    (candidate / compare.PROMOTION).write_text(
+        json.dumps({"promotable": True, "complete": True, "endpoint_medians_tok_s": [193.45, 194.62]})
+    )
     # The headline every surface prints (verdict.recorded_headline): the terminal's and the report's line.
-    assert ("verdict   PROMOTABLE at 193.45 / 194.62 tok/s median (start-1 / start-2) - contract "
-            f"{record.contract.name} (0/0 required gate subjects passed)") in compare.show(compare.load_run(candidate))
-    (candidate / compare.PROMOTION).write_text(json.dumps(
-        {"promotable": False, "complete": True, "failed_gates": ["teacher_exactness"], "problems": []}))
-    assert (f"verdict   NOT PROMOTABLE - contract {record.contract.name}: failed gates: teacher_exactness"
-            in compare.show(compare.load_run(candidate)))
+    assert (
+        "verdict   PROMOTABLE at 193.45 / 194.62 tok/s median (start-1 / start-2) - contract "
+        f"{record.contract.name} (0/0 required gate subjects passed)"
+    ) in compare.show(compare.load_run(candidate))
+    (candidate / compare.PROMOTION).write_text(
+        json.dumps({"promotable": False, "complete": True, "failed_gates": ["teacher_exactness"], "problems": []})
+    )
+    assert (
+        f"verdict   NOT PROMOTABLE - contract {record.contract.name}: failed gates: teacher_exactness"
+        in compare.show(compare.load_run(candidate))
+    )
 
 
 def test_the_last_promoted_run(tmp_path: Path) -> None:
-    verdicts = {"old": {"promotable": True, "complete": True}, "newer": {"promotable": True, "complete": True},
-                "failed": {"promotable": False, "complete": True}, "partial": {"promotable": True, "complete": False},
-                "corrupt": None}
+    verdicts = {
+        "old": {"promotable": True, "complete": True},
+        "newer": {"promotable": True, "complete": True},
+        "failed": {"promotable": False, "complete": True},
+        "partial": {"promotable": True, "complete": False},
+        "corrupt": None,
+    }
     for age, (name, verdict) in enumerate(reversed(verdicts.items())):
         (tmp_path / name).mkdir()
         path = tmp_path / name / compare.PROMOTION
         path.write_text("{broken" if verdict is None else json.dumps(verdict))
-        os.utime(path, (1_000_000 - age * 10, 1_000_000 - age * 10))   # "old" is the oldest
+        os.utime(path, (1_000_000 - age * 10, 1_000_000 - age * 10))  # "old" is the oldest
     assert compare.last_promoted_run(tmp_path) == tmp_path / "newer"
     assert compare.last_promoted_run(tmp_path, exclude=tmp_path / "newer") == tmp_path / "old"
     assert compare.last_promoted_run(tmp_path / "failed") is None
 
 
 # --- the command line -----------------------------------------------------------------------------------
+
 
 def test_cli_show_and_diff(candidate: Path, teacher: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["evidence", "show", str(teacher)]) == 0
@@ -279,8 +320,9 @@ def test_cli_show_and_diff(candidate: Path, teacher: Path, capsys: pytest.Captur
     assert data["headline"].startswith("speed B/A paired 0.")
 
 
-def test_cli_errors_are_one_line_naming_the_file(tmp_path: Path, candidate: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_errors_are_one_line_naming_the_file(
+    tmp_path: Path, candidate: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli.main(["evidence", "show", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err == f"b70lab: no run folder at {tmp_path / 'nowhere'}\n"
     (candidate / compare.PROMOTION).write_text("{broken")

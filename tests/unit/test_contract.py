@@ -20,10 +20,14 @@ def test_the_shipped_contracts_load() -> None:
 
 def test_production_contract_holds_the_seed_values() -> None:
     c = contract.load("laguna-s-2.1-int4-fp8kv-b70")
-    assert (c.target.hub_id, c.target.revision) == ("poolside/Laguna-S-2.1-INT4",
-                                                    "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb")
-    assert (c.draft.hub_id, c.draft.revision) == ("poolside/Laguna-S-2.1-DFlash-INT4",
-                                                  "5e07c246915c86dc6920fead03d019989224f2ba")
+    assert (c.target.hub_id, c.target.revision) == (
+        "poolside/Laguna-S-2.1-INT4",
+        "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb",
+    )
+    assert (c.draft.hub_id, c.draft.revision) == (
+        "poolside/Laguna-S-2.1-DFlash-INT4",
+        "5e07c246915c86dc6920fead03d019989224f2ba",
+    )
     assert (c.engine.tensor_parallel, c.engine.expert_parallel, c.engine.kv_cache_dtype) == (4, True, "fp8")
     assert c.engine.calculate_kv_scales is False
     assert (c.expect.target_kv_scale_count, c.expect.draft_unit_scale_layers) == (96, 6)
@@ -52,8 +56,9 @@ def test_the_teacher_expects_the_targets_graphs_alone() -> None:
     recorded = evidence.read(Path(__file__).parents[2] / "fixtures/evidence/mini-laguna-cpu-teacher/start-1")
     for rank in range(c.engine.tensor_parallel):
         assert gates.compile_topology(recorded, rank, c.teacher()).passed
-        assert not gates.compile_topology(recorded, rank, c.teacher().model_copy(
-            update={"expect": c.expect})).passed, "the candidate's count is not the target's alone"
+        assert not gates.compile_topology(recorded, rank, c.teacher().model_copy(update={"expect": c.expect})).passed, (
+            "the candidate's count is not the target's alone"
+        )
     production = contract.load("laguna-s-2.1-int4-fp8kv-b70")
     assert production.teacher().expect.compile_graphs == production.expect.compile_graphs
 
@@ -77,33 +82,55 @@ def _mutated(tmp_path: Path, old: str, new: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize(("old", "new", "message"), [
-    ("block_size = 32", "block_size = \"32\"", "engine.block_size"),
-    ("block_size = 32", "block_size = 32\nblock_sise = 32", "engine.block_sise: Extra inputs are not permitted"),
-    ("enable_prefix_caching = false", "enable_prefix_caching = true", "engine.enable_prefix_caching"),
-    ("max_num_seqs = 1", "max_num_seqs = 4", "engine.max_num_seqs"),
-    ("verify_width = 12", "verify_width = 11", "verify_width 11 must be num_speculative_tokens + 1 (12)"),
-    ("[draft]\nsource = \"mini\"\n", "", "draft and speculative go together"),
-    ("target_kv_scale_digest = \"", "target_kv_scale_digest = \"x", "expect.target_kv_scale_digest"),
-    ("tokens_per_request = 100", "tokens_per_request = 1", "decode.tokens_per_request"),
-    ("fresh_starts = 2", "fresh_starts = 1", "a candidate needs at least 2 fresh starts"),
-    ('dtype = "float32"', 'dtype = "auto"', "engine.dtype"),
-    ("[target]\nsource = \"mini\"\n", "[target]\nsource = \"mini\"\nif_missing = \"mini-export\"\n",
-     "if_missing applies to a path model only"),
-    ("compile_breaks = 0", "compile_breaks = 0\nload_audit_exempt = { \"*.weight_shape\" = \"\" }",
-     "expect.load_audit_exempt.*.weight_shape"),
-    ('kv_cache_dtype = "fp8"', 'kv_cache_dtype = "auto"', "\"auto\" is only for the derived unquantized-KV reference"),
-    ("alpha = 0.05", "alpha = 0.5", "quality.alpha"),
-    ("alpha = 0.05", "alpha = 0.05\nmargin = 0.1", "quality.margin: Extra inputs are not permitted"),
-    ('unquantized_kv_target = { source = "mini" }', 'unquantized_kv_target = { source = "path" }',
-     "quality.unquantized_kv_target"),
-    ('tool_call_parser = "poolside_v1"', 'tool_call_parser = 1', "chat.tool_call_parser"),
-    ('file = "fixtures/prompts/mini-v3.jsonl"', 'file = "fixtures/../../elsewhere/prompts.jsonl"',
-     "prompts.file: Value error, 'fixtures/../../elsewhere/prompts.jsonl' climbs out of the repository"),
-    ('file = "fixtures/quality/mini-quality-v1.jsonl"', 'file = "../quality.jsonl"', "quality.file: Value error"),
-    ("[target]\nsource = \"mini\"\n", "[target]\nsource = \"path\"\npath = \"../models/target\"\n",
-     "target.path: Value error, '../models/target' climbs out of the repository with '..'"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("block_size = 32", 'block_size = "32"', "engine.block_size"),
+        ("block_size = 32", "block_size = 32\nblock_sise = 32", "engine.block_sise: Extra inputs are not permitted"),
+        ("enable_prefix_caching = false", "enable_prefix_caching = true", "engine.enable_prefix_caching"),
+        ("max_num_seqs = 1", "max_num_seqs = 4", "engine.max_num_seqs"),
+        ("verify_width = 12", "verify_width = 11", "verify_width 11 must be num_speculative_tokens + 1 (12)"),
+        ('[draft]\nsource = "mini"\n', "", "draft and speculative go together"),
+        ('target_kv_scale_digest = "', 'target_kv_scale_digest = "x', "expect.target_kv_scale_digest"),
+        ("tokens_per_request = 100", "tokens_per_request = 1", "decode.tokens_per_request"),
+        ("fresh_starts = 2", "fresh_starts = 1", "a candidate needs at least 2 fresh starts"),
+        ('dtype = "float32"', 'dtype = "auto"', "engine.dtype"),
+        (
+            '[target]\nsource = "mini"\n',
+            '[target]\nsource = "mini"\nif_missing = "mini-export"\n',
+            "if_missing applies to a path model only",
+        ),
+        (
+            "compile_breaks = 0",
+            'compile_breaks = 0\nload_audit_exempt = { "*.weight_shape" = "" }',
+            "expect.load_audit_exempt.*.weight_shape",
+        ),
+        (
+            'kv_cache_dtype = "fp8"',
+            'kv_cache_dtype = "auto"',
+            '"auto" is only for the derived unquantized-KV reference',
+        ),
+        ("alpha = 0.05", "alpha = 0.5", "quality.alpha"),
+        ("alpha = 0.05", "alpha = 0.05\nmargin = 0.1", "quality.margin: Extra inputs are not permitted"),
+        (
+            'unquantized_kv_target = { source = "mini" }',
+            'unquantized_kv_target = { source = "path" }',
+            "quality.unquantized_kv_target",
+        ),
+        ('tool_call_parser = "poolside_v1"', "tool_call_parser = 1", "chat.tool_call_parser"),
+        (
+            'file = "fixtures/prompts/mini-v3.jsonl"',
+            'file = "fixtures/../../elsewhere/prompts.jsonl"',
+            "prompts.file: Value error, 'fixtures/../../elsewhere/prompts.jsonl' climbs out of the repository",
+        ),
+        ('file = "fixtures/quality/mini-quality-v1.jsonl"', 'file = "../quality.jsonl"', "quality.file: Value error"),
+        (
+            '[target]\nsource = "mini"\n',
+            '[target]\nsource = "path"\npath = "../models/target"\n',
+            "target.path: Value error, '../models/target' climbs out of the repository with '..'",
+        ),
+    ],
+)
 def test_an_invalid_field_is_named(tmp_path: Path, old: str, new: str, message: str) -> None:
     path = _mutated(tmp_path, old, new)
     with pytest.raises(contract.ContractError) as err:
@@ -114,8 +141,9 @@ def test_an_invalid_field_is_named(tmp_path: Path, old: str, new: str, message: 
 
 def test_an_absolute_model_path_stays_allowed(tmp_path: Path) -> None:
     """Models on other disks: absolute, shown as they are (only relative paths may not climb with '..')."""
-    path = _mutated(tmp_path, "[target]\nsource = \"mini\"\n",
-                    "[target]\nsource = \"path\"\npath = \"/models/../models/laguna/target\"\n")
+    path = _mutated(
+        tmp_path, '[target]\nsource = "mini"\n', '[target]\nsource = "path"\npath = "/models/../models/laguna/target"\n'
+    )
     assert contract.load(path).target.path == "/models/../models/laguna/target"
 
 
@@ -157,8 +185,9 @@ def test_the_tables_added_later_leave_older_digests_alone() -> None:
     assert "chat" not in plain.canonical() and "quality" not in plain.canonical()
     mini = contract.load("mini-laguna-cpu")
     assert mini.quality is not None and mini.chat is not None
-    bare = contract.Contract.model_validate({k: v for k, v in mini.canonical().items() if k not in ("chat", "quality")},
-                                            strict=False)
+    bare = contract.Contract.model_validate(
+        {k: v for k, v in mini.canonical().items() if k not in ("chat", "quality")}, strict=False
+    )
     assert bare.digest != mini.digest and bare.output_digest == mini.output_digest
 
 

@@ -40,16 +40,26 @@ def _probe(environ: dict[str, str]) -> dict:
 
 
 def test_the_avx2_emulation_loads_vllms_avx2_library_and_refuses_native_fp8(tmp_path) -> None:
-    env = {**environment.engine_environment(tmp_path, 1, materialize=False), "B70LAB_EMULATE_CPU": "avx2",
-           **cpu_emulation.EMULATION_ENVIRONMENT["avx2"]}
+    env = {
+        **environment.engine_environment(tmp_path, 1, materialize=False),
+        "B70LAB_EMULATE_CPU": "avx2",
+        **cpu_emulation.EMULATION_ENVIRONMENT["avx2"],
+    }
     seen = _probe(env)
-    assert seen == {"library": "_C_AVX2", "applied": "avx2", "capability": "AVX2",
-                    "refusal": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."}
+    assert seen == {
+        "library": "_C_AVX2",
+        "applied": "avx2",
+        "capability": "AVX2",
+        "refusal": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
+    }
 
 
 def test_without_the_emulation_the_cpu_is_what_it_is(tmp_path) -> None:
-    env = {k: v for k, v in environment.engine_environment(tmp_path, 1, materialize=False).items()
-           if k not in ("B70LAB_EMULATE_CPU", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    env = {
+        k: v
+        for k, v in environment.engine_environment(tmp_path, 1, materialize=False).items()
+        if k not in ("B70LAB_EMULATE_CPU", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+    }
     seen = _probe(env)
     identity = host.cpu_identity(environ={})
     assert seen["applied"] is None

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from pytest_b70lab.mini import curriculum, evaluate
+from pytest_b70lab.mini.curriculum import Sample
 from pytest_b70lab.mini.recipe import TRAINED_RECIPE
 from pytest_b70lab.mini.tokenizer import load_tokenizer
-from pytest_b70lab.mini.curriculum import Sample
 
 WEIGHTS = Path(__file__).resolve().parents[2] / "fixtures" / "mini"
 RECIPE = json.loads((WEIGHTS / "recipe.json").read_text())
@@ -34,6 +34,7 @@ TRAINING_SAMPLES, HELD_OUT_SAMPLES = 2000, 200
 
 # --- what a sample names, read from its text (not from the generator's word lists) -------------------
 
+
 def _code_function(s: Sample) -> ast.FunctionDef:
     fn = ast.parse(s.prompt + s.completion).body[0]
     assert isinstance(fn, ast.FunctionDef)
@@ -43,8 +44,7 @@ def _code_function(s: Sample) -> ast.FunctionDef:
 def names(s: Sample) -> dict[str, set[str]]:
     """Every name the sample makes the model copy, by kind: the words of function and tool names, code
     arguments, tool parameters and schema fields, and string values."""
-    kinds: dict[str, set[str]] = {"name word": set(), "argument": set(), "parameter or field": set(),
-                                  "value": set()}
+    kinds: dict[str, set[str]] = {"name word": set(), "argument": set(), "parameter or field": set(), "value": set()}
     if s.family == "code":
         fn = _code_function(s)
         kinds["name word"] |= set(fn.name.split("_"))
@@ -66,8 +66,7 @@ def names(s: Sample) -> dict[str, set[str]]:
 def constants(s: Sample) -> list[int]:
     """The numbers a sample asks the model to use: code literals, JSON integers, integer tool arguments."""
     if s.family == "code":
-        return [n.value for n in ast.walk(_code_function(s)) if isinstance(n, ast.Constant)
-                and type(n.value) is int]
+        return [n.value for n in ast.walk(_code_function(s)) if isinstance(n, ast.Constant) and type(n.value) is int]
     if s.family == "json":
         return [v for v in json.loads(s.completion).values() if type(v) is int]
     if s.family == "tool":
@@ -93,14 +92,16 @@ def training_names() -> dict[str, dict[str, set[str]]]:
 
 # --- determinism -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("split", curriculum.SPLITS)
 @pytest.mark.parametrize("family", curriculum.FAMILIES)
 def test_a_sample_is_a_pure_function_of_split_seed_and_index(split: str, family: str) -> None:
     for index in (0, 1, 97):
         first, second = (curriculum.sample(split, SEED, index, family) for _ in range(2))
         assert first == second
-    assert curriculum.sample(split, SEED, 0, family) != curriculum.sample(split, SEED + 1, 0, family), \
+    assert curriculum.sample(split, SEED, 0, family) != curriculum.sample(split, SEED + 1, 0, family), (
         "the seed must change what is drawn"
+    )
 
 
 def test_corpus_digest_is_stable_and_tracks_the_content() -> None:
@@ -110,10 +111,11 @@ def test_corpus_digest_is_stable_and_tracks_the_content() -> None:
 
 def test_corpus_digest_does_not_depend_on_the_interpreter() -> None:
     """Another process with another hash seed (set and dict orders) draws the same corpus."""
-    code = "from pytest_b70lab.mini import curriculum as c; print(c.corpus_digest(%d, n=100))" % SEED
+    code = f"from pytest_b70lab.mini import curriculum as c; print(c.corpus_digest({SEED}, n=100))"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True
+    )
     assert done.stdout.split()[-1] == curriculum.corpus_digest(SEED, n=100)
 
 
@@ -127,10 +129,12 @@ def test_the_committed_weights_were_trained_on_this_curriculum() -> None:
 
 # --- held out for real ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("split", HELD_OUT_SPLITS)
 @pytest.mark.parametrize("family", NAMED_FAMILIES)
-def test_held_out_samples_never_use_a_training_name(split: str, family: str,
-                                                    training_names: dict[str, dict[str, set[str]]]) -> None:
+def test_held_out_samples_never_use_a_training_name(
+    split: str, family: str, training_names: dict[str, dict[str, set[str]]]
+) -> None:
     seen = training_names[family]
     for kind, words in seen.items():
         if words:
@@ -157,6 +161,7 @@ def test_held_out_constants_are_never_training_constants(family: str) -> None:
 
 # --- the chat template, through transformers and vLLM's request objects ------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tok():
     """The committed tokenizer as vLLM loads it (transformers), carrying the mini's chat template."""
@@ -169,21 +174,34 @@ def _tool_samples(split: str, n: int) -> list[Sample]:
 
 def _assistant_call(s: Sample) -> dict[str, Any]:
     """The assistant turn as vLLM hands it to the template: arguments already parsed into a dict."""
-    return {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": s.meta["expected"]["name"],
-                                          "arguments": s.meta["expected"]["arguments"]}}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": s.meta["expected"]["name"], "arguments": s.meta["expected"]["arguments"]},
+            }
+        ],
+    }
 
 
 @pytest.mark.parametrize("split", ["train", "heldout"])
 def test_chat_template_renders_what_transformers_renders(tok, split: str) -> None:
     for s in _tool_samples(split, 20):
-        prompt = tok.apply_chat_template(s.meta["messages"], tools=s.meta["tools"], tokenize=False,
-                                         add_generation_prompt=True)
+        prompt = tok.apply_chat_template(
+            s.meta["messages"], tools=s.meta["tools"], tokenize=False, add_generation_prompt=True
+        )
         assert prompt == s.prompt
-        full = tok.apply_chat_template(s.meta["messages"] + [_assistant_call(s)], tools=s.meta["tools"],
-                                       tokenize=False, add_generation_prompt=False)
-        assert full.startswith(s.text) and not full[len(s.text):].strip(), \
+        full = tok.apply_chat_template(
+            s.meta["messages"] + [_assistant_call(s)],
+            tools=s.meta["tools"],
+            tokenize=False,
+            add_generation_prompt=False,
+        )
+        assert full.startswith(s.text) and not full[len(s.text) :].strip(), (
             "a training document is the rendered conversation, up to its end-of-sequence"
+        )
 
 
 def test_chat_template_renders_tools_as_vllm_passes_them(tok) -> None:
@@ -192,11 +210,14 @@ def test_chat_template_renders_tools_as_vllm_passes_them(tok) -> None:
     for s in _tool_samples("train", 10):
         request = protocol.ChatCompletionRequest(model="mini", messages=s.meta["messages"], tools=s.meta["tools"])
         tools = [t.model_dump() for t in request.tools]
-        assert tok.apply_chat_template(s.meta["messages"], tools=tools, tokenize=False,
-                                       add_generation_prompt=True) == s.prompt
+        assert (
+            tok.apply_chat_template(s.meta["messages"], tools=tools, tokenize=False, add_generation_prompt=True)
+            == s.prompt
+        )
 
 
 # --- tool calls through vLLM's poolside_v1 parser ----------------------------------------------------------
+
 
 def _vllm_calls(tok, s: Sample, text: str) -> list[dict[str, Any]]:
     """vLLM's non-streaming poolside_v1 parse of `text`, answering the sample's chat request."""
@@ -204,8 +225,9 @@ def _vllm_calls(tok, s: Sample, text: str) -> list[dict[str, Any]]:
     protocol = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")
     request = protocol.ChatCompletionRequest(model="mini", messages=s.meta["messages"], tools=s.meta["tools"])
     parser = parser_mod.PoolsideV1ToolParser(tok, request.tools)
-    assert parser.tool_call_start_token_id is not None and parser.tool_call_end_token_id is not None, \
+    assert parser.tool_call_start_token_id is not None and parser.tool_call_end_token_id is not None, (
         "the tool-call markers must be tokens of the vocabulary"
+    )
     info = parser.extract_tool_calls(text, request)
     assert info.tools_called and info.content is None, info
     return [{"name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in info.tool_calls]
@@ -240,11 +262,13 @@ def test_our_tool_call_parser_agrees_with_vllms(tok, split: str) -> None:
         text = _as_generated(tok, s)
         ours, theirs = evaluate.parse_tool_calls(text), _vllm_calls(tok, s, text)
         assert json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True)
-        assert json.dumps(theirs[0]["arguments"], sort_keys=True) == \
-            json.dumps(s.meta["expected"]["arguments"], sort_keys=True)
+        assert json.dumps(theirs[0]["arguments"], sort_keys=True) == json.dumps(
+            s.meta["expected"]["arguments"], sort_keys=True
+        )
 
 
 # --- scorers: a right completion passes, a corrupted one fails -----------------------------------------
+
 
 def _rename_argument(s: Sample) -> str:
     arg = _code_function(s).args.args[0].arg
@@ -265,11 +289,15 @@ def _change_a_digit(s: Sample) -> str:
     first, rest = s.completion.split("\n", 1)
     digit = list(re.finditer(r"\d", first))[-1]
     new = str((int(digit.group()) + 1) % 10)
-    return first[:digit.start()] + new + first[digit.end():] + "\n" + rest
+    return first[: digit.start()] + new + first[digit.end() :] + "\n" + rest
 
 
-CORRUPT: dict[str, Callable[[Sample], str]] = {"code": _rename_argument, "json": _rename_first_field,
-                                               "tool": _rename_tool, "retrieval": _change_a_digit}
+CORRUPT: dict[str, Callable[[Sample], str]] = {
+    "code": _rename_argument,
+    "json": _rename_first_field,
+    "tool": _rename_tool,
+    "retrieval": _change_a_digit,
+}
 
 
 def _scored_samples(family: str) -> list[Sample]:

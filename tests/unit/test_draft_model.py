@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from pytest_b70lab import mini
 from pytest_b70lab.mini.draft_model import IGNORE_INDEX, DFlashDraft, RMSNorm, draft_loss, target_aux_hidden
 
-FP32_UNIT_ROUNDOFF = 2.0 ** -24
+FP32_UNIT_ROUNDOFF = 2.0**-24
 
 
 def _folders(model_dir: Path) -> tuple[Path, Path]:
@@ -36,8 +36,9 @@ def _inputs(draft: DFlashDraft, length: int, anchors: list[list[int]], seed: int
     return aux, torch.tensor(anchors), tokens
 
 
-def test_draft_state_dict_round_trips_the_served_checkpoint(b70_mini_model: Path, draft: DFlashDraft,
-                                                            tmp_path: Path) -> None:
+def test_draft_state_dict_round_trips_the_served_checkpoint(
+    b70_mini_model: Path, draft: DFlashDraft, tmp_path: Path
+) -> None:
     served = load_file(str(_folders(b70_mini_model)[0] / "model.safetensors"))
     mine = draft.draft_state_dict(dtype=next(iter(served.values())).dtype)
     assert sorted(mine) == sorted(served)
@@ -65,8 +66,9 @@ def test_config_drives_the_block(b70_mini_model: Path, draft: DFlashDraft) -> No
     assert draft.block_size == config["block_size"]
     assert draft.mask_token_id == config["dflash_config"]["mask_token_id"]
     ids = draft.block_input_ids(torch.tensor([[7, 9]]))
-    assert ids.tolist() == [[[7] + [draft.mask_token_id] * (draft.block_size - 1),
-                             [9] + [draft.mask_token_id] * (draft.block_size - 1)]]
+    assert ids.tolist() == [
+        [[7] + [draft.mask_token_id] * (draft.block_size - 1), [9] + [draft.mask_token_id] * (draft.block_size - 1)]
+    ]
 
 
 def test_a_block_sees_only_the_context_before_its_anchor(draft: DFlashDraft) -> None:
@@ -107,7 +109,9 @@ def test_blocks_and_sequences_are_independent_in_a_batch(draft: DFlashDraft) -> 
         atol = reduction_path(draft, aux.shape[1]) * FP32_UNIT_ROUNDOFF * float(batched.abs().max())
         for b in range(2):
             for k in range(3):
-                single = draft.forward_blocks(aux[b:b + 1], anchors[b:b + 1, k:k + 1], tokens[b:b + 1, k:k + 1])
+                single = draft.forward_blocks(
+                    aux[b : b + 1], anchors[b : b + 1, k : k + 1], tokens[b : b + 1, k : k + 1]
+                )
                 torch.testing.assert_close(batched[b, k], single[0, 0], rtol=0, atol=atol)
 
 
@@ -130,8 +134,9 @@ def test_training_step_under_bf16_autocast(b70_mini_model: Path) -> None:
     assert (logits.float().argmax(-1) == exact.argmax(-1)).float().mean() > 0.9
 
 
-def test_target_aux_hidden_is_the_residual_stream_after_each_target_layer(b70_mini_model: Path,
-                                                                           draft: DFlashDraft) -> None:
+def test_target_aux_hidden_is_the_residual_stream_after_each_target_layer(
+    b70_mini_model: Path, draft: DFlashDraft
+) -> None:
     """Layer i's output is transformers' hidden_states[i + 1], except for the last layer: transformers
     reports that one final-normed, vLLM captures it before the norm."""
     from transformers import LagunaForCausalLM
@@ -144,7 +149,7 @@ def test_target_aux_hidden_is_the_residual_stream_after_each_target_layer(b70_mi
     slices = aux.unflatten(-1, (len(draft.target_layer_ids), -1)).unbind(-2)
     last = len(target.model.layers) - 1
     assert torch.equal(logits, out.logits)
-    for layer, got in zip(draft.target_layer_ids, slices):
+    for layer, got in zip(draft.target_layer_ids, slices, strict=False):
         if layer == last:
             torch.testing.assert_close(target.model.norm(got), out.hidden_states[-1])
         else:

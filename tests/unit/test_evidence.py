@@ -40,12 +40,15 @@ def test_an_edit_breaks_the_digest(copy_of_start: Path) -> None:
         evidence.read(path)
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("{truncated", "is not valid JSON"),
-    ('{"schema": "something.else"}', "is not b70lab evidence"),
-    ('{"schema": "b70lab.evidence", "version": 99}', "has version 99"),
-    ('{"schema": "b70lab.evidence", "version": 1, "role": "candidate"}', "does not match the schema"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{truncated", "is not valid JSON"),
+        ('{"schema": "something.else"}', "is not b70lab evidence"),
+        ('{"schema": "b70lab.evidence", "version": 99}', "has version 99"),
+        ('{"schema": "b70lab.evidence", "version": 1, "role": "candidate"}', "does not match the schema"),
+    ],
+)
 def test_damaged_evidence_is_a_clear_error(copy_of_start: Path, content: str, message: str) -> None:
     path = copy_of_start / evidence.FILENAME
     path.write_text(content)
@@ -68,12 +71,14 @@ def test_decode_rate_of_recorded_requests_follows_the_accounting() -> None:
         assert len(times) == len(r.token_ids)
         assert r.decode_rate == pytest.approx((len(times) - 1) / (times[-1] - times[0]))
     assert start.throughput.endpoint_median == pytest.approx(
-        throughput.endpoint_median([r.decode_rate for r in start.requests]))
+        throughput.endpoint_median([r.decode_rate for r in start.requests])
+    )
 
 
 # --- nothing recorded is trusted that can be recomputed (issue 23) -----------------------------------------
 # Each edit is written as a consistent editor would write it (re-validated, a fresh self-digest), so the digest
 # cannot be what refuses it: the load must find the contradiction or the impossible value, and name the field.
+
 
 def _stretch_arrivals(e: evidence.Evidence) -> None:
     for r in e.requests:
@@ -177,14 +182,20 @@ REFUSED = [
 def _figures(e: evidence.Evidence) -> dict[str, str]:
     """The unedited record's figures as a refusal prints them (repr, regex-escaped; a recomputed figure to
     its first four digits, which a float's last bits cannot move)."""
+
     def approx(x: float) -> str:
         return re.escape(f"{x:.6g}"[:5]) + r"\S*"
 
     out = {f"p{i}": re.escape(r.prompt_id) for i, r in enumerate(e.requests)}
-    out |= {"r0": re.escape(repr(e.requests[0].decode_rate)), "r0_half": approx(e.requests[0].decode_rate / 2),
-            "r4": approx(e.requests[4].decode_rate), "m": approx(e.throughput.endpoint_median),
-            "m_double": re.escape(repr(e.throughput.endpoint_median * 2)),
-            "server": approx(e.throughput.server_tokens_per_s), "contract": e.contract.digest[:12]}
+    out |= {
+        "r0": re.escape(repr(e.requests[0].decode_rate)),
+        "r0_half": approx(e.requests[0].decode_rate / 2),
+        "r4": approx(e.requests[4].decode_rate),
+        "m": approx(e.throughput.endpoint_median),
+        "m_double": re.escape(repr(e.throughput.endpoint_median * 2)),
+        "server": approx(e.throughput.server_tokens_per_s),
+        "contract": e.contract.digest[:12],
+    }
     return out
 
 
@@ -209,6 +220,5 @@ def test_rederiving_an_edit_makes_the_evidence_agree_with_itself(copy_of_start: 
     _stretch_arrivals(record)
     evidence.write(evidence.rederive(record), copy_of_start)
     again = evidence.read(copy_of_start)
-    assert {r.prompt_id: r.decode_rate for r in again.requests} == pytest.approx(
-        {k: v / 2 for k, v in rates.items()})
+    assert {r.prompt_id: r.decode_rate for r in again.requests} == pytest.approx({k: v / 2 for k, v in rates.items()})
     assert again.throughput.endpoint_median == pytest.approx(statistics.median(rates.values()) / 2)

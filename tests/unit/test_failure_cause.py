@@ -25,11 +25,15 @@ from pytest_b70lab.plugin import fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 LOG = REPO / "fixtures" / "engine-logs" / "rank-refuses-fp8-kv-cache.log"
-INJECTED = ("b70lab fault injected: rank 1 refuses its FP8 KV cache, as vLLM's CPU attention does on a CPU "
-            "without AVX-512 or AMX")
+INJECTED = (
+    "b70lab fault injected: rank 1 refuses its FP8 KV cache, as vLLM's CPU attention does on a CPU "
+    "without AVX-512 or AMX"
+)
 REAL = "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."  # vLLM 0.32, cpu_attn._get_attn_isa
-DIED = ("(EngineCore pid=7803) ERROR 12-01 09:15:13 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
-        "unexpectedly (exit code: 0), shutting down executor.")
+DIED = (
+    "(EngineCore pid=7803) ERROR 12-01 09:15:13 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+    "unexpectedly (exit code: 0), shutting down executor."
+)
 
 
 class _Output:
@@ -58,44 +62,58 @@ def test_the_rank_that_refused_its_kv_cache_is_the_cause(tmp_path: Path) -> None
 def test_the_headline_names_the_real_refusal_and_its_rank(tmp_path: Path) -> None:
     """The same start where vLLM itself refuses: the refusal leads, not "died unexpectedly" nor "Traceback"."""
     errors = _first_errors(LOG.read_text(encoding="utf-8").replace(INJECTED, REAL), tmp_path)
-    failure = evidence.Failure(message="the server exited with code 1 during start-up (phase: allocating KV "
-                                       "cache, 130 s)\nlogs: ...", phase="allocating KV cache", first_errors=errors)
-    assert fixtures.headline(failure) == ("the server exited with code 1 during start-up (phase: allocating KV cache, "
-                                         f"130 s); cause on Worker_TP1_EP1: NotImplementedError: {REAL}")
+    failure = evidence.Failure(
+        message="the server exited with code 1 during start-up (phase: allocating KV cache, 130 s)\nlogs: ...",
+        phase="allocating KV cache",
+        first_errors=errors,
+    )
+    assert fixtures.headline(failure) == (
+        "the server exited with code 1 during start-up (phase: allocating KV cache, "
+        f"130 s); cause on Worker_TP1_EP1: NotImplementedError: {REAL}"
+    )
 
 
 def test_evidence_written_before_exception_lines_were_kept_still_names_the_dead_process() -> None:
     """What a start recorded before: the ignored exceptions' Traceback lines first, then the dead process."""
     old = ["Traceback (most recent call last):"] * 4 + [
         "(EngineCore pid=7803) ERROR 12-01 09:15:03 [core.py:1510] RuntimeError: Worker failed with error 'x', "
-        "please check the stack trace above for the root cause", DIED]
+        "please check the stack trace above for the root cause",
+        DIED,
+    ]
     assert root_cause(old) == ("EngineCore", DIED.split("] ", 1)[1])
     assert root_cause(["Traceback (most recent call last):"]) is None  # names nothing: never the cause
-    failure = evidence.Failure(message="the server exited with code 1",
-                               first_errors=["Traceback (most recent call last):"])
+    failure = evidence.Failure(
+        message="the server exited with code 1", first_errors=["Traceback (most recent call last):"]
+    )
     assert fixtures.headline(failure) == "the server exited with code 1"
 
 
-@pytest.mark.parametrize("body", [
-    f"NotImplementedError: {REAL}",
-    "torch.OutOfMemoryError: out of memory",
-    "pytest_b70lab.in_engine.faults.InjectedFault: b70lab fault injected: rank 1 cannot load its weights",
-    "SomeException:",
-    "AssertionError",
-    "KeyboardInterrupt",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        f"NotImplementedError: {REAL}",
+        "torch.OutOfMemoryError: out of memory",
+        "pytest_b70lab.in_engine.faults.InjectedFault: b70lab fault injected: rank 1 cannot load its weights",
+        "SomeException:",
+        "AssertionError",
+        "KeyboardInterrupt",
+    ],
+)
 def test_any_exception_class_is_an_exception_line(body: str) -> None:
     assert is_exception_line(body)
 
 
-@pytest.mark.parametrize("body", [
-    "Traceback (most recent call last):",
-    '  File "vllm/v1/worker/gpu_worker.py", line 894, in initialize_from_config',
-    "Worker proc VllmWorker-1 died unexpectedly (exit code: 0), shutting down executor.",
-    "EngineCore failed to start.",
-    "Exception ignored in: <function CPUDNNLGEMMHandler.__del__ at 0x7fcae0fd8360>",
-    "",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "Traceback (most recent call last):",
+        '  File "vllm/v1/worker/gpu_worker.py", line 894, in initialize_from_config',
+        "Worker proc VllmWorker-1 died unexpectedly (exit code: 0), shutting down executor.",
+        "EngineCore failed to start.",
+        "Exception ignored in: <function CPUDNNLGEMMHandler.__del__ at 0x7fcae0fd8360>",
+        "",
+    ],
+)
 def test_other_lines_are_not(body: str) -> None:
     assert not is_exception_line(body)
 
@@ -109,34 +127,55 @@ def test_a_chained_exception_names_the_first_one_raised() -> None:
             raise RuntimeError("could not build the attention") from e
     except RuntimeError as e:
         text = "".join(traceback.format_exception(e))
-    lines = [f"(Worker_TP0 pid=9) ERROR 12-01 09:15:02 [multiproc_executor.py:953] {line}"
-             for line in text.splitlines()]
+    lines = [
+        f"(Worker_TP0 pid=9) ERROR 12-01 09:15:02 [multiproc_executor.py:953] {line}" for line in text.splitlines()
+    ]
     ends = TracebackEnds()
     assert [split_line(line)[1] for line in lines if ends.feed(line) == ends.END] == [
-        "KeyError: 'kv_cache'", "RuntimeError: could not build the attention"]
+        "KeyError: 'kv_cache'",
+        "RuntimeError: could not build the attention",
+    ]
     assert root_cause(lines) == ("Worker_TP0", "KeyError: 'kv_cache'")
 
 
-@pytest.mark.parametrize(("errors", "cause"), [
-    # a rank's exception before the engine core's that points back to it
-    (["(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] Exception: WorkerProc initialization failed due to "
-      "an exception in a background process. See stack trace for root cause.",
-      "(Worker_TP1_EP1 pid=9) ERROR 12-01 09:15:02 [multiproc_executor.py:953] OSError: no such file"],
-     ("Worker_TP1_EP1", "OSError: no such file")),
-    # no rank raised: the process that died
-    (["(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] EngineCore failed to start.",
-      "(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] Traceback (most recent call last):", DIED],
-     ("EngineCore", DIED.split("] ", 1)[1])),
-    # nor died: the other process's own exception before the one that points elsewhere
-    (["RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
-      "(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] ValueError: No common block size for 32 "
-      "(FLASH_ATTN: [MultipleOf(64)])."],  # notes/2026-11-30-xpu-flash-attn-needs-page-64.md
-     ("EngineCore", "ValueError: No common block size for 32 (FLASH_ATTN: [MultipleOf(64)]).")),
-    # only lines that are no exception
-    (["(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] EngineCore failed to start."],
-     ("EngineCore", "EngineCore failed to start.")),
-    (["Segfault encountered"], (None, "Segfault encountered")),
-])
+@pytest.mark.parametrize(
+    ("errors", "cause"),
+    [
+        # a rank's exception before the engine core's that points back to it
+        (
+            [
+                "(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] Exception: WorkerProc initialization failed due to "
+                "an exception in a background process. See stack trace for root cause.",
+                "(Worker_TP1_EP1 pid=9) ERROR 12-01 09:15:02 [multiproc_executor.py:953] OSError: no such file",
+            ],
+            ("Worker_TP1_EP1", "OSError: no such file"),
+        ),
+        # no rank raised: the process that died
+        (
+            [
+                "(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] EngineCore failed to start.",
+                "(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] Traceback (most recent call last):",
+                DIED,
+            ],
+            ("EngineCore", DIED.split("] ", 1)[1]),
+        ),
+        # nor died: the other process's own exception before the one that points elsewhere
+        (
+            [
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+                "(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] ValueError: No common block size for 32 "
+                "(FLASH_ATTN: [MultipleOf(64)]).",
+            ],  # notes/2026-11-30-xpu-flash-attn-needs-page-64.md
+            ("EngineCore", "ValueError: No common block size for 32 (FLASH_ATTN: [MultipleOf(64)])."),
+        ),
+        # only lines that are no exception
+        (
+            ["(EngineCore pid=7) ERROR 12-01 09:15:03 [core.py:1510] EngineCore failed to start."],
+            ("EngineCore", "EngineCore failed to start."),
+        ),
+        (["Segfault encountered"], (None, "Segfault encountered")),
+    ],
+)
 def test_the_choice_of_cause(errors: list[str], cause: tuple[str | None, str]) -> None:
     assert root_cause(errors) == cause
 

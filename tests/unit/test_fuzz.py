@@ -164,8 +164,15 @@ def test_an_edited_teacher_token_is_a_damaged_snapshot(tmp_path: Path, snapshot:
 
 
 # What the gate judges a teacher by (`recorded_by`, the teacher contract's name, is a label it does not judge).
-IDENTITY_FIELDS = ("output_digest", "model_digest", "kv_cache_dtype", "engine_version", "kind",
-                   "engine_speculative_config", "engine_kv_cache_dtypes")
+IDENTITY_FIELDS = (
+    "output_digest",
+    "model_digest",
+    "kv_cache_dtype",
+    "engine_version",
+    "kind",
+    "engine_speculative_config",
+    "engine_kv_cache_dtypes",
+)
 
 
 @EXAMPLES
@@ -179,8 +186,9 @@ def test_an_edited_teacher_identity_fails_the_exactness_gate_naming_the_snapshot
     path = teacher.snapshot_path(REPO / "tests" / "gates" / "__snapshots__", run["contract"], prompt)
     snap = teacher.read(path)
     value = snap["teacher"][field]
-    snap["teacher"][field] = value + junk if isinstance(value, str) else [*value, junk] if field == \
-        "engine_speculative_config" else [junk]
+    snap["teacher"][field] = (
+        value + junk if isinstance(value, str) else [*value, junk] if field == "engine_speculative_config" else [junk]
+    )
     verdict = gates.teacher_exactness(start, prompt, run["contract"], snap, str(path))
     assert not verdict.passed
     assert str(path) in verdict.explain()
@@ -218,9 +226,16 @@ def test_a_prompt_file_with_another_sha256_or_a_bad_line_names_the_file(tmp_path
     changed = ("\n".join(lines) + "\n").encode()
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(changed)
-    pinned = contract.model_copy(update={"prompts": contract.prompts.model_copy(update={
-        "file": str(path), "sha256": hashlib.sha256(changed).hexdigest() if damage != "edit" else
-        contract.prompts.sha256})})
+    pinned = contract.model_copy(
+        update={
+            "prompts": contract.prompts.model_copy(
+                update={
+                    "file": str(path),
+                    "sha256": hashlib.sha256(changed).hexdigest() if damage != "edit" else contract.prompts.sha256,
+                }
+            )
+        }
+    )
     with pytest.raises(ContractError) as err:
         contract_mod.load_prompts(pinned)
     assert str(path) in str(err.value)

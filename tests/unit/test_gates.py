@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import gates, metrics, teacher, throughput
-from pytest_b70lab.engine.starts import checkpoint_tables
-from pytest_b70lab.run_folder import PROMPTS_COPY, read_starts
 from pytest_b70lab.contract import Contract, load_prompts
+from pytest_b70lab.engine.starts import checkpoint_tables
 from pytest_b70lab.evidence import Evidence, sha256_ids
+from pytest_b70lab.run_folder import PROMPTS_COPY, read_starts
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
@@ -31,8 +31,10 @@ class Run:
         self.starts: list[Evidence] = read_starts(BUNDLE)
         self.contract = Contract.model_validate(self.starts[0].contract.canonical, strict=False)
         self.tables: dict = checkpoint_tables(BUNDLE, self.contract, BUNDLE / "no-cache")
-        self.snapshots = {r.prompt_id: teacher.read(teacher.snapshot_path(SNAPSHOTS, self.contract, r.prompt_id))
-                          for r in self.starts[0].requests}
+        self.snapshots = {
+            r.prompt_id: teacher.read(teacher.snapshot_path(SNAPSHOTS, self.contract, r.prompt_id))
+            for r in self.starts[0].requests
+        }
         # The sizes of the run folder's rank logs, as the evidence check reads them: the committed bundle keeps
         # the evidence without its logs (None), a live run folder has them.
         self.log_sizes: dict[int, dict[str, int] | None] = {s.start_index: None for s in self.starts}
@@ -61,17 +63,31 @@ def all_verdicts(run: Run) -> list[gates.Verdict]:
     target, draft = run.tables.get("target"), run.tables.get("draft")
     for s in run.starts:
         for r in run.ranks:
-            out += [gates.target_scale_audit(s, r, c, (target or {}).get("kv_scales")),
-                    gates.draft_cache_audit(s, r, c), gates.engine_resolution(s, r, c),
-                    gates.compile_topology(s, r, c), gates.launch_flags(s, r, c)]
+            out += [
+                gates.target_scale_audit(s, r, c, (target or {}).get("kv_scales")),
+                gates.draft_cache_audit(s, r, c),
+                gates.engine_resolution(s, r, c),
+                gates.compile_topology(s, r, c),
+                gates.launch_flags(s, r, c),
+            ]
         out.append(gates.load_audit(s, c, target, draft, run.tables.get("problems")))
         for p in run.prompts:
-            out += [gates.cold_prompt(s, p), gates.token_count(s, p, c),
-                    gates.teacher_exactness(s, p, c, run.snapshots.get(p), f"<snapshot {p}>")]
+            out += [
+                gates.cold_prompt(s, p),
+                gates.token_count(s, p, c),
+                gates.teacher_exactness(s, p, c, run.snapshots.get(p), f"<snapshot {p}>"),
+            ]
         out += [gates.metrics_agree(s, c), gates.spec_counters(s, c)]
-        out += [gates.evidence_start(s), gates.evidence_ranks(s, c, run.log_sizes.get(s.start_index)),
-                gates.evidence_metrics(s), gates.evidence_prompts(s, run.prompts, c), gates.evidence_teardown(s),
-                gates.evidence_exposure(s), gates.evidence_probe(s, c), gates.evidence_logs(s)]
+        out += [
+            gates.evidence_start(s),
+            gates.evidence_ranks(s, c, run.log_sizes.get(s.start_index)),
+            gates.evidence_metrics(s),
+            gates.evidence_prompts(s, run.prompts, c),
+            gates.evidence_teardown(s),
+            gates.evidence_exposure(s),
+            gates.evidence_probe(s, c),
+            gates.evidence_logs(s),
+        ]
     out.append(gates.reproduction(run.starts, c))
     return out
 
@@ -95,6 +111,7 @@ def test_the_recorded_run_covers_the_contract(recorded: Run) -> None:
 
 
 # --- mutations ---------------------------------------------------------------------------------------
+
 
 def _layer(run: Run, start: int, rank: int, owner: str, index: int = 0) -> dict:
     audit = next(a for a in run.starts[start].audits if a["tp_rank"] == rank)
@@ -131,13 +148,16 @@ def layer_on_other_backend(run: Run) -> None:
 
 def backend_fallback_logged(run: Run) -> None:
     run.starts[0].log_findings["backend_fallback"] = [
-        "(Worker_TP0_EP0 pid=1) INFO [cpu.py:178] Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."]
+        "(Worker_TP0_EP0 pid=1) INFO [cpu.py:178] Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."
+    ]
 
 
 # vLLM's own line when the launch turns its SHM all-reduce off (from a real TP2+EP2 start on two cores).
-SHM_ALLREDUCE_FALLBACK = ("(Worker pid=28836) INFO 11-30 17:35:04 [cpu_communicator.py:47] CPU SHM communicator "
-                          "disabled for group tp:0: ranks do not share the same SHM group name, falling back to "
-                          "torch.distributed.")
+SHM_ALLREDUCE_FALLBACK = (
+    "(Worker pid=28836) INFO 11-30 17:35:04 [cpu_communicator.py:47] CPU SHM communicator "
+    "disabled for group tp:0: ranks do not share the same SHM group name, falling back to "
+    "torch.distributed."
+)
 
 
 def undeclared_allreduce_fallback(run: Run) -> None:
@@ -177,8 +197,10 @@ def draft_scale_not_unit(run: Run) -> None:
 
 
 def draft_declares_calibration(run: Run) -> None:
-    _audit(run, 0, 0)["draft_quantization"] = {"quant_method": "compressed-tensors",
-                                               "kv_cache_scheme": {"type": "float", "num_bits": 8}}
+    _audit(run, 0, 0)["draft_quantization"] = {
+        "quant_method": "compressed-tensors",
+        "kv_cache_scheme": {"type": "float", "num_bits": 8},
+    }
 
 
 def cached_prompt(run: Run) -> None:
@@ -265,8 +287,9 @@ def slower_second_start(run: Run) -> None:
 
 def _recorded_paired(run: Run) -> float:
     """Start-2 / start-1 of the recorded bundle: a mutation that sets the paired figure scales from it."""
-    paired = throughput.paired_ratio(throughput.arrival_rates(run.starts[0].requests)[0],
-                                     throughput.arrival_rates(run.starts[1].requests)[0])
+    paired = throughput.paired_ratio(
+        throughput.arrival_rates(run.starts[0].requests)[0], throughput.arrival_rates(run.starts[1].requests)[0]
+    )
     assert paired is not None
     return paired.ratio
 
@@ -311,7 +334,11 @@ def draft_norm_not_loaded(run: Run) -> None:
 def tensor_never_loaded(run: Run) -> None:
     """A checkpoint tensor that no engine parameter is made of."""
     run.tables["target"]["tensors"]["model.layers.1.mlp.extra_router.weight"] = {
-        "dtype": "bfloat16", "shape": [8], "sha256": "0" * 64, "moments": {"sum": 1.0, "sumsq": 1.0, "numel": 8}}
+        "dtype": "bfloat16",
+        "shape": [8],
+        "sha256": "0" * 64,
+        "moments": {"sum": 1.0, "sumsq": 1.0, "numel": 8},
+    }
 
 
 def block_size_drift(run: Run) -> None:
@@ -422,7 +449,8 @@ def same_rank_process(run: Run) -> None:
 
 def same_launch_time(run: Run) -> None:
     run.starts[1].identity = run.starts[1].identity.model_copy(
-        update={"launched_at": run.starts[0].identity.launched_at})
+        update={"launched_at": run.starts[0].identity.launched_at}
+    )
 
 
 def table_of_another_checkpoint(run: Run) -> None:
@@ -435,7 +463,8 @@ def crash_logged(run: Run) -> None:
 
 def error_logged(run: Run) -> None:
     run.starts[1].log_findings["error_record"] = [
-        "(EngineCore pid=7) ERROR 12-01 10:00:00 [core.py:1] EngineCore encountered a fatal error."]
+        "(EngineCore pid=7) ERROR 12-01 10:00:00 [core.py:1] EngineCore encountered a fatal error."
+    ]
 
 
 def exception_raised(run: Run) -> None:
@@ -445,7 +474,8 @@ def exception_raised(run: Run) -> None:
 def other_kv_scale_line(run: Run) -> None:
     run.starts[0].log_findings["kv_scale_notice"].append(
         "(Worker_TP0_EP0 pid=8) WARNING 12-01 10:00:00 [attention.py:1] Checkpoint does not provide a q scaling "
-        "factor. Setting it to k_scale.")
+        "factor. Setting it to k_scale."
+    )
 
 
 def unknown_finding_kind(run: Run) -> None:
@@ -455,8 +485,12 @@ def unknown_finding_kind(run: Run) -> None:
 def portable_path_under_a_native_only_contract(run: Run) -> None:
     expect = run.contract.expect.model_copy(update={"fp8_attention": "native"})
     run.contract = run.contract.model_copy(update={"expect": expect})
-    _audit(run, 1, 1)["fp8_attention"].update(portable=True, implementation="b70lab-portable-fp8",
-                                              op_library="_C_AVX2", reason="this CPU has neither AVX-512 nor AMX")
+    _audit(run, 1, 1)["fp8_attention"].update(
+        portable=True,
+        implementation="b70lab-portable-fp8",
+        op_library="_C_AVX2",
+        reason="this CPU has neither AVX-512 nor AMX",
+    )
 
 
 def native_path_where_the_cpu_cannot_run_it(run: Run) -> None:
@@ -468,9 +502,12 @@ def fp8_path_not_audited(run: Run) -> None:
 
 
 MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
-    (portable_path_under_a_native_only_contract, "engine-resolution",
-     "rank 1: FP8 attention ran portable: b70lab-portable-fp8 (this CPU has neither AVX-512 nor AMX), op library "
-     "_C_AVX2; the contract accepts native only"),
+    (
+        portable_path_under_a_native_only_contract,
+        "engine-resolution",
+        "rank 1: FP8 attention ran portable: b70lab-portable-fp8 (this CPU has neither AVX-512 nor AMX), op library "
+        "_C_AVX2; the contract accepts native only",
+    ),
     (native_path_where_the_cpu_cannot_run_it, "engine-resolution", "the audit contradicts itself"),
     (rank_scale_one, "target-scale-audit", "K and V scale are 1.0"),
     (scale_digest_drift, "target-scale-audit", "scale digest"),
@@ -492,16 +529,28 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
     (speculative_teacher, "teacher-exactness", "not recorded by a target-only teacher"),
     (missing_teacher, "teacher-exactness", "no teacher snapshot"),
     (changed_topology, "compile-topology", "1 graph breaks, the contract expects 0"),
-    (loaded_graphs_uncounted, "compile-topology", "lists 2 modules loaded from the AOT compile cache, vLLM's counter says 0"),
+    (
+        loaded_graphs_uncounted,
+        "compile-topology",
+        "lists 2 modules loaded from the AOT compile cache, vLLM's counter says 0",
+    ),
     (loaded_start_also_traced, "compile-topology", "3 compiled graphs, the contract expects 2"),
     (slower_second_start, "fresh-start-reproduction", "tolerance"),
     (stretched_second_start, "fresh-start-reproduction", "paired figure start-2 / start-1 0.5"),
     (nan_arrival_time, "fresh-start-reproduction", "its arrival times give a decode rate of nan"),
     (zero_router_bias, "load-audit", "e_score_correction_bias on rank 0: sum 0"),
     (expert_weights_from_the_wrong_rank, "load-audit", "w13_weight over ranks"),
-    (draft_norm_not_loaded, "load-audit", "draft: 2 mismatch(es) with the checkpoint: model.hidden_norm.weight on rank 0: sum 256"),
-    (tensor_never_loaded, "load-audit", "never reached an engine parameter (and the contract does not exempt them): "
-                                        "model.layers.1.mlp.extra_router.weight"),
+    (
+        draft_norm_not_loaded,
+        "load-audit",
+        "draft: 2 mismatch(es) with the checkpoint: model.hidden_norm.weight on rank 0: sum 256",
+    ),
+    (
+        tensor_never_loaded,
+        "load-audit",
+        "never reached an engine parameter (and the contract does not exempt them): "
+        "model.layers.1.mlp.extra_router.weight",
+    ),
     (block_size_drift, "launch-flags", "block_size: engine has 64, contract says 32"),
     (draft_token_count_off, "spec-counters", "draft tokens"),
     (reported_count_off, "token-count", "usage says 99 tokens"),
@@ -514,13 +563,23 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
 def _drop_metric(text: str, name: str) -> str:
     """/metrics without any sample (or HELP/TYPE line) of the family `name`."""
     family = name.removesuffix("_total")
-    return "\n".join(line for line in text.splitlines()
-                     if not (line.startswith((family + "{", family + " ", family + "_total"))
-                             or (line.startswith("#") and f" {family}" in line))) + "\n"
+    return (
+        "\n".join(
+            line
+            for line in text.splitlines()
+            if not (
+                line.startswith((family + "{", family + " ", family + "_total"))
+                or (line.startswith("#") and f" {family}" in line)
+            )
+        )
+        + "\n"
+    )
 
 
 def draft_config_unavailable(run: Run) -> None:
-    _audit(run, 0, 1)["draft_quantization"] = "unavailable: AttributeError: 'NoneType' object has no attribute 'hf_config'"
+    _audit(run, 0, 1)["draft_quantization"] = (
+        "unavailable: AttributeError: 'NoneType' object has no attribute 'hf_config'"
+    )
 
 
 def draft_quantization_not_audited(run: Run) -> None:
@@ -629,9 +688,17 @@ def no_requests_at_all(run: Run) -> None:
 REMOVALS: list[tuple[Callable[[Run], None], str, str]] = [
     (no_target_table, "target-scale-audit", "no checkpoint table of calibrated scales"),
     (scale_calculation_not_audited, "target-scale-audit", "did not record calculate_kv_scales"),
-    (draft_config_unavailable, "draft-cache-audit", "quantization config could not be read: \"unavailable: AttributeError"),
+    (
+        draft_config_unavailable,
+        "draft-cache-audit",
+        'quantization config could not be read: "unavailable: AttributeError',
+    ),
     (draft_quantization_not_audited, "draft-cache-audit", "did not record the draft's quantization config"),
-    (fp8_path_not_audited, "engine-resolution", "rank 0: the audit does not say which FP8 attention implementation ran"),
+    (
+        fp8_path_not_audited,
+        "engine-resolution",
+        "rank 0: the audit does not say which FP8 attention implementation ran",
+    ),
     (no_server_log, "engine-resolution", "no server log recorded"),
     (no_rank_log, "engine-resolution", "no log of rank 1"),
     (log_not_scanned, "engine-resolution", "not scanned for backend fallbacks"),
@@ -655,8 +722,11 @@ REMOVALS: list[tuple[Callable[[Run], None], str, str]] = [
     (a_request_missing, "evidence-prompts", "no request for"),
     (no_rank_log, "evidence-ranks", "start-2: no log of Worker_TP1_EP1"),
     (no_cache_config_info, "evidence-metrics", "no /metrics scrape after the prompts"),
-    (no_start_identity, "fresh-start-reproduction", "start-2 records no start identity (evidence recorded before "
-                                                    "each start got a nonce)"),
+    (
+        no_start_identity,
+        "fresh-start-reproduction",
+        "start-2 records no start identity (evidence recorded before each start got a nonce)",
+    ),
     (no_process_creation_time, "fresh-start-reproduction", "start-1 rank 1: the audit records no process creation"),
     (logs_not_scanned_for_exceptions, "evidence-logs", "start-1: the server log was not scanned for exception"),
     (no_ready_time, "evidence-start", "start-1: ready after None s: the launch recorded no time to ready"),
@@ -672,20 +742,29 @@ MUTATIONS += [
     (metrics_scraped_after_only, "evidence-metrics", "start-2: no /metrics scrape before the prompts"),
     (prompt_repeated, "evidence-prompts", "start-1: requests outside the prompt set or repeated"),
     (process_outlived_teardown, "evidence-teardown", "start-2: still running after teardown: pid"),
-    (engine_listened_on_every_address, "evidence-exposure", "start-1: listening beyond loopback: VLLM::Worker_TP0_EP0 "
-                                                            "on 0.0.0.0"),
+    (
+        engine_listened_on_every_address,
+        "evidence-exposure",
+        "start-1: listening beyond loopback: VLLM::Worker_TP0_EP0 on 0.0.0.0",
+    ),
     (probe_failed, "evidence-probe", "start-1: the probe did not pass: ['rank 1: all-reduce gave 2.0"),
     (copied_start, "fresh-start-reproduction", "start-2 has start-1's identity (nonce "),
     (audit_of_another_start, "fresh-start-reproduction", "start-2 rank 1 echoes start-1's nonce"),
     (same_rank_process, "fresh-start-reproduction", "a rank of start-1: the same engine, not a fresh start"),
     (same_launch_time, "fresh-start-reproduction", "as start-1 was: not a fresh start of its own"),
-    (table_of_another_checkpoint, "load-audit", "draft: the engine served checkpoint 0000000000000000..., the "
-                                                "checkpoint table is of"),
+    (
+        table_of_another_checkpoint,
+        "load-audit",
+        "draft: the engine served checkpoint 0000000000000000..., the checkpoint table is of",
+    ),
     (crash_logged, "evidence-logs", "start-1: a process crashed: (Worker_TP1_EP1 pid=9) Fatal Python error"),
     (error_logged, "evidence-logs", "start-2: vLLM logged an error: (EngineCore pid=7) ERROR"),
     (exception_raised, "evidence-logs", "start-2: a process raised an exception: (Worker_TP0_EP0 pid=8) RuntimeError"),
-    (other_kv_scale_line, "evidence-logs", "a log line about KV scales that is not vLLM's generic FP8 notice: "
-                                           "(Worker_TP0_EP0 pid=8) WARNING"),
+    (
+        other_kv_scale_line,
+        "evidence-logs",
+        "a log line about KV scales that is not vLLM's generic FP8 notice: (Worker_TP0_EP0 pid=8) WARNING",
+    ),
     (unknown_finding_kind, "evidence-logs", "log findings of unknown kind ['oom_killer']"),
     (seed_drift, "launch-flags", "seed: engine has 7, contract says 0"),
     (ran_eager, "launch-flags", "compile_mode: engine has enforce_eager=True, contract says 'compiled'"),
@@ -698,12 +777,12 @@ def _rejected(run: Run, mutate, gate: str, message: str) -> None:
     assert failed, f"no gate rejected {mutate.__name__}"
     by_gate = [v for v in failed if v.gate == gate]
     assert by_gate, f"{mutate.__name__} was rejected only by {sorted({v.gate for v in failed})}, not by {gate}"
-    assert any(message in reason for v in by_gate for reason in v.reasons), \
+    assert any(message in reason for v in by_gate for reason in v.reasons), (
         f"{gate} rejected {mutate.__name__} without saying {message!r}: {[v.reasons for v in by_gate]}"
+    )
 
 
-@pytest.mark.parametrize(("mutate", "gate", "message"), MUTATIONS,
-                         ids=[f"{m.__name__}->{g}" for m, g, _ in MUTATIONS])
+@pytest.mark.parametrize(("mutate", "gate", "message"), MUTATIONS, ids=[f"{m.__name__}->{g}" for m, g, _ in MUTATIONS])
 def test_each_mutation_is_rejected_by_its_gate(recorded: Run, mutate, gate: str, message: str) -> None:
     _rejected(recorded.clone(), mutate, gate, message)
 
@@ -719,7 +798,10 @@ def test_the_required_subjects_come_from_the_contract(recorded: Run) -> None:
     starts, ranks, prompts = c.reproduction.fresh_starts, c.engine.tensor_parallel, len(recorded.prompts)
     checks = len(gates.EVIDENCE_CHECK_SCOPES)
     assert len(required) == len(set(required)) == starts * (5 * ranks + 3 * prompts + 3 + checks) + 1
-    assert ("cold-prompt", f"start-2 prompt:{recorded.prompts[-1]}") in required and ("fresh-start-reproduction", "run") in required
+    assert ("cold-prompt", f"start-2 prompt:{recorded.prompts[-1]}") in required and (
+        "fresh-start-reproduction",
+        "run",
+    ) in required
     teacher_only = {g for g, _ in gates.required_subjects(c.teacher(), recorded.prompts)}
     assert teacher_only == set(gates.CATALOGUE) - gates.SPECULATIVE_GATES
 
@@ -740,6 +822,7 @@ def test_every_gate_has_a_removal_that_fails_it() -> None:
 
 # --- the teacher belongs to the target -----------------------------------------------------------------
 
+
 def _other_draft(run: Run) -> None:
     """The same target with another draft: a DFlash re-sweep (another width, another draft checkpoint)."""
     data = run.contract.canonical()
@@ -748,15 +831,20 @@ def _other_draft(run: Run) -> None:
     run.contract = Contract.model_validate(data, strict=False)
     for s in run.starts:
         s.draft.digest = "d" * 64
-        s.target.manifest_digest = "e" * 64   # the whole mini's digest moves with its draft
+        s.target.manifest_digest = "e" * 64  # the whole mini's digest moves with its draft
 
 
 def test_candidates_differing_only_in_the_draft_share_one_teacher(recorded: Run) -> None:
     run = recorded.clone()
     _other_draft(run)
-    assert teacher.snapshot_path(SNAPSHOTS, run.contract, "x") == teacher.snapshot_path(SNAPSHOTS, recorded.contract, "x")
-    verdicts = [gates.teacher_exactness(s, p, run.contract, run.snapshots[p], f"<snapshot {p}>")
-                for s in run.starts for p in run.prompts]
+    assert teacher.snapshot_path(SNAPSHOTS, run.contract, "x") == teacher.snapshot_path(
+        SNAPSHOTS, recorded.contract, "x"
+    )
+    verdicts = [
+        gates.teacher_exactness(s, p, run.contract, run.snapshots[p], f"<snapshot {p}>")
+        for s in run.starts
+        for p in run.prompts
+    ]
     assert all(v.passed for v in verdicts), [v.explain() for v in verdicts if not v.passed]
 
 
@@ -764,7 +852,9 @@ def test_a_candidate_with_another_target_meets_a_foreign_teacher(recorded: Run) 
     run = recorded.clone()
     run.starts[0].target.digest = "a" * 64
     v = gates.teacher_exactness(run.starts[0], run.prompts[0], run.contract, run.snapshots[run.prompts[0]], "<s>")
-    assert not v.passed and any("foreign teacher: <s> was recorded on target checkpoint" in r for r in v.reasons), v.reasons
+    assert not v.passed and any("foreign teacher: <s> was recorded on target checkpoint" in r for r in v.reasons), (
+        v.reasons
+    )
 
 
 def test_a_teacher_mismatch_names_the_first_differing_token_and_the_text(recorded: Run) -> None:
@@ -773,8 +863,9 @@ def test_a_teacher_mismatch_names_the_first_differing_token_and_the_text(recorde
     r = run.starts[1].requests[0]
     v = gates.teacher_exactness(run.starts[1], r.prompt_id, run.contract, run.snapshots[r.prompt_id], "<s>")
     want = run.snapshots[r.prompt_id]["token_ids"][5]
-    assert any(f"from token 5 on (this run {r.token_ids[5]}, teacher {want})" in x and "text here" in x
-               for x in v.reasons), v.reasons
+    assert any(
+        f"from token 5 on (this run {r.token_ids[5]}, teacher {want})" in x and "text here" in x for x in v.reasons
+    ), v.reasons
 
 
 def test_the_original_is_untouched_by_mutations(recorded: Run) -> None:
@@ -815,6 +906,7 @@ def test_an_unquantized_kv_contract_wants_the_cache_in_the_model_dtype(recorded)
     assert not verdict.passed
     assert "KV cache tensor is 'uint8', the contract's KV dtype 'auto' stores it as 'float32'" in verdict.explain()
     reference = run.contract.unquantized_kv_reference()
-    assert set(gates.CATALOGUE) - set(gates.applicable_gates(reference)) == \
-        gates.SPECULATIVE_GATES | gates.FP8_ONLY_GATES
+    assert (
+        set(gates.CATALOGUE) - set(gates.applicable_gates(reference)) == gates.SPECULATIVE_GATES | gates.FP8_ONLY_GATES
+    )
     assert set(gates.applicable_gates(run.contract)) == set(gates.CATALOGUE)

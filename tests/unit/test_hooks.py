@@ -17,7 +17,7 @@ pytest_plugins = ["pytester"]
 
 # The other plugin: one gate of scope "start" (so one required subject per fresh start), and a reader of the
 # verdict. A lab would ship this as its own package with a pytest11 entry point; here it is loaded with -p.
-LATENCY_PLUGIN = '''
+LATENCY_PLUGIN = """
 import json
 
 def pytest_b70lab_gates(config):
@@ -27,10 +27,10 @@ def pytest_b70lab_verdict(config, decision, quality, run_dir):
     (run_dir / "read-by-plugin.json").write_text(json.dumps(
         {"promotable": decision.promotable, "complete": decision.complete, "failed_gates": decision.failed_gates,
          "required": sorted({gate for gate, _ in decision.required})}))
-'''
+"""
 
 # Its gate test: a pure function of the start's evidence, like the catalogue's.
-LATENCY_TEST = '''
+LATENCY_TEST = """
 import os
 import pytest
 from pytest_b70lab import gates
@@ -44,7 +44,7 @@ def test_first_token_latency(b70_start_evidence, b70_start, b70_verdict):
     reasons = [] if slowest <= limit else [f"slowest first token {slowest:.3f} s > {limit} s"]
     b70_verdict(gates.Verdict("first-token-latency", gates.subject(b70_start), not reasons, reasons,
                               {"slowest_first_token_s": slowest}))
-'''
+"""
 
 
 def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, limit_s: float, *extra: str):
@@ -53,8 +53,20 @@ def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, limit_s: fl
     monkeypatch.setenv("FIRST_TOKEN_LIMIT_S", str(limit_s))
     run = pytester.path / "run"
     shutil.copytree(BUNDLE, run)
-    result = pytester.runpytest(str(GATES), str(pytester.path / "test_latency.py"), "-m", "gates",
-                                "--b70-evidence", str(run), "-p", "latency_plugin", "-p", "no:cacheprovider", "-v", *extra)
+    result = pytester.runpytest(
+        str(GATES),
+        str(pytester.path / "test_latency.py"),
+        "-m",
+        "gates",
+        "--b70-evidence",
+        str(run),
+        "-p",
+        "latency_plugin",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        *extra,
+    )
     promotion = json.loads((run / "promotion.json").read_text())
     return result, promotion, json.loads((run / "read-by-plugin.json").read_text())
 
@@ -66,12 +78,16 @@ def _first_tokens(start: str) -> float:
 
 def test_a_plugin_gate_is_required_and_the_plugin_reads_the_verdict(pytester, monkeypatch) -> None:
     result, promotion, read = _run(pytester, monkeypatch, limit_s=60.0)
-    result.stdout.fnmatch_lines(["*test_first_token_latency?start-1? PASSED*", "*test_first_token_latency?start-2? PASSED*",
-                                 f"PROMOTABLE at * ({len(promotion['required'])}/{len(promotion['required'])} *"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_first_token_latency?start-1? PASSED*",
+            "*test_first_token_latency?start-2? PASSED*",
+            f"PROMOTABLE at * ({len(promotion['required'])}/{len(promotion['required'])} *",
+        ]
+    )
     assert ["first-token-latency", "start-1"] in promotion["required"]
     assert ["first-token-latency", "start-2"] in promotion["required"]
-    assert read == {"promotable": True, "complete": True, "failed_gates": [],
-                    "required": sorted(read["required"])}
+    assert read == {"promotable": True, "complete": True, "failed_gates": [], "required": sorted(read["required"])}
     assert "first-token-latency" in read["required"] and "teacher-exactness" in read["required"]
 
 
@@ -83,8 +99,12 @@ def test_a_failing_plugin_gate_stops_the_promotion(pytester, monkeypatch) -> Non
     slower = max(firsts, key=firsts.get)
     result, promotion, read = _run(pytester, monkeypatch, limit_s=(low + high) / 2)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["NOT PROMOTABLE*failed gates: first-token-latency*",
-                                 f"*test_first_token_latency?{slower}? failed: slowest first token*"])
+    result.stdout.fnmatch_lines(
+        [
+            "NOT PROMOTABLE*failed gates: first-token-latency*",
+            f"*test_first_token_latency?{slower}? failed: slowest first token*",
+        ]
+    )
     assert promotion["failed_gates"] == read["failed_gates"] == ["first-token-latency"]
     assert read["promotable"] is False
 
@@ -92,18 +112,24 @@ def test_a_failing_plugin_gate_stops_the_promotion(pytester, monkeypatch) -> Non
 def test_a_deselected_plugin_gate_leaves_the_run_incomplete(pytester, monkeypatch) -> None:
     result, promotion, read = _run(pytester, monkeypatch, 60.0, "-k", "not first_token_latency")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    assert sorted(map(tuple, promotion["missing"])) == [("first-token-latency", "start-1"),
-                                                         ("first-token-latency", "start-2")]
+    assert sorted(map(tuple, promotion["missing"])) == [
+        ("first-token-latency", "start-1"),
+        ("first-token-latency", "start-2"),
+    ]
     assert read["complete"] is False and read["promotable"] is False
 
 
-@pytest.mark.parametrize("declared, problem", [
-    ({"teacher-exactness": "prompt"}, "'teacher-exactness' is a gate of the catalogue already"),
-    ({"first-token-latency": "request"}, "scope 'request'; a scope is one of rank, prompt, start, run"),
-])
+@pytest.mark.parametrize(
+    "declared, problem",
+    [
+        ({"teacher-exactness": "prompt"}, "'teacher-exactness' is a gate of the catalogue already"),
+        ({"first-token-latency": "request"}, "scope 'request'; a scope is one of rank, prompt, start, run"),
+    ],
+)
 def test_a_bad_gate_declaration_is_a_usage_error(pytester, declared, problem) -> None:
-    pytester.makepyfile(bad_plugin=f"def pytest_b70lab_gates(config):\n    return {declared!r}\n",
-                        test_latency=LATENCY_TEST)
+    pytester.makepyfile(
+        bad_plugin=f"def pytest_b70lab_gates(config):\n    return {declared!r}\n", test_latency=LATENCY_TEST
+    )
     pytester.syspathinsert()
     result = pytester.runpytest("-p", "bad_plugin", "-p", "no:cacheprovider", "-m", "gates")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

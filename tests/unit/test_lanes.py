@@ -25,8 +25,9 @@ sys.exit(pytest.main(["--co", "-q", "-p", "no:cacheprovider"] + sys.argv[2:], pl
 
 
 def _collect(out: Path, *args: str) -> list[tuple[str, list[str]]]:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(out), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(out), *args], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [tuple(item) for item in json.loads(out.read_text())]
 

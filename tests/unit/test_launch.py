@@ -14,39 +14,51 @@ import pytest
 from pytest_b70lab import contract as contract_mod
 from pytest_b70lab.engine import starts
 from pytest_b70lab.engine.command import ServeConfig, TcpListen, vllm_serve_command
-from pytest_b70lab.engine.environment import (XPU_CARDS_VARIABLE, XPU_DIST_BACKEND, XPU_PER_RANK_VARIABLES,
-                                              engine_environment, ranks_need_blocking_allreduce, thread_binding,
-                                              xpu_environment)
+from pytest_b70lab.engine.environment import (
+    XPU_CARDS_VARIABLE,
+    XPU_DIST_BACKEND,
+    XPU_PER_RANK_VARIABLES,
+    engine_environment,
+    ranks_need_blocking_allreduce,
+    thread_binding,
+    xpu_environment,
+)
 
 
-@pytest.mark.parametrize(("cores", "world", "expected"), [
-    ({0, 1}, 1, "0"),            # TP1 on two cores: the other core serves the engine core and the client
-    ({0, 1}, 2, "0|1"),          # no core to spare: every core, and the all-reduce blocks (gloo) instead of spinning
-    ({0, 1}, 4, "0|1|0|1"),
-    ({0}, 2, "0|0"),
-    ({4, 5, 6, 7, 8, 9, 10, 11}, 4, "4|5|6|7"),
-    ({2, 3, 9}, 3, "2|3|9"),
-])
+@pytest.mark.parametrize(
+    ("cores", "world", "expected"),
+    [
+        ({0, 1}, 1, "0"),  # TP1 on two cores: the other core serves the engine core and the client
+        ({0, 1}, 2, "0|1"),  # no core to spare: every core, and the all-reduce blocks (gloo) instead of spinning
+        ({0, 1}, 4, "0|1|0|1"),
+        ({0}, 2, "0|0"),
+        ({4, 5, 6, 7, 8, 9, 10, 11}, 4, "4|5|6|7"),
+        ({2, 3, 9}, 3, "2|3|9"),
+    ],
+)
 def test_thread_binding_gives_ranks_their_own_cores_where_it_can(monkeypatch, cores, world, expected) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: cores)
     assert thread_binding(world) == expected
 
 
-@pytest.mark.parametrize(("cores", "world", "blocking"), [
-    ({0, 1}, 1, False),          # one rank: no all-reduce at all
-    ({0, 1}, 2, True),           # two ranks + the engine core on two cores: a spinning rank starves its peer
-    ({0, 1}, 4, True),
-    ({0, 1, 2}, 2, False),       # a core per rank and one for the engine core: vLLM's SHM path is fastest
-    (set(range(16)), 4, False),
-])
-def test_the_spinning_shm_allreduce_is_turned_off_when_ranks_lack_cores(monkeypatch, tmp_path, cores, world,
-                                                                        blocking) -> None:
+@pytest.mark.parametrize(
+    ("cores", "world", "blocking"),
+    [
+        ({0, 1}, 1, False),  # one rank: no all-reduce at all
+        ({0, 1}, 2, True),  # two ranks + the engine core on two cores: a spinning rank starves its peer
+        ({0, 1}, 4, True),
+        ({0, 1, 2}, 2, False),  # a core per rank and one for the engine core: vLLM's SHM path is fastest
+        (set(range(16)), 4, False),
+    ],
+)
+def test_the_spinning_shm_allreduce_is_turned_off_when_ranks_lack_cores(
+    monkeypatch, tmp_path, cores, world, blocking
+) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: cores)
     assert ranks_need_blocking_allreduce(world) is blocking
     env = engine_environment(tmp_path, world, device="cpu", materialize=False)
     assert (env.get("VLLM_CPU_SHM_ALLREDUCE") == "0") is blocking
-    assert "VLLM_CPU_SHM_ALLREDUCE" not in engine_environment(tmp_path, world, device="xpu",
-                                                                     materialize=False)
+    assert "VLLM_CPU_SHM_ALLREDUCE" not in engine_environment(tmp_path, world, device="xpu", materialize=False)
 
 
 def test_the_benchmark_mode_listens_on_loopback_and_keeps_its_key_off_the_command_line(tmp_path: Path) -> None:
@@ -59,11 +71,20 @@ def test_the_benchmark_mode_listens_on_loopback_and_keeps_its_key_off_the_comman
 
 
 def test_serve_arguments_fix_the_measurement_conditions(tmp_path: Path) -> None:
-    config = ServeConfig(model=tmp_path / "target", draft=tmp_path / "draft", tensor_parallel=2,
-                                expert_parallel=True, attention_backend="FLASH_ATTN")
+    config = ServeConfig(
+        model=tmp_path / "target",
+        draft=tmp_path / "draft",
+        tensor_parallel=2,
+        expert_parallel=True,
+        attention_backend="FLASH_ATTN",
+    )
     args = config.args()
-    for flag in ("--no-enable-prefix-caching", "--no-async-scheduling", "--enable-prompt-tokens-details",
-                 "--enable-expert-parallel"):
+    for flag in (
+        "--no-enable-prefix-caching",
+        "--no-async-scheduling",
+        "--enable-prompt-tokens-details",
+        "--enable-expert-parallel",
+    ):
         assert flag in args
     assert args[args.index("--max-num-seqs") + 1] == "1"
     assert args[args.index("--attention-backend") + 1] == "FLASH_ATTN"
@@ -100,7 +121,7 @@ def _dry_run(tmp_path: Path, monkeypatch) -> tuple[contract_mod.Contract, list[s
     command = shlex.split(lines[lines.index("command:") + 1])
     at = next(i for i, line in enumerate(lines) if line.startswith("environment"))
     env = {}
-    for line in lines[at + 1:]:
+    for line in lines[at + 1 :]:
         if not line.startswith("  "):
             break
         key, _, value = line.strip().partition("=")
@@ -124,8 +145,11 @@ def test_the_production_dry_run_carries_every_contract_setting(tmp_path: Path, m
 
     def device_profile() -> bool:  # the device: its cards, one per rank, and its executor
         cards = env.get("ZE_AFFINITY_MASK", "").split(",")
-        return (e.device == "xpu" and len(set(cards)) == e.tensor_parallel
-                and switch("--distributed-executor-backend", True))
+        return (
+            e.device == "xpu"
+            and len(set(cards)) == e.tensor_parallel
+            and switch("--distributed-executor-backend", True)
+        )
 
     # Every engine and speculative field of the contract, and what it must produce; derived from the
     # contract's values, so a field added to the contract without a launch mapping fails here.

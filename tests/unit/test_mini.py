@@ -30,8 +30,11 @@ def test_two_builds_are_byte_identical(tmp_path: Path, b70_mini_model: Path) -> 
 
 def test_manifest_matches_the_files(b70_mini_model: Path) -> None:
     manifest = mini.verify(b70_mini_model)
-    on_disk = {p.relative_to(b70_mini_model).as_posix() for p in b70_mini_model.rglob("*")
-               if p.is_file() and p.name != mini.MANIFEST}
+    on_disk = {
+        p.relative_to(b70_mini_model).as_posix()
+        for p in b70_mini_model.rglob("*")
+        if p.is_file() and p.name != mini.MANIFEST
+    }
     assert set(manifest["files"]) == on_disk
     assert manifest["recipe_digest"] == mini.recipe_digest()
     assert manifest["weights"]["files"] == mini.weight_digests(), "the manifest pins the committed weights"
@@ -49,14 +52,21 @@ def test_target_carries_calibrated_kv_scales_the_compressed_tensors_way(b70_mini
 
     tensors = load_file(str(b70_mini_model / "target" / "model.safetensors"))
     n = manifest["target"]["num_layers"]
-    stored = {mini.engine_attention_layer(i): (float(tensors[f"model.layers.{i}.self_attn.k_scale"]),
-                                               float(tensors[f"model.layers.{i}.self_attn.v_scale"]))
-              for i in range(n)}
-    assert sum(1 for k in tensors if k.endswith(("k_scale", "v_scale"))) == manifest["target"]["kv_scale_count"] == 2 * n
+    stored = {
+        mini.engine_attention_layer(i): (
+            float(tensors[f"model.layers.{i}.self_attn.k_scale"]),
+            float(tensors[f"model.layers.{i}.self_attn.v_scale"]),
+        )
+        for i in range(n)
+    }
+    assert (
+        sum(1 for k in tensors if k.endswith(("k_scale", "v_scale"))) == manifest["target"]["kv_scale_count"] == 2 * n
+    )
     assert mini.kv_scale_digest(stored) == manifest["target"]["kv_scale_digest"]
     values = [s for pair in stored.values() for s in pair]
-    assert all(0 < s < 1 for s in values) and len(set(values)) == len(values), \
+    assert all(0 < s < 1 for s in values) and len(set(values)) == len(values), (
         f"every layer should calibrate to scales of its own, not 1.0: {stored}"
+    )
 
 
 def test_scales_fit_the_calibration_activations(b70_mini_model: Path) -> None:
@@ -72,6 +82,7 @@ def test_scales_fit_the_calibration_activations(b70_mini_model: Path) -> None:
     def keep(i: int, kind: str):
         def hook(_m, _i, out):
             seen[(i, kind)] = max(seen.get((i, kind), 0.0), float(out.abs().max()))
+
         return hook
 
     for i, layer in enumerate(model.model.layers):
@@ -86,8 +97,9 @@ def test_scales_fit_the_calibration_activations(b70_mini_model: Path) -> None:
         k_codes = seen[(i, "k")] * mini.trained_recipe().k_scale_headroom / scales["k_scale"]
         # bf16 storage of the scale moves it by at most 2^-8 relative
         for kind, codes in (("v", v_codes), ("k", k_codes)):
-            assert 448 * (1 - 2**-7) <= codes <= 448 * (1 + 2**-7), \
+            assert 448 * (1 - 2**-7) <= codes <= 448 * (1 + 2**-7), (
                 f"layer {i} {kind}: calibration maximum maps to {codes:.1f}, expected ~448"
+            )
 
 
 def test_draft_is_a_dflash_laguna_without_kv_calibration(b70_mini_model: Path) -> None:
@@ -117,6 +129,7 @@ def test_router_bias_is_stored_and_not_zero(b70_mini_model: Path) -> None:
 def test_verify_names_a_tampered_file(tmp_path: Path, b70_mini_model: Path) -> None:
     copy = tmp_path / b70_mini_model.name
     import shutil
+
     shutil.copytree(b70_mini_model, copy)
     weights = copy / "draft" / "model.safetensors"
     data = bytearray(weights.read_bytes())
@@ -150,8 +163,9 @@ def test_cli_builds_once_and_prints_the_folder(tmp_path: Path, b70_mini_model: P
 
 def test_cli_reports_a_broken_cache_without_a_traceback(tmp_path: Path) -> None:
     (tmp_path / mini.MANIFEST).write_text("{oops")
-    run = subprocess.run([sys.executable, "-m", "pytest_b70lab.cli", "mini", "verify", str(tmp_path)],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest_b70lab.cli", "mini", "verify", str(tmp_path)], capture_output=True, text=True
+    )
     assert run.returncode == 2
     assert "Traceback" not in run.stderr and "is corrupted" in run.stderr
 
@@ -165,8 +179,9 @@ def test_the_served_model_is_the_committed_weights(b70_mini_model: Path) -> None
     assert sorted(committed) == sorted(served)
     differing = [name for name, t in committed.items() if not torch.equal(t, served[name])]
     assert not differing, f"served target tensors differ from fixtures/mini/target.safetensors: {differing[:5]}"
-    assert (b70_mini_model / "draft" / "model.safetensors").read_bytes() == \
-        (mini.weights_dir() / "draft.safetensors").read_bytes()
+    assert (b70_mini_model / "draft" / "model.safetensors").read_bytes() == (
+        mini.weights_dir() / "draft.safetensors"
+    ).read_bytes()
 
 
 def test_the_served_tokenizer_carries_the_chat_template_and_tool_tokens(b70_mini_model: Path) -> None:
@@ -178,8 +193,9 @@ def test_the_served_tokenizer_carries_the_chat_template_and_tool_tokens(b70_mini
     assert tok.chat_template == curriculum.CHAT_TEMPLATE
     for token in curriculum.TOOL_TOKENS:
         ids = tok(token, add_special_tokens=False)["input_ids"]
-        assert len(ids) == 1 and tok.decode(ids, skip_special_tokens=True) == token, \
+        assert len(ids) == 1 and tok.decode(ids, skip_special_tokens=True) == token, (
             f"{token} must be one token that survives decoding (vLLM's poolside_v1 parser reads it)"
+        )
 
 
 def test_missing_weights_are_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,5 +217,5 @@ def test_the_trained_target_retrieves_held_out_needles(b70_mini_model: Path) -> 
         ids = tok(sample.prompt, return_tensors="pt")["input_ids"]
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
-        text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         assert text.split()[:1] == [sample.meta["expected"]], f"needle {sample.meta['key']}: got {text!r}"

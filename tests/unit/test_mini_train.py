@@ -43,12 +43,14 @@ def _tensor_table(path: Path) -> dict[str, tuple[str, list[int]]]:
         return {name: (f.get_slice(name).get_dtype(), f.get_slice(name).get_shape()) for name in f.keys()}
 
 
-def test_a_few_steps_on_cpu_train_weights_the_build_serves(tmp_path: Path, one_thread: None,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_few_steps_on_cpu_train_weights_the_build_serves(
+    tmp_path: Path, one_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "w"
     target_cfg = replace(train.TargetTraining(), steps=2, batch=2, seqlen=128, log_every=1)
-    draft_cfg = replace(distil.DraftTraining(), steps=2, batch=2, blocks=2, rollouts=4, rollout_tokens=24,
-                        eval_rollouts=2, log_every=1)
+    draft_cfg = replace(
+        distil.DraftTraining(), steps=2, batch=2, blocks=2, rollouts=4, rollout_tokens=24, eval_rollouts=2, log_every=1
+    )
     train.train_target(out, cfg=target_cfg, device="cpu")
     distil.train_draft(out, cfg=draft_cfg, device="cpu")
 
@@ -80,8 +82,9 @@ def test_a_few_steps_on_cpu_train_weights_the_build_serves(tmp_path: Path, one_t
     tok = load_tokenizer(out, recipe_mod.TRAINED_RECIPE)
     assert len(tok) == committed["architecture"]["vocab_size"]
     for name in (recipe_mod.TARGET_WEIGHTS, recipe_mod.DRAFT_WEIGHTS):
-        assert _tensor_table(out / name) == _tensor_table(COMMITTED / name), \
+        assert _tensor_table(out / name) == _tensor_table(COMMITTED / name), (
             f"{name}: tensor names, dtypes or shapes differ from the committed weights"
+        )
 
     monkeypatch.setenv("B70LAB_MINI_WEIGHTS", str(out))
     folder = mini.build(tmp_path / "cache")
@@ -92,8 +95,9 @@ def test_a_few_steps_on_cpu_train_weights_the_build_serves(tmp_path: Path, one_t
 
 
 def test_trainer_module_help() -> None:
-    done = subprocess.run([sys.executable, "-m", "pytest_b70lab.mini.train", "--help"], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_b70lab.mini.train", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert "--time-budget" in done.stdout
 

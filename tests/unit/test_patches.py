@@ -35,6 +35,5 @@ def test_patches_apply_to_the_installed_vllm(tmp_path: Path) -> None:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(site / rel, target)
     for patch in PATCHES:
-        run = subprocess.run(["git", "apply", "--verbose", str(patch)], cwd=tmp_path,
-                             capture_output=True, text=True)
+        run = subprocess.run(["git", "apply", "--verbose", str(patch)], cwd=tmp_path, capture_output=True, text=True)
         assert run.returncode == 0, f"{patch.name} does not apply to vLLM {vllm.__version__}:\n{run.stderr}"

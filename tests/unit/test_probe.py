@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import psutil
-import pytest
 
 from pytest_b70lab import cli
 from pytest_b70lab.engine import environment
@@ -28,8 +27,9 @@ def _saved(folder: Path) -> ProbeResult:
 def _no_rank_left(result) -> None:
     for r in result.ranks:
         assert r.gone, f"rank {r.rank} left processes behind"
-        assert r.pid is None or not psutil.pid_exists(r.pid) or \
-            psutil.Process(r.pid).status() == psutil.STATUS_ZOMBIE, f"rank {r.rank} (pid {r.pid}) still runs"
+        assert (
+            r.pid is None or not psutil.pid_exists(r.pid) or psutil.Process(r.pid).status() == psutil.STATUS_ZOMBIE
+        ), f"rank {r.rank} (pid {r.pid}) still runs"
 
 
 def test_two_ranks_pass_with_the_right_sum(tmp_path: Path) -> None:
@@ -46,12 +46,27 @@ def test_two_ranks_pass_with_the_right_sum(tmp_path: Path) -> None:
 
 def test_a_rank_that_never_enters_the_all_reduce_fails_in_seconds(tmp_path: Path, capsys) -> None:
     """Through `b70lab probe collectives`, as the lab runs it before trusting a fabric again."""
-    code = cli.main(["probe", "collectives", "--contract", "mini-laguna-cpu", "--stall-rank", "1",
-                     "--collective-deadline", "5", "--out", str(tmp_path / "probe"),
-                     "--cache-dir", str(tmp_path / "cache")])
+    code = cli.main(
+        [
+            "probe",
+            "collectives",
+            "--contract",
+            "mini-laguna-cpu",
+            "--stall-rank",
+            "1",
+            "--collective-deadline",
+            "5",
+            "--out",
+            str(tmp_path / "probe"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ]
+    )
     assert code == 1
-    assert capsys.readouterr().out.splitlines()[1:3] == ["  rank 0: stopped after entered, never completed",
-                                                         "  rank 1: stopped after initialized, never entered"]
+    assert capsys.readouterr().out.splitlines()[1:3] == [
+        "  rank 0: stopped after entered, never completed",
+        "  rank 1: stopped after initialized, never entered",
+    ]
     result = _saved(tmp_path / "probe")
     assert not result.passed
     by_rank = {r.rank: r for r in result.ranks}

@@ -11,15 +11,16 @@ import time
 from pytest_b70lab import processes
 
 # A child that starts a grandchild in its own group, prints the grandchild's pid, and sleeps.
-FAMILY = ("import subprocess, sys, time\n"
-          "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-          "print(g.pid, flush=True)\n"
-          "time.sleep(60)\n")
+FAMILY = (
+    "import subprocess, sys, time\n"
+    "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "print(g.pid, flush=True)\n"
+    "time.sleep(60)\n"
+)
 
 
 def _family() -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-c", FAMILY], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", FAMILY], stdout=subprocess.PIPE, text=True, start_new_session=True)
     grandchild = int(proc.stdout.readline())
     return proc, grandchild
 

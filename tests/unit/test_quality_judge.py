@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import contract, verdict
-from pytest_b70lab.quality import baseline, checks, judge, samples
+from pytest_b70lab.quality import checks, judge, samples
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,11 +32,13 @@ class _Ran:
 
 # --- one answer -------------------------------------------------------------------------------------
 
+
 def test_coding_runs_prompt_body_and_test_and_cuts_at_the_stop(mini_set) -> None:
     s = _first(mini_set, "coding")
     programs: list[str] = []
-    score = checks.coding(s, checks.Answer(text="    return 1\n\ndef extra(): pass\n"),
-                          lambda p: programs.append(p) or _Ran(True))
+    score = checks.coding(
+        s, checks.Answer(text="    return 1\n\ndef extra(): pass\n"), lambda p: programs.append(p) or _Ran(True)
+    )
     assert score.passed
     assert programs[0].startswith(s.prompt + "    return 1\n\n")
     assert "def extra" not in programs[0] and programs[0].rstrip().endswith(f"check({s.entry_point})")
@@ -45,8 +47,10 @@ def test_coding_runs_prompt_body_and_test_and_cuts_at_the_stop(mini_set) -> None
 def test_structured_validates_against_the_samples_schema(mini_set) -> None:
     s = _first(mini_set, "structured")
     schema = s.schema_
-    good = {k: (v["enum"][0] if "enum" in v else {"string": "x", "integer": 1, "boolean": True}[v["type"]])
-            for k, v in schema["properties"].items()}
+    good = {
+        k: (v["enum"][0] if "enum" in v else {"string": "x", "integer": 1, "boolean": True}[v["type"]])
+        for k, v in schema["properties"].items()
+    }
     assert checks.structured(s, checks.Answer(text=json.dumps(good) + "\n")).passed
     first = next(iter(good))
     bad = checks.structured(s, checks.Answer(text=json.dumps({**good, first: [1]})))
@@ -79,8 +83,9 @@ def test_repetition_figures() -> None:
     s = samples.QualitySample(id="r", family="repetition", prompt="p", max_tokens=10)
     loop = checks.repetition(s, checks.Answer(text=" ".join(["one two three four five"] * 8)), limits)
     assert not loop.passed and loop.figures["longest_repeated_span"] == 35
-    prose = checks.repetition(s, checks.Answer(text="The baker opened a quiet garden in the spring and smiled."),
-                              limits)
+    prose = checks.repetition(
+        s, checks.Answer(text="The baker opened a quiet garden in the spring and smiled."), limits
+    )
     assert prose.passed, prose.detail
 
 
@@ -98,6 +103,7 @@ def test_a_failed_request_is_a_failed_sample_with_the_engines_error(mini_set) ->
 
 
 # --- the paired exact test ---------------------------------------------------------------------------
+
 
 def test_one_sided_binomial_p_values() -> None:
     assert judge.one_sided_p(0, 7) == 1.0
@@ -137,27 +143,44 @@ def test_judge_fails_closed_on_missing_answers_and_a_stale_baseline(mini_set) ->
 def test_every_figure_of_the_mini_set() -> None:
     q = contract.load("mini-laguna-cpu").quality
     figures = judge.keys_by_figure(samples.load(contract.repo_path(q.file), q.sha256, q.count))
-    assert set(figures) == {"coding", "structured/guided", "structured/unguided", "tool_use", "repetition",
-                            "long_context/quarter", "long_context/half", "long_context/near-max"}
+    assert set(figures) == {
+        "coding",
+        "structured/guided",
+        "structured/unguided",
+        "tool_use",
+        "repetition",
+        "long_context/quarter",
+        "long_context/half",
+        "long_context/near-max",
+    }
     assert figures["structured/guided"] == [(k, "guided") for k, _ in figures["structured/unguided"]]
 
 
 # --- the quality verdict line -------------------------------------------------------------------------
 
+
 def _outcome(figure: str, outcome: str, c: int | None, b: int, n: int, p: float | None) -> verdict.QualityOutcome:
     observed = {"candidate_passed": c, "baseline_passed": b, "samples": n, "p_value": p} if c is not None else {}
-    return verdict.QualityOutcome(f"tests/quality/test_quality.py::test_quality[{figure}]", figure, outcome,
-                                  "" if outcome == "passed" else "why", observed)
+    return verdict.QualityOutcome(
+        f"tests/quality/test_quality.py::test_quality[{figure}]",
+        figure,
+        outcome,
+        "" if outcome == "passed" else "why",
+        observed,
+    )
 
 
 def test_quality_verdict_lines() -> None:
-    ok = verdict.QualityDecision(["coding", "tool_use"], [_outcome("coding", "passed", 28, 28, 30, 1.0),
-                                                          _outcome("tool_use", "passed", 29, 30, 30, 0.5)])
+    ok = verdict.QualityDecision(
+        ["coding", "tool_use"],
+        [_outcome("coding", "passed", 28, 28, 30, 1.0), _outcome("tool_use", "passed", 29, 30, 30, 0.5)],
+    )
     assert ok.status == "ok"
     assert verdict.quality_summary(ok)[0][0].startswith("QUALITY OK - 2 figures")
-    bad = verdict.QualityDecision(["coding", "long_context/near-max"],
-                                  [_outcome("coding", "passed", 28, 28, 30, 1.0),
-                                   _outcome("long_context/near-max", "failed", 0, 8, 8, 1 / 256)])
+    bad = verdict.QualityDecision(
+        ["coding", "long_context/near-max"],
+        [_outcome("coding", "passed", 28, 28, 30, 1.0), _outcome("long_context/near-max", "failed", 0, 8, 8, 1 / 256)],
+    )
     assert bad.status == "regressed"
     assert verdict.quality_summary(bad)[0][0] == "QUALITY REGRESSED: long_context/near-max: 0/8 vs 8/8"
     partial = verdict.QualityDecision(["coding", "tool_use"], [_outcome("coding", "failed", None, 0, 0, None)])

@@ -26,8 +26,18 @@ def _replay(pytester: pytest.Pytester, tests: Path = QUALITY, run: Path | None =
         run = pytester.path / "run"
         shutil.copytree(BUNDLE, run)
     junit = pytester.path / "quality.xml"
-    result = pytester.runpytest(str(tests), "-m", "quality", "-k", "not baseline", "--b70-evidence", str(run),
-                                f"--junitxml={junit}", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        str(tests),
+        "-m",
+        "quality",
+        "-k",
+        "not baseline",
+        "--b70-evidence",
+        str(run),
+        f"--junitxml={junit}",
+        "-p",
+        "no:cacheprovider",
+    )
     return result, run, junit
 
 
@@ -73,8 +83,9 @@ def test_an_edited_baseline_fails_closed(pytester: pytest.Pytester) -> None:
     path.write_text(json.dumps(data, indent=2))
     result, run, _ = _replay(pytester, tests)
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*does not match its own digest*edited after it was recorded*",
-                                 "*QUALITY NOT JUDGED*"])
+    result.stdout.fnmatch_lines(
+        ["*does not match its own digest*edited after it was recorded*", "*QUALITY NOT JUDGED*"]
+    )
     assert "QUALITY OK" not in result.stdout.str()
     assert json.loads((run / "promotion.json").read_text())["quality"]["status"] == "incomplete"
 
@@ -112,22 +123,33 @@ def test_evidence_without_quality_answers_is_not_judged(pytester: pytest.Pyteste
 
 
 def test_a_contract_without_a_quality_table_cannot_pass_gate_8_and_does_not_stop_the_gates(
-        pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest(str(QUALITY), "-m", "quality", "--b70-contract", "mini-laguna-cpu-path",
-                                "-p", "no:cacheprovider")
+    pytester: pytest.Pytester,
+) -> None:
+    result = pytester.runpytest(
+        str(QUALITY), "-m", "quality", "--b70-contract", "mini-laguna-cpu-path", "-p", "no:cacheprovider"
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*contract mini-laguna-cpu-path has no ?quality? table: gate 8*",
-                                 "*QUALITY NOT JUDGED*"])
+    result.stdout.fnmatch_lines(
+        ["*contract mini-laguna-cpu-path has no ?quality? table: gate 8*", "*QUALITY NOT JUDGED*"]
+    )
     assert "QUALITY OK" not in result.stdout.str()
     # Selecting the gates collects the quality tests too: they are deselected, never a collection error.
-    collected = pytester.runpytest(str(QUALITY), "-m", "gates", "--b70-contract", "mini-laguna-cpu-path",
-                                   "--collect-only", "-q", "-p", "no:cacheprovider")
+    collected = pytester.runpytest(
+        str(QUALITY),
+        "-m",
+        "gates",
+        "--b70-contract",
+        "mini-laguna-cpu-path",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    )
     assert collected.ret == pytest.ExitCode.NO_TESTS_COLLECTED, collected.stdout.str()
 
 
 @pytest.mark.parametrize("markexpr", ["quality or gates", "gates", "not teacher"])
-def test_snapshot_update_records_only_a_teacher_or_a_quality_baseline(pytester: pytest.Pytester,
-                                                                      markexpr: str) -> None:
+def test_snapshot_update_records_only_a_teacher_or_a_quality_baseline(pytester: pytest.Pytester, markexpr: str) -> None:
     result = pytester.runpytest("-m", markexpr, "--snapshot-update")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*only allowed with `-m teacher` or `-m quality` alone*"])

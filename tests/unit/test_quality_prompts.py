@@ -56,8 +56,9 @@ def sets() -> dict[Path, list[QualitySample]]:
 
 
 def _run(program: str, stdin: str = "", timeout: float = 10) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-I", "-c", program], input=stdin, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-I", "-c", program], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_generator_reproduces_both_files_byte_for_byte(tmp_path: Path) -> None:
@@ -66,8 +67,7 @@ def test_the_generator_reproduces_both_files_byte_for_byte(tmp_path: Path) -> No
         assert (tmp_path / path.name).read_bytes() == path.read_bytes(), f"{path.name} differs from its generator"
 
 
-def test_both_sets_load_with_their_digest_and_every_family_has_its_count(
-        sets: dict[Path, list[QualitySample]]) -> None:
+def test_both_sets_load_with_their_digest_and_every_family_has_its_count(sets: dict[Path, list[QualitySample]]) -> None:
     for path, loaded in sets.items():
         assert Counter(s.family for s in loaded) == Counter(COUNTS[path]), path.name
         for s in loaded:
@@ -75,8 +75,10 @@ def test_both_sets_load_with_their_digest_and_every_family_has_its_count(
 
 
 def test_targets_follow_the_contracts_max_model_len() -> None:
-    for contract, targets, margin in (("mini-laguna-cpu.toml", MINI_TARGETS, 16),
-                                      ("laguna-s-2.1-int4-fp8kv-b70.toml", PROD_TARGETS, 256)):
+    for contract, targets, margin in (
+        ("mini-laguna-cpu.toml", MINI_TARGETS, 16),
+        ("laguna-s-2.1-int4-fp8kv-b70.toml", PROD_TARGETS, 256),
+    ):
         window = tomllib.loads((ROOT / "fixtures" / "contracts" / contract).read_text())["engine"]["max_model_len"]
         assert targets == {"quarter": window // 4, "half": window // 2, "near-max": window - margin}
 
@@ -110,17 +112,20 @@ def test_humaneval_canonical_solutions_pass(sets: dict[Path, list[QualitySample]
         assert (s.prompt, s.entry_point, s.test) == (p["prompt"], p["entry_point"], p["test"])
         body = p["canonical_solution"]
         programs.append([s.id, s.prompt + body + "\n" + (s.test or "") + f"\ncheck({s.entry_point})\n"])
-    runner = ("import json, sys, traceback\nfailed = []\nfor name, program in json.load(sys.stdin):\n"
-              "    try:\n        exec(program, {'__name__': '__check__'})\n"
-              "    except BaseException:\n        failed.append(name + ': ' + traceback.format_exc(limit=1))\n"
-              "print(json.dumps(failed))\n")
+    runner = (
+        "import json, sys, traceback\nfailed = []\nfor name, program in json.load(sys.stdin):\n"
+        "    try:\n        exec(program, {'__name__': '__check__'})\n"
+        "    except BaseException:\n        failed.append(name + ': ' + traceback.format_exc(limit=1))\n"
+        "print(json.dumps(failed))\n"
+    )
     result = _run(runner, json.dumps(programs), timeout=60)
     assert result.returncode == 0, result.stderr[-1000:]
     assert json.loads(result.stdout) == []
 
 
 def test_mini_needles_are_counted_with_the_tokenizer_and_sized_to_their_position(
-        sets: dict[Path, list[QualitySample]]) -> None:
+    sets: dict[Path, list[QualitySample]],
+) -> None:
     tokenizer = load_tokenizer(ROOT / "fixtures" / "mini", TRAINED_RECIPE)
     needles = [s for s in sets[MINI] if s.family == "long_context"]
     assert Counter(s.position for s in needles) == {"quarter": 8, "half": 8, "near-max": 8}
@@ -133,8 +138,7 @@ def test_mini_needles_are_counted_with_the_tokenizer_and_sized_to_their_position
         assert f"{key}={s.expected};" in s.prompt + ";", s.id
 
 
-def test_production_needles_fit_the_window_even_at_one_token_a_character(
-        sets: dict[Path, list[QualitySample]]) -> None:
+def test_production_needles_fit_the_window_even_at_one_token_a_character(sets: dict[Path, list[QualitySample]]) -> None:
     needles = [s for s in sets[PROD] if s.family == "long_context"]
     assert Counter(s.position for s in needles) == {"quarter": 8, "half": 8, "near-max": 8}
     for s in needles:

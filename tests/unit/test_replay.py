@@ -77,22 +77,31 @@ def test_a_contract_changed_since_recording_is_named_in_the_verdict(pytester: py
     run, digest = _loosened_copy(pytester.path)
     result = _replay(pytester, run)
     assert result.ret != 0
-    result.stdout.fnmatch_lines([f"NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu: recorded under "
-                                 f"mini-laguna-cpu {digest[:12]}, fixtures/contracts/mini-laguna-cpu.toml is now "
-                                 f"{_repository_digest()[:12]}: the contract changed since this evidence was recorded*"
-                                 f"--b70-contract mini-laguna-cpu@{digest}*"])
+    result.stdout.fnmatch_lines(
+        [
+            f"NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu: recorded under "
+            f"mini-laguna-cpu {digest[:12]}, fixtures/contracts/mini-laguna-cpu.toml is now "
+            f"{_repository_digest()[:12]}: the contract changed since this evidence was recorded*"
+            f"--b70-contract mini-laguna-cpu@{digest}*"
+        ]
+    )
     assert "PROMOTABLE at" not in result.stdout.str()
     assert _promotion(run)["promotable"] is False
 
 
 def test_naming_the_repository_contract_for_evidence_recorded_under_another_is_refused(
-        pytester: pytest.Pytester) -> None:
+    pytester: pytest.Pytester,
+) -> None:
     run, digest = _loosened_copy(pytester.path)
     result = _replay(pytester, run, "--b70-contract", "mini-laguna-cpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--b70-contract mini-laguna-cpu is mini-laguna-cpu {_repository_digest()[:12]}, "
-                                 f"but {run} was recorded under mini-laguna-cpu {digest[:12]}: a replay is judged "
-                                 f"under the contract it was recorded under, never another*"])
+    result.stderr.fnmatch_lines(
+        [
+            f"*--b70-contract mini-laguna-cpu is mini-laguna-cpu {_repository_digest()[:12]}, "
+            f"but {run} was recorded under mini-laguna-cpu {digest[:12]}: a replay is judged "
+            f"under the contract it was recorded under, never another*"
+        ]
+    )
     assert _not_promoted(run)
 
 
@@ -101,8 +110,9 @@ def test_naming_another_contract_is_refused(pytester: pytest.Pytester) -> None:
     shutil.copytree(BUNDLE, run)
     result = _replay(pytester, run, "--b70-contract", "mini-laguna-cpu-path")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--b70-contract mini-laguna-cpu-path is mini-laguna-cpu-path *, but * was recorded "
-                                 "under mini-laguna-cpu *"])
+    result.stderr.fnmatch_lines(
+        ["*--b70-contract mini-laguna-cpu-path is mini-laguna-cpu-path *, but * was recorded under mini-laguna-cpu *"]
+    )
 
 
 def test_the_recorded_contract_named_by_its_digest_judges_the_replay(pytester: pytest.Pytester) -> None:
@@ -121,9 +131,13 @@ def test_two_starts_recorded_under_different_contracts_are_refused(pytester: pyt
     run, digest = _loosened_copy(pytester.path, starts=(2,))
     result = _replay(pytester, run)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*start-2 of {run} was recorded under contract mini-laguna-cpu {digest[:12]}, "
-                                 f"start-1 under mini-laguna-cpu {_repository_digest()[:12]}: one run is recorded "
-                                 f"under one contract*"])
+    result.stderr.fnmatch_lines(
+        [
+            f"*start-2 of {run} was recorded under contract mini-laguna-cpu {digest[:12]}, "
+            f"start-1 under mini-laguna-cpu {_repository_digest()[:12]}: one run is recorded "
+            f"under one contract*"
+        ]
+    )
     assert _not_promoted(run)
 
 
@@ -132,18 +146,23 @@ def test_an_embedded_contract_whose_digest_is_not_its_text_is_refused(pytester: 
     shutil.copytree(BUNDLE, run)
 
     def edit(record: evidence.Evidence) -> None:
-        record.contract.canonical["reproduction"]["throughput_tolerance"] = 0.99   # the digest left as it was
+        record.contract.canonical["reproduction"]["throughput_tolerance"] = 0.99  # the digest left as it was
 
     _rewrite(run, 1, edit)
     _rewrite(run, 2, edit)
     result = _replay(pytester, run)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*evidence {run / 'start-1' / 'evidence.json'}: contract.digest "
-                                 f"{_repository_digest()[:12]} is not the digest of contract.canonical *: the evidence "
-                                 f"contradicts itself*"])
+    result.stderr.fnmatch_lines(
+        [
+            f"*evidence {run / 'start-1' / 'evidence.json'}: contract.digest "
+            f"{_repository_digest()[:12]} is not the digest of contract.canonical *: the evidence "
+            f"contradicts itself*"
+        ]
+    )
 
 
 # --- figures from the arrival times, never from the record --------------------------------------------------
+
 
 def _stretch(run: Path, start: int, factor: float, *, rederive: bool) -> None:
     def edit(record: evidence.Evidence) -> None:
@@ -151,6 +170,7 @@ def _stretch(run: Path, start: int, factor: float, *, rederive: bool) -> None:
             r.chunk_times = [t * factor for t in r.chunk_times]
         if rederive:
             evidence.rederive(record)
+
     _rewrite(run, start, edit)
 
 
@@ -164,8 +184,12 @@ def test_stretched_arrival_times_under_the_recorded_figures_are_refused(pytester
     _stretch(run, 2, 2.0, rederive=False)
     result = _replay(pytester, run)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*evidence {run / 'start-2' / 'evidence.json'}: requests?code-publish-ladder?.decode_rate "
-                                 f"is *, its token arrival times give *: the evidence contradicts itself*"])
+    result.stderr.fnmatch_lines(
+        [
+            f"*evidence {run / 'start-2' / 'evidence.json'}: requests?code-publish-ladder?.decode_rate "
+            f"is *, its token arrival times give *: the evidence contradicts itself*"
+        ]
+    )
     assert _promotion(run)["promotable"] is False
 
 
@@ -178,21 +202,34 @@ def test_the_verdict_judges_and_prints_the_medians_of_the_arrival_times(pytester
     _stretch(run, 2, 2.0, rederive=True)
     result = _replay(pytester, run)
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates: fresh-start-reproduction*",
-                                 f"*endpoint median {before[1] / 2:.2f} tok/s at start-2 vs {before[0]:.2f} at start-1*"
-                                 f"paired figure start-2 / start-1 0.*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*NOT PROMOTABLE - contract mini-laguna-cpu; failed gates: fresh-start-reproduction*",
+            f"*endpoint median {before[1] / 2:.2f} tok/s at start-2 vs {before[0]:.2f} at start-1*"
+            f"paired figure start-2 / start-1 0.*",
+        ]
+    )
     assert _promotion(run)["endpoint_medians_tok_s"] == pytest.approx([before[0], before[1] / 2])
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda t: t["target"]["kv_scales"].popitem(), "target.kv_scale_count is 8, its scales are 6"),
-    (lambda t: t["draft"]["files"].update({"model.safetensors": "0" * 64}), "draft.digest * is not the digest of its "
-                                                                           "file list"),
-    (lambda t: next(iter(t["target"]["kv_scales"].values())).update(k_scale=0.5),
-     "target.kv_scale_digest * is not the digest of its scales"),
-], ids=["a-scale-dropped", "a-file-hash-changed", "a-scale-changed"])
-def test_checkpoint_tables_that_contradict_themselves_are_refused(pytester: pytest.Pytester, edit,
-                                                                 message: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t["target"]["kv_scales"].popitem(), "target.kv_scale_count is 8, its scales are 6"),
+        (
+            lambda t: t["draft"]["files"].update({"model.safetensors": "0" * 64}),
+            "draft.digest * is not the digest of its file list",
+        ),
+        (
+            lambda t: next(iter(t["target"]["kv_scales"].values())).update(k_scale=0.5),
+            "target.kv_scale_digest * is not the digest of its scales",
+        ),
+    ],
+    ids=["a-scale-dropped", "a-file-hash-changed", "a-scale-changed"],
+)
+def test_checkpoint_tables_that_contradict_themselves_are_refused(
+    pytester: pytest.Pytester, edit, message: str
+) -> None:
     run = pytester.path / "run"
     shutil.copytree(BUNDLE, run)
     tables = run / "checkpoint-tables.json"
@@ -206,7 +243,8 @@ def test_checkpoint_tables_that_contradict_themselves_are_refused(pytester: pyte
 
 
 def test_a_bundle_recorded_before_starts_had_an_identity_is_not_promotable_with_one_reason(
-        pytester: pytest.Pytester) -> None:
+    pytester: pytest.Pytester,
+) -> None:
     """The committed bundle as the b70lab before start identities and the wider log scan recorded it: no
     identity, no nonce or process creation time in the audits, no exception or error-record findings."""
     run = pytester.path / "run"
@@ -219,11 +257,16 @@ def test_a_bundle_recorded_before_starts_had_an_identity_is_not_promotable_with_
             audit.pop("process_started", None)
         for kind in ("exception", "error_record"):
             record.log_findings.pop(kind, None)
+
     for n in (1, 2):
         _rewrite(run, n, as_before)
     result = _replay(pytester, run)
     assert result.ret != 0
-    result.stdout.fnmatch_lines([f"NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu: start-1, start-2 of {run} "
-                                 f"were recorded before each start had an identity (a nonce its ranks echo): nothing "
-                                 f"shows that they were fresh starts; re-record the run"])
+    result.stdout.fnmatch_lines(
+        [
+            f"NOT PROMOTABLE (incomplete) - contract mini-laguna-cpu: start-1, start-2 of {run} "
+            f"were recorded before each start had an identity (a nonce its ranks echo): nothing "
+            f"shows that they were fresh starts; re-record the run"
+        ]
+    )
     assert "PROMOTABLE at" not in result.stdout.str()

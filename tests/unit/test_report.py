@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from browser import Node, Tree, browse, chromium, points, traces  # tests/browser.py
+
 from pytest_b70lab import cli, evidence, report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,6 +28,7 @@ DRAFTS = re.compile(r"^vllm:spec_decode_num_drafts_total\{[^}]*\} (\S+)$", re.M)
 
 # --- run folders ------------------------------------------------------------------------------------------
 
+
 def _copy(dest: Path) -> Path:
     shutil.copytree(BUNDLE, dest)
     return dest
@@ -38,9 +39,24 @@ def _replay(run: Path, *args: str) -> dict:
     assert run.resolve() != BUNDLE.resolve(), "a replay writes promotion.json into the folder it judges"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
     env["B70LAB_CACHE_DIR"] = str(REPO / "data" / "cache")
-    done = subprocess.run([sys.executable, "-m", "pytest", *(args or ("-m", "gates")), "--b70-evidence", str(run),
-                           "-p", "no:cacheprovider", "-q"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *(args or ("-m", "gates")),
+            "--b70-evidence",
+            str(run),
+            "-p",
+            "no:cacheprovider",
+            "-q",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     verdict = run / "promotion.json"
     assert verdict.is_file(), f"the replay wrote no promotion.json (exit {done.returncode}):\n{done.stdout[-3000:]}"
     return json.loads(verdict.read_text())
@@ -71,6 +87,7 @@ def _verdict(page: Node) -> str:
 
 # --- pure parts, against the evidence ---------------------------------------------------------------------
 
+
 def _independent_acceptance(before: str, after: str) -> dict[int, float]:
     """Per-position acceptance read from the exposition text with a regex, not with the report's parser."""
     first = {int(p): float(v) for p, v in PER_POS.findall(before)}
@@ -87,7 +104,7 @@ def test_acceptance_per_position_from_the_recorded_metrics(start: int) -> None:
     expected = _independent_acceptance(e.metrics_before, e.metrics_after)
     assert len(expected) == e.contract.canonical["speculative"]["num_speculative_tokens"]
     assert found.rates == pytest.approx(expected)
-    assert all(a >= b for a, b in zip(list(found.rates.values()), list(found.rates.values())[1:]))
+    assert all(a >= b for a, b in zip(list(found.rates.values()), list(found.rates.values())[1:], strict=False))
 
 
 def test_acceptance_says_why_it_cannot_be_told() -> None:
@@ -103,10 +120,11 @@ def test_token_arrival_accumulates_every_token_at_its_chunk_time() -> None:
         times, tokens = report.arrival(r)
         assert times == r.chunk_times and len(tokens) == len(r.chunk_tokens)
         assert tokens[-1] == len(r.token_ids) == e.contract.canonical["decode"]["tokens_per_request"]
-        assert all(b > a for a, b in zip(tokens, tokens[1:]))
+        assert all(b > a for a, b in zip(tokens, tokens[1:], strict=False))
 
 
 # --- bad input --------------------------------------------------------------------------------------------
+
 
 def test_a_missing_run_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(report.ReportError, match=re.escape(f"no run folder at {tmp_path / 'absent'}")):
@@ -115,10 +133,13 @@ def test_a_missing_run_folder_is_a_clear_error(tmp_path: Path) -> None:
         report.load(tmp_path)
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda text: text[: len(text) // 2], "is not valid JSON"),
-    (lambda text: text.replace('"cached_tokens": 0', '"cached_tokens": 7', 1), "does not match its own digest"),
-])
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda text: text[: len(text) // 2], "is not valid JSON"),
+        (lambda text: text.replace('"cached_tokens": 0', '"cached_tokens": 7', 1), "does not match its own digest"),
+    ],
+)
 def test_corrupted_evidence_is_an_error_naming_the_file(tmp_path: Path, damage, message: str) -> None:
     folder = _copy(tmp_path / "run")
     path = folder / "start-2" / evidence.FILENAME
@@ -139,6 +160,7 @@ def test_a_corrupted_verdict_is_an_error_naming_the_file(tmp_path: Path) -> None
 
 # --- the verdict line -------------------------------------------------------------------------------------
 
+
 def test_a_run_without_promotion_json_renders_and_says_no_verdict(tmp_path: Path) -> None:
     folder = _copy(tmp_path / "run")
     report.write(folder)
@@ -153,10 +175,13 @@ def test_the_replayed_verdict_is_promotable(run: Path) -> None:
     assert line.startswith(f"PROMOTABLE at {medians[0]:.2f} / {medians[1]:.2f} tok/s median"), line
 
 
-@pytest.mark.parametrize(("edit", "why"), [
-    ({"complete": False}, "incomplete"),
-    ({"contract_digest": "0" * 64}, "was decided for contract digest 0000000000000000"),
-])
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        ({"complete": False}, "incomplete"),
+        ({"contract_digest": "0" * 64}, "was decided for contract digest 0000000000000000"),
+    ],
+)
 def test_promotable_needs_a_complete_verdict_for_this_evidence(run: Path, tmp_path: Path, edit: dict, why: str) -> None:
     folder = tmp_path / "run"
     shutil.copytree(run, folder)
@@ -243,12 +268,13 @@ def test_the_quality_section_lists_every_judged_figure(tmp_path: Path) -> None:
     (table,) = section.find("table")
     rows = [[td.all_text() for td in tr.find("td")] for tr in table.find("tr")[1:]]
     assert [r[0] for r in rows] == [f["figure"] for f in figures]
-    for row, f in zip(rows, figures):
+    for row, f in zip(rows, figures, strict=False):
         o = f["observed"]
         assert f"{o['candidate_passed']}/{o['samples']} vs baseline {o['baseline_passed']}/{o['samples']}" == row[2]
 
 
 # --- the command line -------------------------------------------------------------------------------------
+
 
 def test_the_command_writes_the_page_and_prints_its_path(run: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "page.html"
@@ -259,6 +285,7 @@ def test_the_command_writes_the_page_and_prints_its_path(run: Path, tmp_path: Pa
 
 
 # --- in a real browser ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def rendered(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Node:

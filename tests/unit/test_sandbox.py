@@ -60,13 +60,15 @@ def assert_stopped(result: SandboxResult, started: float, *reason_starts: str) -
 
 
 def test_a_passing_program_passes() -> None:
-    program = ("from dataclasses import dataclass\nimport tempfile\n"
-               "@dataclass\nclass P:\n    x: int\n"
-               "def add(a, b):\n    return P(a).x + b\n"
-               "def check(candidate):\n    assert candidate(1, 2) == 3\n"
-               "    open('scratch.txt', 'w').write('ok')\n    assert open('scratch.txt').read() == 'ok'\n"
-               "    with tempfile.NamedTemporaryFile() as f:\n        f.write(b'x')\n"
-               "check(add)\nprint('done')\n")
+    program = (
+        "from dataclasses import dataclass\nimport tempfile\n"
+        "@dataclass\nclass P:\n    x: int\n"
+        "def add(a, b):\n    return P(a).x + b\n"
+        "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+        "    open('scratch.txt', 'w').write('ok')\n    assert open('scratch.txt').read() == 'ok'\n"
+        "    with tempfile.NamedTemporaryFile() as f:\n        f.write(b'x')\n"
+        "check(add)\nprint('done')\n"
+    )
     result = run_python(program)
     assert result.passed and result.reason == "passed" and result.returncode == 0, result
     assert result.stdout_tail == "done\n"
@@ -125,7 +127,7 @@ def test_children_that_escape_into_their_own_session_are_killed() -> None:
     started = time.monotonic()
     program = SHOW_FOLDER + "import time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
     result = run_python(program, audit_hook=False)
-    assert result.passed, result   # the program itself ended well; what it left behind is gone
+    assert result.passed, result  # the program itself ended well; what it left behind is gone
     assert time.monotonic() - started < BOUND_S
     folder = result.stdout_tail.splitlines()[0]
     assert survivors(folder) == [] and our_cgroups() == []
@@ -158,9 +160,9 @@ def test_escaping_by_symlink_or_rename_is_blocked(tmp_path: Path) -> None:
 def test_writes_outside_the_folder_fail_without_the_hook(tmp_path: Path) -> None:
     outside = str(tmp_path / "outside.txt")
     in_tmp = f"/tmp/b70lab-sandbox-test-{uuid.uuid4().hex}"
-    result = run_python(write_program(outside), audit_hook=False)   # a root-only folder, hidden by the tmpfs
+    result = run_python(write_program(outside), audit_hook=False)  # a root-only folder, hidden by the tmpfs
     assert not result.passed and ("Permission" in result.reason or "FileNotFound" in result.reason), result
-    result = run_python(write_program(in_tmp), audit_hook=False)    # lands on the throwaway /tmp
+    result = run_python(write_program(in_tmp), audit_hook=False)  # lands on the throwaway /tmp
     assert not os.path.exists(outside) and not os.path.exists(in_tmp)
     assert survivors(result.stdout_tail.splitlines()[0]) == []
 
@@ -174,8 +176,7 @@ def listener() -> Iterator[socket.socket]:
 
 
 def connect_program(port: int) -> str:
-    return SHOW_FOLDER + (f"import socket\ns = socket.socket()\ns.connect(('127.0.0.1', {port}))\n"
-                          "print('connected')\n")
+    return SHOW_FOLDER + (f"import socket\ns = socket.socket()\ns.connect(('127.0.0.1', {port}))\nprint('connected')\n")
 
 
 def assert_no_connection(server: socket.socket) -> None:
@@ -200,14 +201,14 @@ def test_a_network_connect_fails_without_the_hook(listener: socket.socket) -> No
 
 def test_a_memory_bomb_hits_the_memory_limit() -> None:
     started = time.monotonic()
-    result = run_python(SHOW_FOLDER + "hoard = []\nwhile True:\n    hoard.append(bytearray(10 ** 7))\n",
-                        memory_mb=256)
+    result = run_python(SHOW_FOLDER + "hoard = []\nwhile True:\n    hoard.append(bytearray(10 ** 7))\n", memory_mb=256)
     assert_stopped(result, started, "memory limit")
 
 
 def test_output_is_kept_to_a_tail() -> None:
-    result = run_python("import sys\nsys.stdout.write('x' * 10 ** 6 + 'END')\nsys.stderr.write('e' * 10 ** 6)\n",
-                        output_limit=100)
+    result = run_python(
+        "import sys\nsys.stdout.write('x' * 10 ** 6 + 'END')\nsys.stderr.write('e' * 10 ** 6)\n", output_limit=100
+    )
     assert result.passed, result.reason
     assert len(result.stdout_tail) == 100 and result.stdout_tail.endswith("END")
     assert len(result.stderr_tail) == 100

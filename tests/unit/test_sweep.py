@@ -14,8 +14,8 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
-
 from browser import Tree  # tests/browser.py
+
 from pytest_b70lab import cli, contract, evidence, throughput, variants
 from pytest_b70lab.report import sweep as sweep_page
 from pytest_b70lab.sweep import plan, runner, table
@@ -30,8 +30,17 @@ DRAFTS = re.compile(r"^vllm:spec_decode_num_drafts_total\{[^}]*\} (\S+)$", re.M)
 def test_starts_interleave_forwards_then_backwards() -> None:
     order = plan.start_order(["a", "b", "c"], 3, own_teachers=["b"])
     assert [p.label() for p in order] == [
-        "a start-1", "b start-1", "c start-1", "b teacher start-1",
-        "c start-2", "b start-2", "a start-2", "a start-3", "b start-3", "c start-3"]
+        "a start-1",
+        "b start-1",
+        "c start-1",
+        "b teacher start-1",
+        "c start-2",
+        "b start-2",
+        "a start-2",
+        "a start-3",
+        "b start-3",
+        "c start-3",
+    ]
     assert {p.round for p in order if p.index == 2} == {2}
     with pytest.raises(ValueError, match="at least one round"):
         plan.start_order(["a"], 0)
@@ -79,8 +88,9 @@ def _per_prompt(folder: Path) -> dict[str, float]:
     seen: dict[str, list[float]] = {}
     for path in sorted(folder.glob("start-*/evidence.json")):
         for r in evidence.read(path.parent).requests:
-            rate = (len(throughput.token_arrival_times(r.chunk_times, r.chunk_tokens)) - 1) / \
-                (r.chunk_times[-1] - r.chunk_times[0])
+            rate = (len(throughput.token_arrival_times(r.chunk_times, r.chunk_tokens)) - 1) / (
+                r.chunk_times[-1] - r.chunk_times[0]
+            )
             seen.setdefault(r.prompt_id, []).append(rate)
     return {p: statistics.median(v) for p, v in seen.items()}
 
@@ -97,15 +107,20 @@ def test_the_paired_ratio_to_the_base_is_the_geometric_mean_of_prompt_ratios(swe
 
 def test_kv_capacity_and_acceptance_are_the_engines_own_figures(swept, rows) -> None:
     out, grid, _ = swept
-    for v, row in zip(grid, rows):
+    for v, row in zip(grid, rows, strict=False):
         first = evidence.read(plan.variant_dir(out, v.name) / "start-1")
         labels = CACHE_CONFIG.search(first.metrics_before).group(1)
-        blocks, tokens = (re.search(rf'\b{key}="(\d+)"', labels).group(1) for key in ("num_gpu_blocks",
-                                                                                      "kv_cache_size_tokens"))
+        blocks, tokens = (
+            re.search(rf'\b{key}="(\d+)"', labels).group(1) for key in ("num_gpu_blocks", "kv_cache_size_tokens")
+        )
         assert (row.kv_blocks, row.kv_tokens, row.kv_cache_dtype) == (int(blocks), int(tokens), "fp8")
-    starts = [evidence.read(p.parent) for p in sorted(plan.variant_dir(out, grid[0].name).glob("start-*/evidence.json"))]
-    drafts = sum(sum(map(float, DRAFTS.findall(s.metrics_after))) - sum(map(float, DRAFTS.findall(s.metrics_before)))
-                 for s in starts)
+    starts = [
+        evidence.read(p.parent) for p in sorted(plan.variant_dir(out, grid[0].name).glob("start-*/evidence.json"))
+    ]
+    drafts = sum(
+        sum(map(float, DRAFTS.findall(s.metrics_after))) - sum(map(float, DRAFTS.findall(s.metrics_before)))
+        for s in starts
+    )
     accepted: dict[int, float] = {}
     for s in starts:
         before = {int(p): float(v) for p, v in PER_POS.findall(s.metrics_before)}
@@ -159,30 +174,44 @@ def test_the_terminal_table_has_a_line_and_a_verdict_per_variant(rows) -> None:
 
 def test_the_page_shows_every_variant_and_loads_nothing(swept, rows, tmp_path: Path) -> None:
     out, grid, _ = swept
-    data = {"schema": "b70lab-sweep/1", "base": grid[0].name, "base_digest": grid[0].contract.digest,
-            "varies": [], "fields": [], "named": ["target-only"], "rounds": 2, "order": [], "problems": [],
-            "variants": [r.as_dict() for r in rows]}
+    data = {
+        "schema": "b70lab-sweep/1",
+        "base": grid[0].name,
+        "base_digest": grid[0].contract.digest,
+        "varies": [],
+        "fields": [],
+        "named": ["target-only"],
+        "rounds": 2,
+        "order": [],
+        "problems": [],
+        "variants": [r.as_dict() for r in rows],
+    }
     (tmp_path / plan.SWEEP_JSON).write_text(json.dumps(data))
     page = Tree(sweep_page.write(tmp_path / plan.SWEEP_JSON).read_text()).root
     for node in page.walk():
         assert all(node.attrs.get(a) is None for a in ("src", "href")), f"<{node.tag}> fetches at open time"
-    assert {n.attrs["id"] for n in page.find("b") if n.attrs.get("id", "").startswith("variant-")} == \
-        {f"variant-{r.variant}" for r in rows}
+    assert {n.attrs["id"] for n in page.find("b") if n.attrs.get("id", "").startswith("variant-")} == {
+        f"variant-{r.variant}" for r in rows
+    }
     assert [n.attrs["data-plot"] for n in page.find("div", cls="plot")] == ["speed", "acceptance"]
     (tmp_path / plan.SWEEP_JSON).write_text("{}")
     with pytest.raises(sweep_page.ReportError, match="is not a sweep table"):
         sweep_page.write(tmp_path / plan.SWEEP_JSON)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--vary", "engine.no_such_field=1"], "has no field engine.no_such_field"),
-    (["--vary", "speculative.num_speculative_tokens=0"], "refused by the contract rules"),
-    (["--rounds", "0"], "a sweep needs at least one round"),
-    (["--prompts", "no-such-prompt"], "no prompt 'no-such-prompt' in the set"),
-    (["--named", "fastest"], "no named variant 'fastest'"),
-])
-def test_a_sweep_it_cannot_run_is_refused_before_any_start(argv: list[str], message: str, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--vary", "engine.no_such_field=1"], "has no field engine.no_such_field"),
+        (["--vary", "speculative.num_speculative_tokens=0"], "refused by the contract rules"),
+        (["--rounds", "0"], "a sweep needs at least one round"),
+        (["--prompts", "no-such-prompt"], "no prompt 'no-such-prompt' in the set"),
+        (["--named", "fastest"], "no named variant 'fastest'"),
+    ],
+)
+def test_a_sweep_it_cannot_run_is_refused_before_any_start(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli.main(["sweep", "--contract", "mini-laguna-cpu", "--out", str(tmp_path / "s"), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "s").exists(), "nothing was written"

@@ -34,11 +34,14 @@ def test_rate_is_tokens_minus_one_over_the_span(chunks) -> None:
     assert throughput.decode_rate(times, counts) == pytest.approx((n - 1) / span)
 
 
-@pytest.mark.parametrize(("times", "counts", "message"), [
-    ([1.0], [1], "at least 2 tokens"),
-    ([1.0], [4], "arrived at once"),
-    ([1.0, 2.0], [1], "2 chunk times for 1"),
-])
+@pytest.mark.parametrize(
+    ("times", "counts", "message"),
+    [
+        ([1.0], [1], "at least 2 tokens"),
+        ([1.0], [4], "arrived at once"),
+        ([1.0, 2.0], [1], "2 chunk times for 1"),
+    ],
+)
 def test_unmeasurable_requests_are_errors(times, counts, message) -> None:
     with pytest.raises(ValueError, match=message):
         throughput.decode_rate(times, counts)
@@ -64,17 +67,25 @@ def test_the_server_figure_counts_tokens_not_engine_steps() -> None:
         e = json.loads(start.read_text())
         step_s, per_token_s, rate = throughput.server_decode_figures(e["metrics_before"], e["metrics_after"])
         spec = "vllm:spec_decode_num_"
-        drafts, accepted = (metrics.counter_total(e["metrics_after"], spec + n) - metrics.counter_total(e["metrics_before"], spec + n)
-                            for n in ("drafts_total", "accepted_tokens_total"))
+        drafts, accepted = (
+            metrics.counter_total(e["metrics_after"], spec + n) - metrics.counter_total(e["metrics_before"], spec + n)
+            for n in ("drafts_total", "accepted_tokens_total")
+        )
         tokens_per_step = 1 + accepted / drafts
-        assert tokens_per_step > 2, f"{start}: the bundle should carry accepted runs ({tokens_per_step:.2f} tokens a step)"
+        assert tokens_per_step > 2, (
+            f"{start}: the bundle should carry accepted runs ({tokens_per_step:.2f} tokens a step)"
+        )
         assert step_s / per_token_s == pytest.approx(tokens_per_step, rel=0.25), start
         client = e["throughput"]["endpoint_median"]
         assert rate == pytest.approx(client, rel=0.3), f"{start}: server {rate:.1f} tok/s, client median {client:.1f}"
 
 
-rates = st.dictionaries(st.text("abcdef", min_size=1, max_size=4),
-                        st.floats(min_value=1.0, max_value=1e4, allow_nan=False), min_size=1, max_size=12)
+rates = st.dictionaries(
+    st.text("abcdef", min_size=1, max_size=4),
+    st.floats(min_value=1.0, max_value=1e4, allow_nan=False),
+    min_size=1,
+    max_size=12,
+)
 
 
 @given(rates, st.floats(min_value=0.2, max_value=5.0))
@@ -101,8 +112,7 @@ def test_the_paired_figure_is_the_geometric_mean_of_the_ratios(a: dict[str, floa
 
 
 def test_prompts_without_a_usable_rate_on_both_sides_are_left_out() -> None:
-    paired = throughput.paired_ratio({"x": 100.0, "y": 200.0, "z": 50.0},
-                                     {"x": 90.0, "y": float("nan"), "w": 10.0})
+    paired = throughput.paired_ratio({"x": 100.0, "y": 200.0, "z": 50.0}, {"x": 90.0, "y": float("nan"), "w": 10.0})
     assert paired is not None and paired.prompts == 1 and paired.ratio == pytest.approx(0.9)
     with pytest.raises(ValueError, match="confidence"):
         throughput.paired_ratio({"x": 1.0}, {"x": 1.0}, confidence=1.0)

@@ -65,13 +65,12 @@ def test_context_kv_projection_normalises_with_each_layers_input_norm_with_the_f
     dflash_fix.apply()
     k, v = model._project_context_kv(states, CTX, LAYERS, KV_HEADS, HEAD_DIM)
     for i in range(LAYERS):
-        kv = (_rms(states, model._input_layernorm_weights[i]) @ model._kv_weights[i].T).view(CTX, 2, KV_HEADS,
-                                                                                             HEAD_DIM)
+        kv = (_rms(states, model._input_layernorm_weights[i]) @ model._kv_weights[i].T).view(CTX, 2, KV_HEADS, HEAD_DIM)
         # The fix projects all layers' context at once, the reference one layer at a time: matmuls of other
         # shapes, which a CPU's kernels may sum in another order (measured 14 u here, AVX-512 and
         # ATEN_CPU_CAPABILITY=avx2 alike). Any order, to first order: the RMS norm's and the projection's
         # HIDDEN-term reductions, n u relative each (u = 2^-24), of the largest output.
-        atol = 2 * HIDDEN * 2.0 ** -24 * float(kv.abs().max())
+        atol = 2 * HIDDEN * 2.0**-24 * float(kv.abs().max())
         torch.testing.assert_close(k[i], kv[:, 0], rtol=0, atol=atol)
         torch.testing.assert_close(v[i], kv[:, 1], rtol=0, atol=atol)
 

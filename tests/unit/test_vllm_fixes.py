@@ -13,14 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
+from vllm.compilation import decorators  # noqa: E402
+from vllm.distributed.device_communicators import cpu_communicator  # noqa: E402
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation  # noqa: E402
 from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG  # noqa: E402
 from vllm.model_executor.layers.fused_moe.experts import cpu_moe  # noqa: E402
-from vllm.model_executor.layers.fused_moe.router import cpu_router  # noqa: E402
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts  # noqa: E402
+from vllm.model_executor.layers.fused_moe.router import cpu_router  # noqa: E402
 from vllm.model_executor.layers.fused_moe.runner import moe_runner  # noqa: E402
-from vllm.distributed.device_communicators import cpu_communicator  # noqa: E402
-from vllm.compilation import decorators  # noqa: E402
 from vllm.v1.attention.backends import cpu_attn  # noqa: E402
 
 from pytest_b70lab.in_engine import fixes, portable_fp8  # noqa: E402
@@ -32,8 +32,11 @@ def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(cpu_router.CPURouter, "_compute_routing", cpu_router.CPURouter._compute_routing)
     monkeypatch.setattr(cpu_moe.CPUUnquantizedExperts, "apply", cpu_moe.CPUUnquantizedExperts.apply)
     monkeypatch.setattr(moe_runner.MoERunner, "load_weights", moe_runner.MoERunner.load_weights)
-    monkeypatch.setattr(cpu_communicator.CpuCommunicator, "_all_group_ranks_share_shm_group_name",
-                        cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name)
+    monkeypatch.setattr(
+        cpu_communicator.CpuCommunicator,
+        "_all_group_ranks_share_shm_group_name",
+        cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name,
+    )
     monkeypatch.setattr(decorators, "_try_load_aot_compiled_fn", decorators._try_load_aot_compiled_fn)
     monkeypatch.setattr(fixes, "_registered", None)
     monkeypatch.setattr(cpu_attn, "_get_attn_isa", cpu_attn._get_attn_isa)
@@ -49,6 +52,7 @@ def test_installed_vllm_has_all_the_defects(monkeypatch) -> None:
 
 
 # --- 1. sigmoid routing ------------------------------------------------------------------------------------
+
 
 def reference_biased_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, k: int):
     """Laguna's routing: select on sigmoid(logit) + bias, weigh by the unbiased sigmoid, renormalise."""
@@ -67,8 +71,7 @@ def test_router_rejects_sigmoid_without_the_fix_and_routes_it_with_it() -> None:
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(16, 8, generator=gen)
     bias = torch.randn(8, generator=gen) * 0.5
-    router = cpu_router.CPURouter(top_k=2, global_num_experts=8, scoring_func="sigmoid",
-                                  e_score_correction_bias=bias)
+    router = cpu_router.CPURouter(top_k=2, global_num_experts=8, scoring_func="sigmoid", e_score_correction_bias=bias)
     with pytest.raises(AssertionError):
         router._compute_routing(torch.zeros(16, 4), logits, None)
     assert fixes._router_rejects_sigmoid()
@@ -110,7 +113,7 @@ def _experts_and_weights():
     experts._use_zentorch = False
     experts.quant_config = FUSED_MOE_UNQUANTIZED_CONFIG
     expert_map = torch.full((GLOBAL_EXPERTS,), -1, dtype=torch.int32)
-    expert_map[RANK * LOCAL_EXPERTS:(RANK + 1) * LOCAL_EXPERTS] = torch.arange(LOCAL_EXPERTS, dtype=torch.int32)
+    expert_map[RANK * LOCAL_EXPERTS : (RANK + 1) * LOCAL_EXPERTS] = torch.arange(LOCAL_EXPERTS, dtype=torch.int32)
     packed = (cpu_prepack_moe_weight(w13, experts.isa), cpu_prepack_moe_weight(w2, experts.isa))
     return experts, (w13, w2), packed, expert_map
 
@@ -119,7 +122,7 @@ def reference_local_moe(x, w13, w2, topk_weights, topk_ids, expert_map):
     """This rank's share: experts it holds, weighted; experts of other ranks contribute nothing here."""
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
-        for w, e in zip(topk_weights[t].tolist(), topk_ids[t].tolist()):
+        for w, e in zip(topk_weights[t].tolist(), topk_ids[t].tolist(), strict=False):
             local = int(expert_map[e])
             if local < 0:
                 continue
@@ -131,8 +134,23 @@ def reference_local_moe(x, w13, w2, topk_weights, topk_ids, expert_map):
 
 def _run(experts, packed, x, topk_weights, topk_ids, expert_map):
     out = torch.zeros_like(x)
-    experts.apply(out, x, packed[0], packed[1], topk_weights, topk_ids, MoEActivation.SILU, GLOBAL_EXPERTS,
-                  expert_map, None, None, torch.empty(0), torch.empty(0), None, False)
+    experts.apply(
+        out,
+        x,
+        packed[0],
+        packed[1],
+        topk_weights,
+        topk_ids,
+        MoEActivation.SILU,
+        GLOBAL_EXPERTS,
+        expert_map,
+        None,
+        None,
+        torch.empty(0),
+        torch.empty(0),
+        None,
+        False,
+    )
     return out
 
 
@@ -165,14 +183,16 @@ def test_experts_ignore_expert_map_without_the_fix_and_honour_it_with_it() -> No
 
 def test_localize_expert_ids_maps_and_masks() -> None:
     expert_map = torch.tensor([-1, -1, 0, 1], dtype=torch.int32)
-    ids, weights = fixes.localize_expert_ids(torch.tensor([[0, 2], [3, 1]], dtype=torch.int32),
-                                                  torch.tensor([[0.5, 0.25], [0.75, 1.0]]), expert_map)
+    ids, weights = fixes.localize_expert_ids(
+        torch.tensor([[0, 2], [3, 1]], dtype=torch.int32), torch.tensor([[0.5, 0.25], [0.75, 1.0]]), expert_map
+    )
     assert ids.tolist() == [[0, 0], [1, 0]]
     assert weights.tolist() == [[0.0, 0.25], [0.75, 0.0]]
     assert ids.dtype == torch.int32 and ids.is_contiguous() and weights.is_contiguous()
 
 
 # --- 3. the router bias (loader side) ---------------------------------------------------------------------
+
 
 def test_neither_loader_knows_the_router_bias() -> None:
     assert fixes._runner_drops_router_bias()
@@ -183,11 +203,14 @@ def test_neither_loader_knows_the_router_bias() -> None:
 
 # --- selection and registration ---------------------------------------------------------------------------
 
+
 def test_selection_spec() -> None:
     assert [f.name for f in fixes.selected_fixes(None)] == list(fixes.FIX_NAMES)
     assert fixes.selected_fixes("none") == ()
-    assert [f.name for f in fixes.selected_fixes(" moe_router_bias_load ,cpu_router_sigmoid")] == \
-        ["cpu_router_sigmoid", "moe_router_bias_load"]
+    assert [f.name for f in fixes.selected_fixes(" moe_router_bias_load ,cpu_router_sigmoid")] == [
+        "cpu_router_sigmoid",
+        "moe_router_bias_load",
+    ]
     with pytest.raises(ValueError, match="unknown fix router_typo; known: all, none, cpu_router_sigmoid"):
         fixes.selected_fixes("router_typo")
 
@@ -196,9 +219,14 @@ def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog)
     monkeypatch.setenv(fixes.ENV_SELECT, "cpu_router_sigmoid")
     with caplog.at_level("INFO", logger=fixes.log.name):
         status = fixes.register()
-    assert status == {"cpu_router_sigmoid": "applied", "cpu_experts_expert_map": "disabled",
-                      "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "disabled",
-                      "aot_load_plain_function": "disabled", "cpu_fp8_portable_attention": "disabled"}
+    assert status == {
+        "cpu_router_sigmoid": "applied",
+        "cpu_experts_expert_map": "disabled",
+        "moe_router_bias_load": "disabled",
+        "cpu_shm_allreduce_switch": "disabled",
+        "aot_load_plain_function": "disabled",
+        "cpu_fp8_portable_attention": "disabled",
+    }
     assert getattr(cpu_router.CPURouter._compute_routing, fixes.PATCHED_MARK, False)
     assert not getattr(cpu_moe.CPUUnquantizedExperts.apply, fixes.PATCHED_MARK, False)
     lines = [r.getMessage() for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]
@@ -216,18 +244,24 @@ def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog)
 
 # --- 4. the SHM all-reduce switch -------------------------------------------------------------------------
 
+
 def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -> None:
     """Unset (a machine with a core per rank): vLLM keeps its SHM all-reduce. At 0 (launch sets it when the
     ranks and the engine core outnumber the cores): every rank skips the SHM path, before the group-name
     collective that would otherwise decide it."""
     monkeypatch.delenv(fixes.SHM_ALLREDUCE_ENV, raising=False)
     monkeypatch.setenv(fixes.ENV_SELECT, "cpu_shm_allreduce_switch")
-    assert fixes.register() == {"cpu_router_sigmoid": "disabled", "cpu_experts_expert_map": "disabled",
-                                     "moe_router_bias_load": "disabled", "cpu_shm_allreduce_switch": "not needed",
-                                     "aot_load_plain_function": "disabled",
-                                     "cpu_fp8_portable_attention": "disabled"}
-    assert not getattr(cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name,
-                       fixes.PATCHED_MARK, False)
+    assert fixes.register() == {
+        "cpu_router_sigmoid": "disabled",
+        "cpu_experts_expert_map": "disabled",
+        "moe_router_bias_load": "disabled",
+        "cpu_shm_allreduce_switch": "not needed",
+        "aot_load_plain_function": "disabled",
+        "cpu_fp8_portable_attention": "disabled",
+    }
+    assert not getattr(
+        cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name, fixes.PATCHED_MARK, False
+    )
 
     monkeypatch.setattr(fixes, "_registered", None)
     monkeypatch.setenv(fixes.SHM_ALLREDUCE_ENV, "0")
@@ -236,6 +270,7 @@ def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -
 
 
 # --- 5. the AOT compile cache ------------------------------------------------------------------------------
+
 
 class _TinyForward(torch.nn.Module):
     def forward(self, x):
@@ -255,8 +290,16 @@ def test_aot_cache_of_a_torch_backend_loads_only_with_the_fix(tmp_path, monkeypa
         compiled.aot_compile(((x,), {})).save_compiled_function(str(tmp_path / "model"))
 
     config = VllmConfig()
-    owner = type("Owner", (), {"vllm_config": config, "compilation_config": config.compilation_config,
-                               "_is_encoder": False, "forward": module.forward})()
+    owner = type(
+        "Owner",
+        (),
+        {
+            "vllm_config": config,
+            "compilation_config": config.compilation_config,
+            "_is_encoder": False,
+            "forward": module.forward,
+        },
+    )()
     assert fixes._aot_load_requires_vllm_function()
     assert decorators._try_load_aot_compiled_fn(owner, str(tmp_path / "model")) is None
 
@@ -268,6 +311,7 @@ def test_aot_cache_of_a_torch_backend_loads_only_with_the_fix(tmp_path, monkeypa
 
 
 # --- 6. an FP8 cache without AVX-512 or AMX ----------------------------------------------------------------
+
 
 def test_fp8_cache_is_refused_without_avx512_and_served_portably_with_the_fix(monkeypatch) -> None:
     """As vLLM sees an AVX2-only CPU (torch.cpu answers no, as under B70LAB_EMULATE_CPU=avx2): its CPU
@@ -286,8 +330,11 @@ def test_fp8_cache_is_refused_without_avx512_and_served_portably_with_the_fix(mo
         cpu_attn._get_attn_isa(torch.float32, 48, 64, "fp8")
     assert isinstance(cpu_attn.ops, portable_fp8.PortableFp8Ops)
     assert cpu_attn.ops.cpu_attn_get_scheduler_metadata is not None  # any other name: vLLM's own op
-    assert portable_fp8.state() == {"implementation": portable_fp8.IMPLEMENTATION, "portable": True,
-                                         "reason": "this CPU has neither AVX-512 nor AMX (as vLLM sees it)"}
+    assert portable_fp8.state() == {
+        "implementation": portable_fp8.IMPLEMENTATION,
+        "portable": True,
+        "reason": "this CPU has neither AVX-512 nor AMX (as vLLM sees it)",
+    }
 
 
 def test_portable_path_stays_out_where_the_native_one_runs(monkeypatch) -> None:

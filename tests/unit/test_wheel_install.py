@@ -31,28 +31,62 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
     shutil.copytree(REPO / "pytest_b70lab", src / "pytest_b70lab", ignore=shutil.ignore_patterns("__pycache__"))
-    built = _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                  "-w", str(tmp / "dist"), str(src)], cwd=tmp)
+    built = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        cwd=tmp,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp / "dist").glob("pytest_b70lab-*.whl")
     env = tmp / "env"
     made = _run([sys.executable, "-m", "venv", "--without-pip", str(env)], cwd=tmp)
     assert made.returncode == 0, made.stderr
     python = env / "bin" / "python"
-    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                     cwd=tmp).stdout.strip())
+    site = Path(
+        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).stdout.strip()
+    )
     (site / "b70lab_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    put = _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                "--no-index", str(wheel)], cwd=tmp)
+    put = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        cwd=tmp,
+    )
     assert put.returncode == 0, put.stderr
     return env
 
 
 def test_the_wheel_is_what_runs_and_carries_every_subpackage(installed: Path) -> None:
     # -P: not the working folder first on sys.path (that would be the checkout's package)
-    shown = _run([str(installed / "bin" / "python"), "-P", "-c",
-                  "import pytest_b70lab, pytest_b70lab.quality.judge, pytest_b70lab.mini.build, pytest_b70lab.plugin; "
-                  "print(pytest_b70lab.__file__)"], cwd=REPO)
+    shown = _run(
+        [
+            str(installed / "bin" / "python"),
+            "-P",
+            "-c",
+            "import pytest_b70lab, pytest_b70lab.quality.judge, pytest_b70lab.mini.build, pytest_b70lab.plugin; "
+            "print(pytest_b70lab.__file__)",
+        ],
+        cwd=REPO,
+    )
     assert shown.returncode == 0, shown.stderr
     assert Path(shown.stdout.strip()).is_relative_to(installed), f"imported from the checkout: {shown.stdout}"
 
@@ -72,11 +106,24 @@ def test_contract_list_reads_the_repository_it_is_run_from(installed: Path, tmp_
 def test_a_dry_run_from_the_repository(installed: Path, contract: str) -> None:
     """The production contract (hub models) and the embedded default (whose mini is found from its trained
     weights under fixtures/mini/)."""
-    ran = _run([str(installed / "bin" / "python"), "-P", "-m", "pytest", "-p", "no:cacheprovider", "--b70-dry-run",
-                "--b70-contract", contract], cwd=REPO)
+    ran = _run(
+        [
+            str(installed / "bin" / "python"),
+            "-P",
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--b70-dry-run",
+            "--b70-contract",
+            contract,
+        ],
+        cwd=REPO,
+    )
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert f"contract {contract} (candidate)" in ran.stdout
-    assert f"{installed}/bin/python -m pytest_b70lab.vllm_entry serve" in ran.stdout, \
+    assert f"{installed}/bin/python -m pytest_b70lab.vllm_entry serve" in ran.stdout, (
         "the command must run the installed package's entry"
+    )
     assert "b70lab dry run: nothing launched" in ran.stdout
     assert "plugins: b70lab-0.1.0" in ran.stdout
