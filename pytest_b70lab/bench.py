@@ -576,6 +576,7 @@ class SessionDrift:
     paired_low: float
     paired_high: float
     graphs: tuple[str, ...]  # per start: compiled, loaded, mixed (some of each) or unknown
+    schedule: str = "sequential"
 
 
 def _graph_source(start) -> str:
@@ -585,7 +586,8 @@ def _graph_source(start) -> str:
 
 def session_drift(run_dir: Path) -> SessionDrift:
     """start-2 / start-1 of a run folder; a run without two completed starts with decode rates is an error."""
-    from . import evidence, throughput
+    from . import contract as contract_mod
+    from . import evidence, gates
     from .run_folder import read_starts
 
     try:
@@ -596,18 +598,14 @@ def session_drift(run_dir: Path) -> SessionDrift:
         raise BenchError(
             f"{run_dir}: two completed starts are needed, found {[f'start-{s.start_index} {s.status}' for s in starts]}"
         )
-    rates = []
-    for s in starts[:2]:
-        found, problems = throughput.arrival_rates(s.requests)
-        if problems:
-            raise BenchError(
-                f"{run_dir}: start-{s.start_index}: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
-            )
-        rates.append(found)
-    paired = throughput.paired_ratio(rates[0], rates[1])
-    if paired is None or not rates[0] or not rates[1]:
+    # The figures gate 7 judges, computed as it computes them (under the run's own schedule): one place.
+    c = contract_mod.Contract.model_validate(starts[0].contract.canonical, strict=False)
+    figures = gates.speed_figures(starts[:2], c)
+    medians, paired = figures.medians, figures.paired[0]
+    if figures.problems:
+        raise BenchError(f"{run_dir}: " + "; ".join(figures.problems))
+    if paired is None or medians[0] is None or medians[1] is None:
         raise BenchError(f"{run_dir}: no prompt has a decode rate at both starts")
-    medians = [throughput.endpoint_median(list(r.values())) for r in rates]
     return SessionDrift(
         str(run_dir),
         medians[1] / medians[0],
@@ -615,17 +613,18 @@ def session_drift(run_dir: Path) -> SessionDrift:
         paired.low,
         paired.high,
         tuple(_graph_source(s) for s in starts[:2]),
+        c.reproduction.schedule,
     )
 
 
-def drift_figures(sessions: Sequence[SessionDrift]) -> list[Figure]:
+def drift_figures(sessions: Sequence[SessionDrift], schedule: str = "") -> list[Figure]:
     """Two rows: the median ratio and the paired figure over the sessions, each as median [min, max]."""
     if not sessions:
         raise BenchError("no session to summarise")
     kinds = statistics.multimode(" / ".join(s.graphs) for s in sessions)
     return _drift_rows(
         "reproduction",
-        "start-2 / start-1",
+        f"start-2 / start-1{f' ({schedule})' if schedule else ''}",
         "sessions",
         sessions,
         f"; graphs (start-1 / start-2) mostly {', '.join(kinds)}",
@@ -657,6 +656,32 @@ def _drift_rows(part: str, what: str, unit: str, drifts: Sequence, detail: str =
 
 
 COMPILE_CACHES = ("warm", "empty")
+SCHEDULES = ("contract", "sequential", "interleaved", "both")
+
+
+def schedule_contracts(contract_name: str, schedule: str, out_dir: Path) -> list[str]:
+    """The contract (name or TOML path) of each session of a round: the contract as it is, or written under
+    `out_dir` with its reproduction schedule replaced (both: sequential then interleaved, in one round, so that
+    the two schedules' figures come from the same stretch of the machine's time)."""
+    from . import contract as contract_mod
+
+    if schedule not in SCHEDULES:
+        raise BenchError(f"schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
+    if schedule == "contract":
+        return [contract_name]
+    base = contract_mod.load(contract_name)
+    out = []
+    for name in ("sequential", "interleaved") if schedule == "both" else (schedule,):
+        data = base.canonical()
+        passes = base.reproduction.passes if base.reproduction.schedule == "interleaved" else 3
+        data["reproduction"] = {k: v for k, v in data["reproduction"].items() if k not in ("schedule", "passes")}
+        if name == "interleaved":
+            data["reproduction"].update(schedule="interleaved", passes=passes)
+        path = out_dir / "contracts" / f"{base.name}-{name}.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(contract_mod.to_toml(contract_mod.Contract.model_validate(data, strict=False)))
+        out.append(str(path))
+    return out
 
 
 def compile_cache_dir(cache_root: Path) -> Path:
@@ -671,43 +696,39 @@ def reproduction_sessions(
     sessions: int = 10,
     say: Callable[[str], None] = print,
     compile_cache: str = "warm",
+    schedule: str = "contract",
 ) -> list[Figure]:
     """`sessions` consecutive gates sessions as `make gates` runs them, one run folder each; with
-    compile_cache "empty", each on an emptied compile cache (its start-1 compiles, its start-2 loads)."""
+    compile_cache "empty", each on an emptied compile cache (its start-1 compiles, its start-2 loads); with
+    `schedule` (schedule_contracts), under that reproduction schedule, or both, alternating which goes first."""
     if compile_cache not in COMPILE_CACHES:
         raise BenchError(f"compile cache {compile_cache!r}: one of {', '.join(COMPILE_CACHES)}")
-    drifts = []
+    contracts = schedule_contracts(contract_name, schedule, out_dir)
+    drifts: dict[str, list[SessionDrift]] = {}
     for n in range(1, sessions + 1):
-        run_dir = out_dir / "sessions" / f"{n:02d}"
-        if compile_cache == "empty":
-            shutil.rmtree(compile_cache_dir(cache_root), ignore_errors=True)
-        say(f"reproduction: session {n}/{sessions} ({compile_cache} compile cache) -> {run_dir}")
-        cmd = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-m",
-            "gates",
-            "--b70-contract",
-            contract_name,
-            "--b70-run-dir",
-            str(run_dir),
-            "--b70-cache-dir",
-            str(cache_root),
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ]
-        seconds, done = _wall(cmd, REPO)
-        (out_dir / "sessions" / f"{n:02d}.log").write_text(done.stdout + done.stderr)
-        _checked(done, f"gates session {n}", ok=(0, 1))  # a failed gate still has two starts to compare
-        drift = session_drift(run_dir)
-        say(
-            f"reproduction: session {n}: median ratio {drift.median_ratio:.3f}, paired {drift.paired:.3f} "
-            f"[{drift.paired_low:.3f}, {drift.paired_high:.3f}], graphs {' / '.join(drift.graphs)}, {seconds:.0f} s"
-        )
-        drifts.append(drift)
-    return drift_figures(drifts)
+        for k, contract in enumerate(contracts if n % 2 else contracts[::-1]):
+            run_dir = out_dir / "sessions" / f"{n:02d}{'ab'[k] if len(contracts) > 1 else ''}"
+            if compile_cache == "empty":
+                shutil.rmtree(compile_cache_dir(cache_root), ignore_errors=True)
+            say(f"reproduction: session {n}/{sessions} ({compile_cache} compile cache, {contract}) -> {run_dir}")
+            drift = _one_session(contract, cache_root, run_dir, n, say)
+            drifts.setdefault(drift.schedule, []).append(drift)
+    return [row for name, found in sorted(drifts.items()) for row in drift_figures(found, name)]
+
+
+def _one_session(contract: str, cache_root: Path, run_dir: Path, n: int, say: Callable[[str], None]) -> SessionDrift:
+    cmd = [sys.executable, "-m", "pytest", "-m", "gates", "--b70-contract", contract, "--b70-run-dir", str(run_dir)]
+    cmd += ["--b70-cache-dir", str(cache_root), "-q", "-p", "no:cacheprovider"]
+    seconds, done = _wall(cmd, REPO)
+    run_dir.with_suffix(".log").write_text(done.stdout + done.stderr)
+    _checked(done, f"gates session {n}", ok=(0, 1))  # a failed gate still has two starts to compare
+    drift = session_drift(run_dir)
+    say(
+        f"reproduction: session {n} ({drift.schedule}): median ratio {drift.median_ratio:.3f}, paired "
+        f"{drift.paired:.3f} [{drift.paired_low:.3f}, {drift.paired_high:.3f}], graphs {' / '.join(drift.graphs)}, "
+        f"{seconds:.0f} s"
+    )
+    return drift
 
 
 # --- steadiness: one start measured twice, the control for reproduction ------------------------------------
@@ -833,6 +854,7 @@ def run(
     sessions: int = 10,
     compile_cache: str = "warm",
     gap_s: float = 50.0,
+    schedule: str = "contract",
 ) -> list[Figure]:
     out_dir.mkdir(parents=True, exist_ok=True)
     figures: list[Figure] = []
@@ -851,7 +873,7 @@ def run(
         elif part == "overhead":
             figures.append(gates_overhead(contract_name, cache_root, out_dir, say))
         elif part == "reproduction":
-            figures += reproduction_sessions(contract_name, cache_root, out_dir, sessions, say, compile_cache)
+            figures += reproduction_sessions(contract_name, cache_root, out_dir, sessions, say, compile_cache, schedule)
         elif part == "steadiness":
             figures += steadiness_sessions(contract_name, cache_root, out_dir, sessions, gap_s, say)
         else:

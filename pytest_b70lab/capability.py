@@ -397,15 +397,18 @@ def _xpu_devices_problem(contract: contract_mod.Contract, machine: Machine) -> l
 
 
 def ram_need(contract: contract_mod.Contract) -> int:
-    """Bytes a CPU start needs available: every rank's KV cache and allowance, and the engine's base."""
+    """Bytes a CPU run needs available: every rank's KV cache and allowance, and the engine's base, for each
+    start alive at once (two under the interleaved schedule)."""
     ranks = contract.engine.tensor_parallel
-    return int((ENGINE_BASE_GIB + ranks * (KV_CACHE_SPACE_GIB + RANK_ALLOWANCE_GIB)) * GIB)
+    one = (ENGINE_BASE_GIB + ranks * (KV_CACHE_SPACE_GIB + RANK_ALLOWANCE_GIB)) * GIB
+    return int(one * contract.reproduction.alive_together)
 
 
 def shm_need(contract: contract_mod.Contract) -> int:
-    """Bytes of /dev/shm vLLM's message rings can fill during a start."""
+    """Bytes of /dev/shm vLLM's message rings can fill, for each start alive at once."""
     ranks = contract.engine.tensor_parallel
-    return SHM_SCHEDULER_RING + ranks * SHM_RESPONSE_RING + (SHM_TP_BROADCAST_RING if ranks > 1 else 0)
+    one = SHM_SCHEDULER_RING + ranks * SHM_RESPONSE_RING + (SHM_TP_BROADCAST_RING if ranks > 1 else 0)
+    return one * contract.reproduction.alive_together
 
 
 def _memory(contract: contract_mod.Contract, machine: Machine) -> list[Problem]:
@@ -416,14 +419,16 @@ def _memory(contract: contract_mod.Contract, machine: Machine) -> list[Problem]:
     need, ranks = ram_need(contract), contract.engine.tensor_parallel
     if machine.available_memory >= need:
         return []
+    alive = contract.reproduction.alive_together
     return [
         Problem(
             "memory",
-            f"about {need / GIB:.1f} GiB available for a start ({ranks} ranks x "
-            f"({KV_CACHE_SPACE_GIB} GiB KV cache + {RANK_ALLOWANCE_GIB} GiB) + {ENGINE_BASE_GIB} GiB "
-            f"for the API server and engine core)",
+            f"about {need / GIB:.1f} GiB available for {'a start' if alive == 1 else f'{alive} starts alive together (reproduction.schedule interleaved)'} "
+            f"({ranks} ranks x ({KV_CACHE_SPACE_GIB} GiB KV cache + {RANK_ALLOWANCE_GIB} GiB) + "
+            f"{ENGINE_BASE_GIB} GiB for the API server and engine core{', each' if alive > 1 else ''})",
             f"{machine.available_memory / GIB:.1f} GiB available",
-            "free memory (another engine or session on this machine?) or run on a larger one",
+            "free memory (another engine or session on this machine?) or run on a larger one"
+            + ('; or measure one start at a time (reproduction.schedule = "sequential")' if alive > 1 else ""),
         )
     ]
 
@@ -433,6 +438,11 @@ def _shm(contract: contract_mod.Contract, machine: Machine) -> list[Problem]:
     needs = (
         f"{need // MIB} MiB free in {SHM} for vLLM's shared-memory message rings at "
         f"{contract.engine.tensor_parallel} ranks"
+        + (
+            f", {contract.reproduction.alive_together} starts alive together"
+            if contract.reproduction.alive_together > 1
+            else ""
+        )
     )
     fix = "give the container a larger /dev/shm (docker run --shm-size=2g, or --ipc=host)"
     if machine.shm_free is None:

@@ -245,6 +245,7 @@ def _bench(args: argparse.Namespace) -> int:
         sessions=args.sessions,
         compile_cache=args.compile_cache,
         gap_s=args.gap_s,
+        schedule=args.schedule,
     )
     print(bench.table(figures))
     print(f"\nwritten: {out / 'bench.json'}", file=sys.stderr)
@@ -466,6 +467,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         default="warm",
         help="reproduction part: keep vLLM's compile cache (both starts load) or empty it before "
         "each session (start-1 compiles, start-2 loads)",
+    )
+    bench_p.add_argument(
+        "--schedule",
+        choices=("contract", "sequential", "interleaved", "both"),
+        default="contract",
+        help="reproduction part: the contract's reproduction schedule, or this one instead (both: a session of "
+        "each per round, alternating which goes first; one table row pair per schedule)",
     )
     bench_p.add_argument("--contract", default=DEFAULT_CONTRACT, help="contract for the engine parts")
     bench_p.add_argument(

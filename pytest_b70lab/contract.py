@@ -177,10 +177,36 @@ class Reproduction(Strict):
     # ratios) may move from 1. Absent: throughput_tolerance, and left out of the canonical form so that
     # contracts written before it keep their digests.
     paired_tolerance: float | None = Field(default=None, gt=0, lt=1)
+    # How the starts are measured. "sequential": each start serves the prompts in turn and is torn down before
+    # the next one launches. "interleaved": every start is alive together and each prompt goes to them in a
+    # balanced order (A B, B A, ...), one request at a time, each once the other start is quiet, `passes` times
+    # over: slow drift of a shared machine falls on both alike (engine/interleave.py). Both left out of the
+    # canonical form at their defaults, so contracts written before them keep their digests.
+    schedule: Literal["sequential", "interleaved"] = "sequential"
+    passes: int = Field(default=1, ge=1, le=50)
 
     @property
     def paired(self) -> float:
         return self.throughput_tolerance if self.paired_tolerance is None else self.paired_tolerance
+
+    @property
+    def alive_together(self) -> int:
+        """How many starts of this contract run at once (what memory and /dev/shm must hold)."""
+        return self.fresh_starts if self.schedule == "interleaved" else 1
+
+    @model_validator(mode="after")
+    def _schedule(self) -> Reproduction:
+        # One start is the candidate's problem (Contract._consistent says so); more than two cannot alternate.
+        if self.schedule == "interleaved" and self.fresh_starts > 2:
+            raise ValueError(
+                f'reproduction.schedule "interleaved" alternates two starts; fresh_starts is {self.fresh_starts}'
+            )
+        if self.schedule == "sequential" and self.passes != 1:
+            raise ValueError(
+                f"reproduction.passes is {self.passes}: repeated passes belong to the interleaved schedule "
+                f"(a sequential start serves each prompt once)"
+            )
+        return self
 
 
 class Deadlines(Strict):
@@ -257,8 +283,9 @@ class Contract(Strict):
         exclude: dict[str, Any] = {k: True for k in ("chat", "quality") if getattr(self, k) is None}
         if self.expect.fp8_attention == FP8_ATTENTION_DEFAULT:
             exclude["expect"] = {"fp8_attention"}
-        if self.reproduction.paired_tolerance is None:
-            exclude["reproduction"] = {"paired_tolerance"}
+        defaults = {"paired_tolerance": None, "schedule": "sequential", "passes": 1}
+        if left_out := {k for k, v in defaults.items() if getattr(self.reproduction, k) == v}:
+            exclude["reproduction"] = left_out
         return self.model_dump(mode="json", exclude=exclude)
 
     @property
@@ -287,6 +314,8 @@ class Contract(Strict):
             description=f"teacher of {self.name}: target only",
         )
         data["expect"] = {**data["expect"], "draft_unit_scale_layers": 0}
+        # A teacher is recorded, not raced: its starts run one after the other whatever the candidate's schedule.
+        data["reproduction"] = {k: v for k, v in data["reproduction"].items() if k not in ("schedule", "passes")}
         if self.draft is not None and self.engine.device == "cpu":
             # vLLM's CPU build traces each model's forward as one graph (no piecewise split): one of the
             # candidate's compiled graphs is the draft's, which the target alone does not have.
@@ -444,3 +473,18 @@ def read_pinned_jsonl(
 def available() -> list[str]:
     """The contracts found by name: those of the first folder (pytest_b70lab.project.bases) that has any."""
     return sorted(p.stem for p in project.find(CONTRACTS).glob("*.toml"))
+
+
+def to_toml(c: Contract) -> str:
+    """The contract as a TOML file that loads back to the same digest (a sweep's variants, a bench's schedules).
+    TOML has no null: an absent field is the contract's default, and every default that is None stays out."""
+    import tomli_w
+
+    def without_none(data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: without_none(v) for k, v in data.items() if v is not None}
+        if isinstance(data, list):
+            return [without_none(v) for v in data]
+        return data
+
+    return f"# {c.description}\n" + tomli_w.dumps(without_none(c.canonical()))

@@ -20,7 +20,9 @@ from .digests import sha256_canonical, text_sha256
 from .errors import LabError
 
 SCHEMA = "b70lab.evidence"
-VERSION = 1
+# Version 2 adds the interleaved schedule (`schedule`, `repeats`); version-1 files still read, and carry neither.
+VERSION = 2
+VERSIONS = (1, 2)
 FILENAME = "evidence.json"
 
 
@@ -123,9 +125,86 @@ class StartIdentity(ClosedRecord):
     launched_at: str
 
 
+# The interleaved schedule's quiet rule (engine/interleave.py waits by it, gate 7 judges by it). An idle mini
+# engine's whole process tree uses 0.07-0.10 CPU-s per 5 s; vLLM 0.32's workers spin for 1 s after their last
+# message, then block. A request is sent once the other start used less than QUIET_CPU_S in a QUIET_WINDOW_S
+# window; it is contaminated when the other start used more than max(BUSY_FLOOR_CPU_S, BUSY_FRACTION x its
+# duration) while it ran, and is then measured again, at most MAX_ATTEMPTS times in all.
+QUIET_WINDOW_S = 0.5
+QUIET_CPU_S = 0.02
+BUSY_FLOOR_CPU_S = 0.05
+BUSY_FRACTION = 0.05
+MAX_ATTEMPTS = 4
+
+
+class Measurement(ClosedRecord):
+    """One timed request of an interleaved schedule: when it ran on the session's clock (shared by every start
+    of the session), what the other start's processes did meanwhile, and where its request is kept."""
+
+    pass_index: int = Field(ge=1)
+    prompt_id: str
+    attempt: int = Field(ge=1)
+    sequence: int = Field(ge=0)  # its place in the session's order of requests, over every start
+    started_at: float = Field(ge=0)  # seconds since the first start was launched
+    ended_at: float = Field(ge=0)
+    quiet_wait_s: float = Field(ge=0)  # how long it waited for the other start to be quiet
+    other_start: int = Field(ge=1)
+    other_cpu_s: float | None = Field(default=None, ge=0)  # None: the other start's processes could not be read
+    # What else was happening, for the record (not judged): CPU time the hypervisor took from this machine while
+    # the request ran, and the page faults that made this start's processes read from disk meanwhile.
+    steal_s: float | None = Field(default=None, ge=0)
+    major_faults: int | None = Field(default=None, ge=0)
+    # The pass-1 request that counts is in `requests` (where every gate has always read it); every other
+    # request, a later pass's or an attempt measured again, is in `repeats`.
+    kept_in: Literal["requests", "repeats"]
+    index: int = Field(ge=0)
+
+    def busy_limit(self) -> float:
+        return max(BUSY_FLOOR_CPU_S, BUSY_FRACTION * (self.ended_at - self.started_at))
+
+    @property
+    def contaminated(self) -> bool:
+        """Recomputed from what was measured, never recorded: the other start was busy while this one ran."""
+        return self.other_cpu_s is None or self.other_cpu_s > self.busy_limit()
+
+
+class Schedule(ClosedRecord):
+    """How the starts of an interleaved session were measured (absent: sequential, each start on its own)."""
+
+    name: Literal["interleaved"]
+    passes: int = Field(ge=1)
+    quiet_window_s: float
+    quiet_cpu_s: float
+    busy_floor_cpu_s: float
+    busy_fraction: float
+    max_attempts: int
+    measurements: list[Measurement] = Field(default_factory=list)
+
+    @classmethod
+    def new(cls, passes: int) -> Schedule:
+        return cls(
+            name="interleaved",
+            passes=passes,
+            quiet_window_s=QUIET_WINDOW_S,
+            quiet_cpu_s=QUIET_CPU_S,
+            busy_floor_cpu_s=BUSY_FLOOR_CPU_S,
+            busy_fraction=BUSY_FRACTION,
+            max_attempts=MAX_ATTEMPTS,
+        )
+
+    def rule_differences(self) -> list[str]:
+        """Fields of the recorded quiet rule that are not this b70lab's (an edited or foreign schedule)."""
+        want = Schedule.new(self.passes)
+        return [
+            f"schedule.{name} is {getattr(self, name)!r}, the quiet rule is {getattr(want, name)!r}"
+            for name in ("quiet_window_s", "quiet_cpu_s", "busy_floor_cpu_s", "busy_fraction", "max_attempts")
+            if getattr(self, name) != getattr(want, name)
+        ]
+
+
 class Evidence(ClosedRecord):
     schema_name: Literal["b70lab.evidence"] = Field(default=SCHEMA, alias="schema")
-    version: Literal[1] = VERSION
+    version: Literal[1, 2] = VERSION
     role: Kind  # the contract's kind; `role` in the recorded schema, whose digests cover the field names
     start_index: int
     created_at: str
@@ -140,6 +219,9 @@ class Evidence(ClosedRecord):
     metrics_before: str | None = None
     metrics_after: str | None = None
     requests: list[Request] = Field(default_factory=list)
+    # Interleaved schedule only (version 2): every request but the pass-1 ones that count, and how each was timed.
+    repeats: list[Request] = Field(default_factory=list)
+    schedule: Schedule | None = None
     throughput: Throughput = Field(default_factory=Throughput)
     # Quality answers, asked after every gate request and after metrics_after (never part of the cold-prompt
     # or throughput evidence); empty unless the session judged quality.
@@ -170,6 +252,8 @@ class Evidence(ClosedRecord):
             "probe": self.probe,
             "host": self.host,
             "identity": self.identity,
+            "repeats": self.repeats,
+            "schedule": self.schedule,
         }
         exclude: dict[str, Any] = {"digest": True} | {name: True for name, value in later.items() if not value}
         if self.failure is not None and not self.failure.first_errors:
@@ -179,6 +263,23 @@ class Evidence(ClosedRecord):
 
     def request(self, prompt_id: str) -> Request | None:
         return next((r for r in self.requests if r.prompt_id == prompt_id), None)
+
+    def kept(self, m: Measurement) -> Request | None:
+        """The request a measurement points at (None: it points nowhere)."""
+        kept = self.requests if m.kept_in == "requests" else self.repeats
+        return kept[m.index] if 0 <= m.index < len(kept) else None
+
+    def counted(self) -> dict[tuple[int, str], tuple[Measurement, Request]]:
+        """Per (pass, prompt), the last attempt and its request: the one measurement that counts."""
+        out: dict[tuple[int, str], tuple[Measurement, Request]] = {}
+        for m in sorted(self.schedule.measurements if self.schedule else [], key=lambda m: m.attempt):
+            if (r := self.kept(m)) is not None:
+                out[(m.pass_index, m.prompt_id)] = (m, r)
+        return out
+
+    def every_request(self, prompt_id: str) -> list[Request]:
+        """Every request served for `prompt_id`: every pass and every attempt (output gates judge them all)."""
+        return [r for r in (*self.requests, *self.repeats) if r.prompt_id == prompt_id]
 
 
 def write(evidence: Evidence, folder: Path) -> Path:
@@ -220,8 +321,11 @@ def read(path: Path) -> Evidence:
         raise EvidenceError(
             f"{path} is not b70lab evidence (schema {raw.get('schema') if isinstance(raw, dict) else None!r})"
         )
-    if raw.get("version") != VERSION:
-        raise EvidenceError(f"evidence {path} has version {raw.get('version')!r}; this b70lab reads version {VERSION}")
+    if raw.get("version") not in VERSIONS:
+        raise EvidenceError(
+            f"evidence {path} has version {raw.get('version')!r}; this b70lab reads versions "
+            f"{', '.join(map(str, VERSIONS))}"
+        )
     try:
         evidence = Evidence.model_validate(raw)
     except ValidationError as e:
@@ -254,8 +358,7 @@ def unphysical(evidence: Evidence) -> list[str]:
             out.append(f"{field} is {value!r}: not a {'non-negative' if zero else 'positive'} finite number")
 
     positive("ready_s", evidence.ready_s)
-    for r in evidence.requests:
-        at = f"requests[{r.prompt_id}]"
+    for at, r in _every_request(evidence):
         if len(r.chunk_times) != len(r.chunk_tokens):
             out.append(f"{at}: {len(r.chunk_times)} chunk_times for {len(r.chunk_tokens)} chunk_tokens")
         for i, t in enumerate(r.chunk_times):
@@ -289,6 +392,64 @@ def unphysical(evidence: Evidence) -> list[str]:
     return out
 
 
+def _every_request(evidence: Evidence) -> list[tuple[str, Request]]:
+    """Each request with the field path an error names it by."""
+    return [
+        *((f"requests[{r.prompt_id}]", r) for r in evidence.requests),
+        *((f"repeats[{i}] ({r.prompt_id})", r) for i, r in enumerate(evidence.repeats)),
+    ]
+
+
+def schedule_contradictions(evidence: Evidence) -> list[str]:
+    """An interleaved schedule that does not add up: a measurement pointing at no request or at another
+    prompt's, a request no measurement timed, a pass-1 request in `requests` that is not its pass's last
+    attempt, attempts that skip or exceed the rule, a pass or prompt missing, a quiet rule not this b70lab's."""
+    s = evidence.schedule
+    if s is None:
+        return ["repeats without a schedule: nothing says how they were measured"] if evidence.repeats else []
+    if evidence.version < 2:
+        return [f"version {evidence.version} evidence carries a schedule: the schedule came with version 2"]
+    out = s.rule_differences()
+    timed: dict[tuple[str, int], int] = {}
+    attempts: dict[tuple[int, str], list[Measurement]] = {}
+    for i, m in enumerate(s.measurements):
+        at = f"schedule.measurements[{i}] (pass {m.pass_index}, {m.prompt_id}, attempt {m.attempt})"
+        if not m.ended_at > m.started_at:
+            out.append(f"{at} ends at {m.ended_at!r}, not after it started ({m.started_at!r})")
+        if (r := evidence.kept(m)) is None:
+            out.append(f"{at} points at {m.kept_in}[{m.index}], which does not exist")
+        elif r.prompt_id != m.prompt_id:
+            out.append(f"{at} points at {m.kept_in}[{m.index}], a request for {r.prompt_id}")
+        if (other := timed.setdefault((m.kept_in, m.index), i)) != i:
+            out.append(f"{at} points at {m.kept_in}[{m.index}], as schedule.measurements[{other}] does")
+        attempts.setdefault((m.pass_index, m.prompt_id), []).append(m)
+    for kept_in, requests in (("requests", evidence.requests), ("repeats", evidence.repeats)):
+        out += [
+            f"{kept_in}[{j}] ({r.prompt_id}) was timed by no measurement"
+            for j, r in enumerate(requests)
+            if (kept_in, j) not in timed
+        ]
+    prompts = [r.prompt_id for r in evidence.requests]
+    for (pass_index, prompt_id), ms in sorted(attempts.items()):
+        numbers = sorted(m.attempt for m in ms)
+        if numbers != list(range(1, len(ms) + 1)) or len(ms) > s.max_attempts:
+            out.append(
+                f"schedule: pass {pass_index} of {prompt_id} has attempts {numbers} (1.. at most {s.max_attempts})"
+            )
+        last = max(ms, key=lambda m: m.attempt)
+        in_requests = [m for m in ms if m.kept_in == "requests"]
+        if pass_index == 1 and in_requests != [last]:
+            out.append(f"schedule: the request of {prompt_id} in `requests` is not pass 1's last attempt")
+        if pass_index > 1 and in_requests:
+            out.append(f"schedule: pass {pass_index} of {prompt_id} is kept in `requests`, which holds pass 1 only")
+        if pass_index > s.passes or prompt_id not in prompts:
+            out.append(f"schedule: pass {pass_index} of {prompt_id} is outside {s.passes} passes of {prompts}")
+    missing = [(n, p) for n in range(1, s.passes + 1) for p in prompts if (n, p) not in attempts]
+    if missing and evidence.status == "ok":
+        out.append(f"schedule: no measurement of {', '.join(f'pass {n} of {p}' for n, p in missing[:4])}")
+    return out
+
+
 def derived_throughput(requests: list[Request], metrics_before: str | None, metrics_after: str | None) -> Throughput:
     """A start's throughput figures from its requests' decode rates and the two /metrics texts: what the
     harness records, and what a load recomputes to check the record."""
@@ -310,7 +471,7 @@ def rederive(record: Evidence) -> Evidence:
     itself, as the harness would have written it."""
     from . import throughput
 
-    for r in record.requests:
+    for r in (*record.requests, *record.repeats):
         r.token_ids_sha256 = sha256_ids(r.token_ids)
         r.text_sha256 = text_sha256(r.text)
         try:
@@ -336,8 +497,7 @@ def contradictions(evidence: Evidence) -> list[str]:
     from .contract import Contract
 
     out: list[str] = []
-    for r in evidence.requests:
-        at = f"requests[{r.prompt_id}]"
+    for at, r in _every_request(evidence):
         if r.token_ids_sha256 != sha256_ids(r.token_ids):
             out.append(
                 f"{at}.token_ids_sha256 {r.token_ids_sha256[:16]}... is not the hash of its token_ids "
@@ -379,6 +539,7 @@ def contradictions(evidence: Evidence) -> list[str]:
         ):
             if not _same(recorded, again):
                 out.append(f"throughput.{name} is {recorded!r}, the /metrics texts before and after give {again!r}")
+    out += schedule_contradictions(evidence)
     if evidence.role != evidence.contract.kind:
         out.append(f"role is {evidence.role!r}, its contract is a {evidence.contract.kind!r} contract")
     if evidence.identity is not None and evidence.identity.launched_at != evidence.created_at:

@@ -149,6 +149,13 @@ def _request(check: _Check, start: Evidence, prompt_id: str):
     return request
 
 
+def _every_pass(start: Evidence, prompt_id: str) -> list[tuple[str, Request]]:
+    """Every request of the prompt (the interleaved schedule's later passes and attempts too), each labelled
+    for a message: the output gates judge them all under the one (start, prompt) subject."""
+    found = start.every_request(prompt_id)
+    return [(prompt_id if i == 0 else f"{prompt_id} (request {i + 1} of {len(found)})", r) for i, r in enumerate(found)]
+
+
 def _rank_audit(check: _Check, start: Evidence, rank: int) -> dict[str, Any] | None:
     """The start's audit from TP rank `rank`, or None (and a failed check) when the start or the audit is
     missing."""
@@ -234,6 +241,8 @@ def evidence_prompts(start: Evidence, prompt_ids: Sequence[str], contract: Contr
     extra = sorted({p for p in seen if p not in prompt_ids or seen.count(p) > 1})
     c.expect(not missing, f"start-{start.start_index}: no request for {missing} of the prompt set")
     c.expect(not extra, f"start-{start.start_index}: requests outside the prompt set or repeated: {extra}")
+    strays = sorted({r.prompt_id for r in start.repeats} - set(prompt_ids))
+    c.expect(not strays, f"start-{start.start_index}: repeated requests for prompts outside the set: {strays}")
     n = contract.decode.tokens_per_request
     short = {r.prompt_id: len(r.token_ids) for r in start.requests if len(r.token_ids) != n}
     c.expect(not short, f"start-{start.start_index}: prompts without the contract's {n} tokens: {short}")
@@ -301,7 +310,7 @@ def evidence_exposure(start: Evidence) -> Verdict:
     return c.done()
 
 
-# Every kind of log line the launcher records (session.log_findings), and what judges it. A kind the evidence
+# Every kind of log line the launcher records (engine.live.log_findings), and what judges it. A kind the evidence
 # carries that is not here, or a kind here the evidence lacks (its log was not scanned for it), fails.
 LOG_FINDING_KINDS = {
     "backend_fallback": "judged by engine-resolution: an undeclared fallback fails it",
@@ -609,7 +618,8 @@ def cold_prompt(start: Evidence, prompt_id: str) -> Verdict:
     if (request := _request(c, start, prompt_id)) is None:
         return c.done()
     c.observe(cached_tokens=request.cached_tokens)
-    c.expect(request.cached_tokens == 0, f"{prompt_id}: {request.cached_tokens} cached prompt tokens, expected 0")
+    for label, r in _every_pass(start, prompt_id):
+        c.expect(r.cached_tokens == 0, f"{label}: {r.cached_tokens} cached prompt tokens, expected 0")
     hits = "vllm:prefix_cache_hits_total"
     for when, text in (("before", start.metrics_before), ("after", start.metrics_after)):
         if not c.expect(
@@ -698,7 +708,9 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
     """Every later start reproduces the first one's output exactly, its endpoint median decode rate within
     the contract's throughput tolerance, and its paired figure (the geometric mean of per-prompt
     start-N / start-1 decode-rate ratios, recomputed from the token arrival times) within the paired
-    tolerance: a consistent per-prompt shift fails whatever the medians do."""
+    tolerance: a consistent per-prompt shift fails whatever the medians do. Under the interleaved schedule
+    every pass of every prompt is output, and the figures come from the pairs measured side by side
+    (throughput.interleaved_ratio); a pair measured while the other start was busy fails."""
     c = _Check("fresh-start-reproduction", subject())
     need = contract.reproduction.fresh_starts
     c.expect(len(starts) == need, f"{len(starts)} fresh starts recorded, the contract asks for {need}")
@@ -709,50 +721,155 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
     _fresh_starts(c, starts)
     if not c.expect(bool(first.requests), "start-1 recorded no requests: there is no output to reproduce"):
         return c.done()
-    # Every figure from the token arrival times, never from what the evidence says they came to.
-    rates = [arrival_rates(c, s) for s in starts]
-    medians = [throughput.endpoint_median(list(r.values())) if r else None for r in rates]
-    c.observe(endpoint_medians=medians)
-    tolerance, paired_tolerance = contract.reproduction.throughput_tolerance, contract.reproduction.paired
-    first_rates = rates[0]
-    for later, later_rates, later_median in zip(starts[1:], rates[1:], medians[1:], strict=False):
-        n = later.start_index
-        for r in first.requests:
-            other = later.request(r.prompt_id)
-            if not c.expect(other is not None, f"start-{n} has no request for {r.prompt_id}"):
-                continue
-            if (at := first_difference(other.token_ids, r.token_ids)) is not None:
-                c.expect(False, f"{r.prompt_id}: start-{n} differs from start-1 at token {at}")
-            c.expect(
-                other.text_sha256 == r.text_sha256, f"{r.prompt_id}: decoded text differs between start-1 and start-{n}"
-            )
-        m0, m1 = medians[0], later_median
-        if c.expect(
-            m0 is not None and m1 is not None and m0 > 0,
-            f"start-1 or start-{n}: no request has a decode rate from its arrival times, so no endpoint median",
-        ):
-            drift = abs(m1 - m0) / m0
-            c.observe(**{f"throughput_drift_start{n}": round(drift, 4)})
-            c.expect(
-                drift <= tolerance,
-                f"endpoint median {m1:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
-                f"{drift:.1%} apart, tolerance {tolerance:.0%}",
-            )
-        paired = throughput.paired_ratio(first_rates, later_rates)
-        if c.expect(paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: no paired figure"):
-            assert paired is not None
-            c.observe(
-                **{
-                    f"paired_ratio_start{n}": round(paired.ratio, 4),
-                    f"paired_interval_start{n}": [round(paired.low, 4), round(paired.high, 4)],
-                }
-            )
-            c.expect(
-                paired.drift <= paired_tolerance,
-                f"paired figure start-{n} / start-1 {paired.line()}: the geometric mean of the per-prompt "
-                f"decode-rate ratios is {paired.drift:.1%} from 1, tolerance {paired_tolerance:.0%}",
-            )
+    for later in starts[1:]:
+        _same_output(c, first, later)
+    if not _schedule_matches(c, starts, contract):
+        return c.done()
+    figures = speed_figures(starts, contract)
+    for problem in figures.problems:
+        c.expect(False, problem)
+    c.observe(endpoint_medians=figures.medians)
+    for later, later_median, later_paired in zip(starts[1:], figures.medians[1:], figures.paired, strict=True):
+        _judge_speed(c, later.start_index, figures.medians[0], later_median, later_paired, contract)
     return c.done()
+
+
+@dataclass(frozen=True)
+class SpeedFigures:
+    """What gate 7 judges of speed: each start's endpoint median, each later start's paired figure against
+    start-1, and every reason a figure could not be trusted (a request without a rate, a pair measured while
+    the other start was busy). The bench reads the same figures from here."""
+
+    medians: list[float | None]
+    paired: list[throughput.PairedRatio | None]
+    problems: list[str]
+
+
+def speed_figures(starts: list[Evidence], contract: Contract) -> SpeedFigures:
+    """Every figure from the token arrival times, never from what the evidence says they came to: sequentially,
+    each start's one request per prompt; interleaved, the pairs of each pass (_interleaved_figures)."""
+    if contract.reproduction.schedule == "interleaved":
+        return _interleaved_figures(starts)
+    problems: list[str] = []
+    rates = []
+    for s in starts:
+        found, why = throughput.arrival_rates(s.requests)
+        problems += [f"start-{s.start_index} {prompt_id}: {reason}" for prompt_id, reason in why.items()]
+        rates.append(found)
+    medians = [throughput.endpoint_median(list(r.values())) if r else None for r in rates]
+    return SpeedFigures(medians, [throughput.paired_ratio(rates[0], r) for r in rates[1:]], problems)
+
+
+def _same_output(c: _Check, first: Evidence, later: Evidence) -> None:
+    """Every request of `later` (every pass and attempt) gives start-1's tokens and text for its prompt; so does
+    every later pass of start-1 itself."""
+    n = later.start_index
+    for r in first.requests:
+        if not c.expect(later.request(r.prompt_id) is not None, f"start-{n} has no request for {r.prompt_id}"):
+            continue
+        others = [(f"start-{n}", o) for o in later.every_request(r.prompt_id)]
+        others += [("a later pass of start-1", o) for o in first.repeats if o.prompt_id == r.prompt_id]
+        for who, other in others:
+            if (at := first_difference(other.token_ids, r.token_ids)) is not None:
+                c.expect(False, f"{r.prompt_id}: {who} differs from start-1 at token {at}")
+            elif other.text_sha256 != r.text_sha256:
+                c.expect(False, f"{r.prompt_id}: decoded text differs between start-1 and {who}")
+
+
+def _schedule_matches(c: _Check, starts: list[Evidence], contract: Contract) -> bool:
+    """Each start was measured under the contract's schedule, by this b70lab's quiet rule."""
+    want = contract.reproduction
+    ok = True
+    for s in starts:
+        got = s.schedule
+        where = f"start-{s.start_index} evidence.schedule"
+        if want.schedule == "sequential":
+            ok &= c.expect(
+                got is None, f"{where} says {got.name if got else None}; the contract's schedule is sequential"
+            )
+            continue
+        if not c.expect(got is not None, f"{where} is absent; the contract's schedule is interleaved"):
+            ok = False
+            continue
+        assert got is not None
+        ok &= c.expect(
+            got.passes == want.passes, f"{where}.passes is {got.passes}; the contract asks for {want.passes}"
+        )
+        for problem in got.rule_differences():
+            ok &= c.expect(False, f"start-{s.start_index}: {problem}")
+    return ok
+
+
+def _interleaved_figures(starts: list[Evidence]) -> SpeedFigures:
+    """Per start, the endpoint median over prompts of each prompt's median rate over the passes; per later
+    start, its figure against start-1 from the pairs of each (pass, prompt) (throughput.interleaved_ratio).
+    Every counted measurement must be clean: one measured while the other start was busy is named."""
+    problems: list[str] = []
+    rates: list[dict[tuple[int, str], float]] = []
+    for s in starts:
+        kept = s.counted()
+        problems += [
+            f"start-{s.start_index} {prompt_id} pass {pass_index}: start-{m.other_start} used {m.other_cpu_s} "
+            f"CPU-s while it ran (limit {m.busy_limit():.3f} CPU-s), in all {m.attempt} attempts: no clean "
+            f"measurement"
+            for (pass_index, prompt_id), (m, _r) in sorted(kept.items())
+            if m.contaminated
+        ]
+        found, why = throughput.arrival_rates([r for _m, r in kept.values()], keys=list(kept))
+        problems += [f"start-{s.start_index} {key[1]} pass {key[0]}: {reason}" for key, reason in why.items()]
+        rates.append(found)
+    medians: list[float | None] = []
+    for found in rates:
+        per_prompt = throughput.pass_medians(_by_prompt(found.values(), found.keys()))
+        medians.append(throughput.endpoint_median(list(per_prompt.values())) if per_prompt else None)
+    paired = []
+    for found in rates[1:]:
+        both = [k for k in rates[0] if k in found]
+        paired.append(throughput.interleaved_ratio(_by_prompt([(rates[0][k], found[k]) for k in both], both)))
+    return SpeedFigures(medians, paired, problems)
+
+
+def _by_prompt(values, keys) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for (_pass_index, prompt_id), v in zip(keys, values, strict=True):
+        out.setdefault(prompt_id, []).append(v)
+    return out
+
+
+def _judge_speed(
+    c: _Check,
+    n: int,
+    m0: float | None,
+    m1: float | None,
+    paired: throughput.PairedRatio | None,
+    contract: Contract,
+) -> None:
+    tolerance, paired_tolerance = contract.reproduction.throughput_tolerance, contract.reproduction.paired
+    if c.expect(
+        m0 is not None and m1 is not None and m0 > 0,
+        f"start-1 or start-{n}: no request has a decode rate from its arrival times, so no endpoint median",
+    ):
+        assert m0 is not None and m1 is not None
+        drift = abs(m1 - m0) / m0
+        c.observe(**{f"throughput_drift_start{n}": round(drift, 4)})
+        c.expect(
+            drift <= tolerance,
+            f"endpoint median {m1:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
+            f"{drift:.1%} apart, tolerance {tolerance:.0%}",
+        )
+    if c.expect(paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: no paired figure"):
+        assert paired is not None
+        c.observe(
+            **{
+                f"paired_ratio_start{n}": round(paired.ratio, 4),
+                f"paired_interval_start{n}": [round(paired.low, 4), round(paired.high, 4)],
+            }
+        )
+        c.expect(
+            paired.drift <= paired_tolerance,
+            f"paired figure start-{n} / start-1 {paired.line()}: the geometric mean of the per-prompt "
+            f"decode-rate ratios is {paired.drift:.1%} from 1, tolerance {paired_tolerance:.0%}",
+        )
 
 
 def _fresh_starts(c: _Check, starts: list[Evidence]) -> None:
@@ -806,14 +923,6 @@ def _fresh_starts(c: _Check, starts: list[Evidence]) -> None:
                     f"start-{n} rank {rank} is process {process[0]} created at {process[1]}, a rank of "
                     f"start-{other}: the same engine, not a fresh start",
                 )
-
-
-def arrival_rates(c: _Check, start: Evidence) -> dict[str, float]:
-    """throughput.arrival_rates of a start; a request whose times give none fails the check, naming it."""
-    rates, problems = throughput.arrival_rates(start.requests)
-    for prompt_id, why in problems.items():
-        c.expect(False, f"start-{start.start_index} {prompt_id}: {why}")
-    return rates
 
 
 # --- beyond the seed ---------------------------------------------------------------------------------
@@ -1096,20 +1205,22 @@ def spec_counters(start: Evidence, contract: Contract) -> Verdict:
 def token_count(start: Evidence, prompt_id: str, contract: Contract) -> Verdict:
     """The reported completion token count equals the token IDs received, and the contract's count."""
     c = _Check("token-count", subject(start.start_index, prompt=prompt_id))
-    if (r := _request(c, start, prompt_id)) is None:
+    if (first := _request(c, start, prompt_id)) is None:
         return c.done()
-    reported = r.usage.get("completion_tokens")
-    c.observe(reported=reported, received=len(r.token_ids), chunk_tokens=sum(r.chunk_tokens))
+    c.observe(reported=first.usage.get("completion_tokens"), received=len(first.token_ids))
+    c.observe(chunk_tokens=sum(first.chunk_tokens))
     n = contract.decode.tokens_per_request
-    c.expect(
-        reported == len(r.token_ids), f"{prompt_id}: usage says {reported} tokens, {len(r.token_ids)} IDs received"
-    )
-    c.expect(
-        sum(r.chunk_tokens) == len(r.token_ids),
-        f"{prompt_id}: chunks carried {sum(r.chunk_tokens)} tokens, {len(r.token_ids)} IDs received",
-    )
-    c.expect(len(r.token_ids) == n, f"{prompt_id}: {len(r.token_ids)} tokens, the contract asks for {n}")
-    c.expect(r.token_ids_sha256 == sha256_ids(r.token_ids), f"{prompt_id}: recorded token hash does not match the IDs")
+    for label, r in _every_pass(start, prompt_id):
+        reported = r.usage.get("completion_tokens")
+        c.expect(
+            reported == len(r.token_ids), f"{label}: usage says {reported} tokens, {len(r.token_ids)} IDs received"
+        )
+        c.expect(
+            sum(r.chunk_tokens) == len(r.token_ids),
+            f"{label}: chunks carried {sum(r.chunk_tokens)} tokens, {len(r.token_ids)} IDs received",
+        )
+        c.expect(len(r.token_ids) == n, f"{label}: {len(r.token_ids)} tokens, the contract asks for {n}")
+        c.expect(r.token_ids_sha256 == sha256_ids(r.token_ids), f"{label}: recorded token hash does not match the IDs")
     return c.done()
 
 
@@ -1167,9 +1278,10 @@ def teacher_exactness(
         return c.done()
     _teacher_identity_matches(c, have, teacher.identity(contract, start), snapshot_file, record)
     c.expect(snapshot.get("prompt_id") == prompt_id, f"snapshot is of prompt {snapshot.get('prompt_id')!r}")
-    if (r := _request(c, start, prompt_id)) is None:
+    if _request(c, start, prompt_id) is None:
         return c.done()
-    _tokens_match_teacher(c, r, snapshot, prompt_id, snapshot_file, record)
+    for label, r in _every_pass(start, prompt_id):
+        _tokens_match_teacher(c, r, snapshot, label, snapshot_file, record)
     return c.done()
 
 

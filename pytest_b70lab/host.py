@@ -111,3 +111,14 @@ def fp8_attention_ran(audits: list[dict[str, Any]]) -> str | None:
             emulated = f", emulating {path['emulated_cpu']}" if path.get("emulated_cpu") else ""
             seen.add(f"{'portable' if path['portable'] else 'native'} ({path.get('op_library')}{emulated})")
     return " / ".join(sorted(seen)) or None
+
+
+def steal_seconds(path: Path = Path("/proc/stat")) -> float | None:
+    """CPU time the hypervisor gave other guests while this machine wanted it, summed over every CPU since boot
+    (the 8th figure of /proc/stat's `cpu` line, in clock ticks); None where it cannot be read. A request during
+    which it grows was measured on a machine that was partly taken away."""
+    try:
+        fields = path.read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
+    except (OSError, ValueError):
+        return None

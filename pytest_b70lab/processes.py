@@ -113,3 +113,14 @@ def group_gone_within(pgid: int, grace_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def major_faults(pid: int) -> int | None:
+    """Page faults of `pid` that had to read from disk (majflt of /proc/PID/stat); None once it is gone."""
+    try:
+        stat = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: count from its closing one.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[9]) if len(fields) > 9 else None

@@ -30,21 +30,22 @@ def decode_rate(chunk_times: Sequence[float], chunk_tokens: Sequence[int]) -> fl
     return (len(times) - 1) / span
 
 
-def arrival_rates(requests: Iterable[Any]) -> tuple[dict[str, float], dict[str, str]]:
+def arrival_rates(requests: Iterable[Any], keys: Sequence[Any] | None = None) -> tuple[dict, dict]:
     """Each request's decode rate recomputed from its token arrival times (never a recorded figure), by
-    prompt id, and why a request has none (its times give no positive, finite rate): the one place the
-    gates, the report and the bench recompute rates."""
+    prompt id (or by `keys`, one per request, where a prompt has several), and why a request has none (its
+    times give no positive, finite rate): the one place the gates, the report and the bench recompute rates."""
     rates, problems = {}, {}
-    for r in requests:
+    requests = list(requests)
+    for key, r in zip(keys if keys is not None else [r.prompt_id for r in requests], requests, strict=True):
         try:
             rate = decode_rate(r.chunk_times, r.chunk_tokens)
         except ValueError as e:
-            problems[r.prompt_id] = f"no decode rate from its arrival times: {e}"
+            problems[key] = f"no decode rate from its arrival times: {e}"
             continue
         if math.isfinite(rate) and rate > 0:
-            rates[r.prompt_id] = rate
+            rates[key] = rate
         else:
-            problems[r.prompt_id] = f"its arrival times give a decode rate of {rate}"
+            problems[key] = f"its arrival times give a decode rate of {rate}"
     return rates, problems
 
 
@@ -101,15 +102,49 @@ def paired_ratio(
         raise ValueError(f"confidence must lie strictly between 0 and 1, not {confidence}")
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, not {resamples}")
-    import numpy as np  # here: the CLI imports this module before it needs numpy
-
     usable = [k for k in rates_a if k in rates_b and all(math.isfinite(r) and r > 0 for r in (rates_a[k], rates_b[k]))]
     if not usable:
         return None
-    logs = np.log([rates_b[k] / rates_a[k] for k in usable])
-    idx = np.random.default_rng(seed).integers(0, len(logs), size=(resamples, len(logs)))
-    low, high = np.exp(np.quantile(logs[idx].mean(axis=1), [(1 - confidence) / 2, (1 + confidence) / 2]))
-    return PairedRatio(float(np.exp(logs.mean())), float(low), float(high), len(logs), confidence, resamples)
+    return _geometric([math.log(rates_b[k] / rates_a[k]) for k in usable], confidence, resamples, seed)
+
+
+def _geometric(logs: Sequence[float], confidence: float, resamples: int, seed: int) -> PairedRatio:
+    """exp of the mean of per-prompt log ratios, with a percentile bootstrap over the prompts."""
+    import numpy as np  # here: the CLI imports this module before it needs numpy
+
+    values = np.asarray(logs, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
+    low, high = np.exp(np.quantile(values[idx].mean(axis=1), [(1 - confidence) / 2, (1 + confidence) / 2]))
+    return PairedRatio(float(np.exp(values.mean())), float(low), float(high), len(values), confidence, resamples)
+
+
+def interleaved_ratio(
+    pairs: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> PairedRatio | None:
+    """B / A from interleaved pairs (per prompt, one (rate A, rate B) per pass, measured side by side in time).
+
+    Each pass's B/A ratio of a prompt is taken within the pass, so that drift between passes cancels; each
+    prompt's figure is the median of its passes' log ratios, so that one hiccup (a request at a third of its
+    speed, which a probe of this schedule saw once in every few dozen) moves it by at most one rank; the figure
+    is the geometric mean over prompts, its interval a bootstrap over prompts, as for paired_ratio. With one pass
+    it is paired_ratio's figure."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, not {confidence}")
+    logs = [
+        statistics.median(math.log(b / a) for a, b in passes)
+        for passes in pairs.values()
+        if passes and all(math.isfinite(r) and r > 0 for pair in passes for r in pair)
+    ]
+    return _geometric(logs, confidence, resamples, seed) if logs else None
+
+
+def pass_medians(rates: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Each prompt's median decode rate over the passes of one start (its endpoint figure's input)."""
+    return {k: statistics.median(v) for k, v in rates.items() if v}
 
 
 def server_decode_figures(before: str | None, after: str | None) -> tuple[float | None, float | None, float | None]:

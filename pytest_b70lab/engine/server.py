@@ -371,6 +371,23 @@ class EngineServer:
                 continue
         return list(members.values())
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time of every process of the server's group so far (None: none could be read)."""
+        total, read = 0.0, False
+        for p in self._group_members():
+            try:
+                times = p.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            total, read = total + times.user + times.system, True
+        return total if read else None
+
+    def major_faults(self) -> int | None:
+        """Page faults that read from disk, over every process of the server's group so far (None: none read)."""
+        found = [processes.major_faults(p.pid) for p in self._group_members()]
+        counts = [n for n in found if n is not None]
+        return sum(counts) if counts else None
+
     def _note_processes(self) -> None:
         for p in self._group_members():
             if p.pid not in self._seen:

@@ -3,14 +3,7 @@ folder's layout: run_folder.py)."""
 
 from __future__ import annotations
 
-import datetime as dt
-import importlib.metadata as md
 import json
-import os
-import re
-import secrets
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,72 +13,14 @@ from .. import contract as contract_mod
 from ..contract import Contract
 from ..defaults import PROBE_DEADLINE_S
 from ..quality.samples import QualitySample
-from .client import EngineRequestError, audit, metrics_text, quality_answer, served_model, stream_completion
 from .command import ServeConfig, vllm_serve_command
 from .environment import engine_environment, xpu_profile_summary
-from .logs import TracebackEnds
-from .server import EngineServer, EngineStartError
-
-Progress = Callable[[str], None]
-# Log lines a gate must see even though nothing else reports them (vLLM says "Cannot use X backend" once,
-# at INFO, and runs another backend).
-LOG_FINDINGS = {
-    "backend_fallback": re.compile(r"Cannot use \S+ backend|[Ff]alling back to"),
-    "kv_scale_notice": re.compile(r"scaling factor|calculate_kv_scales"),
-    "native_crash": re.compile(r"Segfault encountered|Fatal Python error"),
-    # vLLM's records at ERROR or CRITICAL level (the header after the process tag).
-    "error_record": re.compile(r"^(?:\([\w\-]+ pid=\d+\) )?(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d "),
-}
-# Also found, not by a pattern: "exception", the last line of every traceback a process printed for an
-# exception it raised (TracebackEnds; the tracebacks of exceptions Python ignored are left out). What
-# judges each kind, or why it is only informational: gates.LOG_FINDING_KINDS.
-EXCEPTION_FINDING = "exception"
-
-
-def log_findings(lines: list[str], limit: int = 50) -> dict[str, list[str]]:
-    """The lines of a start's server log that the gates judge, by kind (each kind present, empty if none)."""
-    found = {kind: [line for line in lines if pattern.search(line)][:limit] for kind, pattern in LOG_FINDINGS.items()}
-    ends = TracebackEnds()
-    found[EXCEPTION_FINDING] = [line for line in lines if ends.feed(line) == ends.END][:limit]
-    return found
-
-
-# ZE_, ONEAPI_ and CCL_: the XPU profile's device selection and oneCCL settings (xpu_environment).
-ENV_KEYS_RECORDED = (
-    "VLLM_",
-    "B70LAB_",
-    "OMP_",
-    "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE",
-    "LD_PRELOAD",
-    "ZE_",
-    "ONEAPI_",
-    "CCL_",
-    "ATEN_CPU_CAPABILITY",
-    "ONEDNN_MAX_CPU_ISA",
+from .live import (
+    LiveStart,
+    Progress,
+    ResolvedModels,
+    recorded_environment,
 )
-# Evidence and the dry run are shared and kept: a variable named like a secret shows that it was set, never
-# its value (VLLM_API_KEY of the benchmark mode, a B70LAB_*_TOKEN a lab passes through).
-SECRET_NAME = re.compile(r"_TOKEN$|KEY|SECRET|PASSWORD", re.IGNORECASE)
-REDACTED = "<redacted>"
-
-
-def recorded_environment(env: dict[str, str]) -> dict[str, str]:
-    """The variables of the engine's environment that shape a start, secrets' values redacted."""
-    return {
-        k: REDACTED if SECRET_NAME.search(k) else v for k, v in sorted(env.items()) if k.startswith(ENV_KEYS_RECORDED)
-    }
-
-
-@dataclass(frozen=True)
-class ResolvedModels:
-    target: evidence.ModelRef
-    draft: evidence.ModelRef | None
-    target_model: str | Path
-    draft_model: str | Path | None
-    # The checkpoint tables the load and scale audits compare with ("target", "draft"; None where a
-    # checkpoint could not be read, with the reason under "problems").
-    tables: dict[str, Any]
 
 
 def model_folder(source: contract_mod.ModelSource) -> Path:
@@ -206,7 +141,12 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
         json.dumps(contract.canonical(), indent=2, sort_keys=True),
         "",
         host.fp8_path_line(contract.engine.device, contract.engine.kv_cache_dtype, contract.expect.fp8_attention),
-        f"fresh starts: {contract.reproduction.fresh_starts}, into {run_dir}/start-N/",
+        f"fresh starts: {contract.reproduction.fresh_starts}, into {run_dir}/start-N/, "
+        + (
+            f"alive together, the prompts interleaved over {contract.reproduction.passes} passes"
+            if contract.reproduction.schedule == "interleaved"
+            else "one after the other"
+        ),
         "command:",
         "  " + " ".join(_quote(a) for a in cmd),
         "environment (besides the caller's; caches under the cache root's engine-state/):",
@@ -228,15 +168,6 @@ def _quote(arg: str) -> str:
     return arg if arg and all(c.isalnum() or c in "-_./=:,<>+" for c in arg) else "'" + arg.replace("'", "'\\''") + "'"
 
 
-def _library_version(name: str) -> str | None:
-    for dist in (name, f"{name}-cpu"):
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return None
-
-
 def run_start(
     contract: Contract,
     models: ResolvedModels,
@@ -255,162 +186,29 @@ def run_start(
 
     Quality answers ride on the start after its gate requests and after the closing /metrics scrape: they
     cost no extra engine start, and neither the cold-prompt nor the throughput evidence sees them."""
-    say = progress or (lambda _msg: None)
-    prompts = contract_mod.select_prompts(
-        contract_mod.load_prompts(contract), prompt_ids, f"contract {contract.name}: the prompts asked for"
-    )
-    config = serve_config(contract, models)
-    env = engine_environment(state_dir, config.world_size, **_env_kind(contract))
-    nonce = secrets.token_hex(16)  # this start's alone: its ranks echo it in their audits
-    server = EngineServer(
-        lambda sock: vllm_serve_command(config.model_ref, sock, config.args()),
-        {**env, evidence.START_NONCE_ENV: nonce},
-        start_dir,
-        on_progress=lambda ph, t: say(f"{contract.name} start-{index}: {ph} ({t:.0f} s)"),
-    )
-    record = _new_record(contract, models, index, nonce, server.command, env, probe)
-    if launches_log is not None:
-        with open(launches_log, "a", encoding="utf-8") as f:
-            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {contract.name} start-{index}\n")
-    try:
-        server.start()
-        record.ready_s = server.wait_ready(contract.deadlines.start_s)
-        with server.client(timeout=contract.deadlines.request_s) as client:
-            _observe_serving(server, client, record, contract, prompts, index, say, quality)
-        record.throughput = evidence.derived_throughput(record.requests, record.metrics_before, record.metrics_after)
-        record.status = "ok"
-    except (EngineStartError, EngineRequestError, OSError, ValueError) as e:
-        # A start-up failure already carries the logs' error lines; anything later gets them added.
-        message = str(e) if isinstance(e, EngineStartError) else server.failure_report(str(e))
-        record.failure = evidence.Failure(
-            message=message, phase=server.phase, tails=server.tails(), first_errors=server.first_errors()
-        )
-    except BaseException as e:  # Ctrl-C or a bug: still tear down and keep what was seen
-        record.failure = evidence.Failure(
-            message=f"interrupted: {type(e).__name__}: {e}",
-            phase=server.phase,
-            tails=server.tails(),
-            first_errors=server.first_errors(),
-        )
-        _finish(server, record, start_dir)
-        raise
-    _finish(server, record, start_dir)
-    return record
+    live = launch(contract, models, start_dir, state_dir, index, progress, launches_log, probe)
+    with live.kept():
+        live.open()
+        for p in live.prompts(prompt_ids):
+            live.record.requests.append(live.serve(p))
+        live.close(quality)
+    return live.record
 
 
-def _new_record(
+def launch(
     contract: Contract,
     models: ResolvedModels,
+    start_dir: Path,
+    state_dir: Path,
     index: int,
-    nonce: str,
-    command: list[str],
-    env: dict[str, str],
-    probe: dict | None,
-) -> evidence.Evidence:
-    """The evidence of a start about to launch: failed until the start says otherwise."""
-    created_at = dt.datetime.now(dt.UTC).isoformat()
-    return evidence.Evidence(
-        role=contract.kind,
-        start_index=index,
-        created_at=created_at,
-        identity=evidence.StartIdentity(nonce=nonce, launched_at=created_at),
-        contract=evidence.ContractRef(
-            name=contract.name, kind=contract.kind, digest=contract.digest, canonical=contract.canonical()
-        ),
-        target=models.target,
-        draft=models.draft,
-        engine=evidence.EngineInfo(
-            vllm_version=_library_version("vllm"),
-            torch_version=_library_version("torch"),
-            command=command,
-            environment=recorded_environment(env),
-        ),
-        status="failed",
-        probe=probe,
-        host=host.cpu_identity(environ=env),
-    )
-
-
-def _observe_serving(
-    server: EngineServer,
-    client,
-    record: evidence.Evidence,
-    contract: Contract,
-    prompts: list,
-    index: int,
-    say: Progress,
-    quality: list[QualitySample] | None,
-) -> None:
-    """What a ready start is asked, in order: the ranks' audits, /metrics, every gate prompt, /metrics again,
-    then the quality samples (after the closing scrape: no gate evidence sees them)."""
-    server.phase = "auditing the ranks"
-    record.audits = audit(client)
-    record.exposure = server.exposure()  # every rank is up: all their sockets are open now
-    record.metrics_before = metrics_text(client)
-    model = served_model(client)
-    server.phase = "serving the gate prompts"
-    for p in prompts:
-        r = stream_completion(
-            client,
-            model,
-            p.prompt,
-            contract.decode.tokens_per_request,
-            prompt_id=p.id,
-            timeout_s=contract.deadlines.request_s,
-        )
-        record.requests.append(r)
-        say(
-            f"{contract.name} start-{index}: {p.id} {len(r.token_ids)} tokens"
-            + (f" at {r.decode_rate:.1f} tok/s" if r.decode_rate else "")
-        )
-    record.metrics_after = metrics_text(client)
-    if quality:
-        server.phase = "serving the quality samples"
-        _ask_quality(client, model, quality, record, contract, index, say)
-
-
-def _ask_quality(
-    client,
-    model: str,
-    samples: list[QualitySample],
-    record: evidence.Evidence,
-    contract: Contract,
-    index: int,
-    say: Progress,
-) -> None:
-    from ..quality.judge import variants
-
-    assert contract.quality is not None
-    t0, failed = time.monotonic(), 0
-    for sample in samples:
-        for variant in variants(sample):
-            answer = quality_answer(client, model, sample, variant, timeout_s=contract.quality.request_s)
-            failed += answer.error is not None
-            record.quality.append(answer)
-    say(
-        f"{contract.name} start-{index}: {len(record.quality)} quality answers in {time.monotonic() - t0:.0f} s"
-        + (f", {failed} requests failed" if failed else "")
-    )
-
-
-def _finish(server: EngineServer, record: evidence.Evidence, start_dir: Path) -> None:
-    report = server.stop()
-    record.teardown = report.as_dict()
-    record.logs = {
-        "server": "server.log",
-        "command": "command.txt",
-        **{f"rank:{p.stem}": f"ranks/{p.name}" for p in sorted((start_dir / "ranks").glob("*.log"))},
-    }
-    log = start_dir / "server.log"
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.exists() else []
-    record.log_findings = log_findings(lines[: report.log_line])  # before teardown: after it, the shutdown speaks
-    if record.status == "ok" and not report.clean:
-        record.status = "failed"
-        record.failure = evidence.Failure(
-            message="engine processes outlived teardown: "
-            + ", ".join(f"pid {p.pid} {p.name}" for p in report.survivors())
-        )
-    evidence.write(record, start_dir)
+    progress: Progress | None = None,
+    launches_log: Path | None = None,
+    probe: dict | None = None,
+) -> LiveStart:
+    """A start of `contract` ready to open: its serve command and environment, its evidence record."""
+    config = serve_config(contract, models)
+    env = engine_environment(state_dir, config.world_size, **_env_kind(contract))
+    return LiveStart.launch(contract, models, config, env, start_dir, index, progress, launches_log, probe)
 
 
 def start_dirs(run_dir: Path, contract: Contract) -> list[Path]:
@@ -513,6 +311,15 @@ def run_starts(
     else:
         probe_result = preflight_probe(contract, run_dir, cache_root, progress, probe.stall_rank, probe.deadline_s)
     write_run_files(run_folder.kind_dir(run_dir, contract.kind), contract, models)
+    if contract.reproduction.schedule == "interleaved" and (starts or 2) >= 2:
+        from .interleave import run_interleaved
+
+        state, log = cache_root / "engine-state", run_dir / run_folder.LAUNCHES_LOG
+        lives = [
+            launch(contract, models, d, state, i, progress, log, probe_result)
+            for i, d in enumerate(start_dirs(run_dir, contract), 1)
+        ]
+        return run_interleaved(lives, contract.reproduction.passes, quality, prompt_ids)
     records: list[evidence.Evidence] = []
     for i, d in enumerate(start_dirs(run_dir, contract)[: starts or None], 1):
         records.append(

@@ -40,11 +40,35 @@ def record_loaded_moments(model) -> int:
     return count
 
 
+GC_LOG_ENV = "B70LAB_GC_LOG"  # milliseconds: log every garbage collection of a vLLM process that took as long
+
+
+def log_gc_pauses(threshold_ms: float) -> None:
+    """An experiment's eye on the engine's own pauses (notes/2026-12-03-interleaved-reproduction.md): each
+    collection of this process's garbage collector that took `threshold_ms` or more is one INFO line."""
+    import gc
+    import time
+
+    started: dict[str, float] = {}
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        elif "t" in started:
+            ms = (time.perf_counter() - started.pop("t")) * 1000
+            if ms >= threshold_ms:
+                log.info("b70lab gc pause %.0f ms (generation %d, pid %d)", ms, info.get("generation", -1), os.getpid())
+
+    gc.callbacks.append(timed)
+
+
 def register() -> None:
     global _registered
     if _registered:
         return
     _registered = True
+    if threshold := os.environ.get(GC_LOG_ENV):
+        log_gc_pauses(float(threshold))
     try:
         from vllm.model_executor.model_loader import base_loader
     except ImportError as e:  # not a vLLM this hook knows: the audit then reports what it can

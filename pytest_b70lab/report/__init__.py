@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import evidence as evidence_mod
-from .. import host, run_folder, throughput
+from .. import gates, host, run_folder, throughput
 from .. import verdict as verdict_mod
+from ..contract import Contract
 from ..errors import LabError
 from ..evidence import Evidence, EvidenceError, ModelRef, Request
 from ..gates import CATALOGUE
@@ -72,6 +73,24 @@ def tolerance(start: Evidence, figure: str = "throughput_tolerance") -> float | 
     if value is None and figure == "paired_tolerance":
         value = reproduction.get("throughput_tolerance")
     return float(value) if isinstance(value, (int, float)) else None
+
+
+def speed(starts: Sequence[Evidence]) -> gates.SpeedFigures | None:
+    """Gate 7's figures of these starts under the contract they were recorded with (its schedule decides how
+    they are taken: per prompt over the passes, when interleaved); None when the recorded contract is unreadable."""
+    if not starts:
+        return None
+    try:
+        recorded = Contract.model_validate(starts[0].contract.canonical, strict=False)
+    except ValueError:
+        return None
+    return gates.speed_figures(list(starts), recorded)
+
+
+def _median(figures: gates.SpeedFigures | None, starts: Sequence[Evidence], start: Evidence) -> float | None:
+    if figures is not None and start in starts:
+        return figures.medians[list(starts).index(start)]
+    return throughput.arrival_median(start.requests)
 
 
 def prompt_order(starts: Sequence[Evidence]) -> list[str]:
@@ -201,6 +220,7 @@ def _identity(run: Run) -> Raw:
 
 def _starts(run: Run) -> Raw:
     rows = []
+    figures = speed(run.starts)
     for s in run.starts:
         teardown = s.teardown or {}
         rows.append(
@@ -209,8 +229,8 @@ def _starts(run: Run) -> Raw:
                 s.status,
                 s.created_at,
                 _num(s.ready_s, ".1f"),
-                len(s.requests),
-                _num(throughput.arrival_median(s.requests)),
+                len(s.requests) + len(s.repeats),
+                _num(_median(figures, run.starts, s)),
                 _num(s.throughput.server_tokens_per_s),
                 "clean" if teardown.get("clean") is True else ("not clean" if teardown else "not recorded"),
                 s.failure.message if s.failure else "",
@@ -376,9 +396,17 @@ def _decode(run: Run, plots: _Plots) -> Raw:
                 marker={"size": 11, "color": palette[i % len(palette)]},
             )
         )
-    notes = ["Each point is one request's (N - 1) / (t_N - t_1); a start's endpoint figure is its median."]
+    figures = speed(starts)
+    interleaved = any(s.schedule is not None for s in starts)
+    notes = [
+        "Each point is one request's (N - 1) / (t_N - t_1); a start's endpoint figure is its median."
+        if not interleaved
+        else "Each point is one request of pass 1, (N - 1) / (t_N - t_1); the starts were measured side by side "
+        "(the interleaved schedule), and a start's endpoint figure is the median over prompts of each prompt's "
+        "median over the passes."
+    ]
     for i, s in enumerate(starts):
-        if (m := throughput.arrival_median(s.requests)) is not None:
+        if (m := _median(figures, starts, s)) is not None:
             fig.add_hline(
                 y=m,
                 line_dash="dash",
@@ -388,7 +416,7 @@ def _decode(run: Run, plots: _Plots) -> Raw:
                 annotation_position=("top left", "bottom right", "top right", "bottom left")[i % 4],
             )
     ref, tol = starts[0], tolerance(starts[0])
-    if (m0 := throughput.arrival_median(ref.requests)) is not None and tol is not None:
+    if (m0 := _median(figures, starts, ref)) is not None and tol is not None:
         fig.add_hrect(
             y0=m0 * (1 - tol), y1=m0 * (1 + tol), fillcolor="#2ca02c", opacity=0.12, line_width=0, layer="below"
         )
@@ -398,19 +426,15 @@ def _decode(run: Run, plots: _Plots) -> Raw:
             "accepts for every later start's median."
         )
         for s in starts[1:]:
-            if (m := throughput.arrival_median(s.requests)) is not None and m0 > 0:
+            if (m := _median(figures, starts, s)) is not None and m0 > 0:
                 drift = abs(m - m0) / m0
                 notes.append(
                     f"start-{s.start_index}: {m:.2f} tok/s, {drift:.1%} from start-{ref.start_index}: "
                     + ("inside the band." if drift <= tol else "OUTSIDE the band.")
                 )
     paired_tol = tolerance(ref, "paired_tolerance")
-    for s in starts[1:]:
-        if (
-            paired := throughput.paired_ratio(
-                throughput.arrival_rates(ref.requests)[0], throughput.arrival_rates(s.requests)[0]
-            )
-        ) is not None:
+    for k, s in enumerate(starts[1:]):
+        if (paired := figures.paired[k] if figures is not None else None) is not None:
             where = (
                 ""
                 if paired_tol is None
@@ -418,8 +442,9 @@ def _decode(run: Run, plots: _Plots) -> Raw:
             )
             notes.append(
                 f"Paired figure start-{s.start_index} / start-{ref.start_index} {paired.line()}: the "
-                f"geometric mean of the per-prompt decode-rate ratios (from the arrival times), "
-                f"{paired.drift:.1%} from 1{where}"
+                f"geometric mean of the per-prompt decode-rate ratios (from the arrival times"
+                + ("; each prompt's median over the passes of its side-by-side ratio" if interleaved else "")
+                + f"), {paired.drift:.1%} from 1{where}"
             )
     fig.update_layout(
         xaxis={"title": "prompt", "categoryorder": "array", "categoryarray": [_label(p) for p in prompts]},
@@ -427,7 +452,7 @@ def _decode(run: Run, plots: _Plots) -> Raw:
     )
     rates = {(s.start_index, r.prompt_id): decode_rate(s, r) for s in starts for r in s.requests}
     rows = [[p] + [_num(rates.get((s.start_index, p))) for s in starts] for p in prompts]
-    rows.append([Raw("<b>median</b>")] + [_num(throughput.arrival_median(s.requests)) for s in starts])
+    rows.append([Raw("<b>median</b>")] + [_num(_median(figures, starts, s)) for s in starts])
     return _section(
         "decode-rate",
         title,

@@ -62,8 +62,6 @@ def needs_own_teacher(variant: Variant, base: Contract) -> bool:
 def prepare(out: Path, variants: list[Variant]) -> None:
     """A fresh sweep folder (a used one would mix two sweeps' starts) with every variant's contract written
     as TOML, each read back to the same digest before anything starts."""
-    import tomli_w
-
     out = Path(out)
     if (out / SWEEP_JSON).exists() or any((out / VARIANTS).glob("*")):
         raise SweepError(f"{out} already holds a sweep: give --out a new folder")
@@ -71,7 +69,7 @@ def prepare(out: Path, variants: list[Variant]) -> None:
         path = contract_file(out, v.name)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"# {v.contract.description}\n" + tomli_w.dumps(_without_none(v.contract.canonical())))
+            path.write_text(contract_mod.to_toml(v.contract))
             variant_dir(out, v.name).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SweepError(f"cannot write {path}: {e.strerror or e}") from e
@@ -81,15 +79,6 @@ def prepare(out: Path, variants: list[Variant]) -> None:
                 f"{path} reads back as digest {again.digest[:16]}, the variant is "
                 f"{v.contract.digest[:16]}: the contract does not survive TOML"
             )
-
-
-def _without_none(data):
-    """TOML has no null: an absent field is the contract's default, and every default here is None."""
-    if isinstance(data, dict):
-        return {k: _without_none(v) for k, v in data.items() if v is not None}
-    if isinstance(data, list):
-        return [_without_none(v) for v in data]
-    return data
 
 
 def run(

@@ -53,17 +53,24 @@ def test_an_unknown_part_is_a_usage_error(capsys) -> None:
 
 
 def test_a_sessions_drift_is_recomputed_from_its_arrival_times() -> None:
-    """The committed bundle: start-2 compiled nothing (it loaded), start-1 compiled; its medians are 2.8 %
-    apart upwards while the paired figure says start-2 was 5 % slower."""
+    """The committed bundle, interleaved: start-1 compiled, start-2 loaded. Its figures, worked out here by hand
+    from the arrival times: each prompt's median rate over the passes, the median over prompts; each prompt's
+    median over passes of the within-pass ratio, the geometric mean over prompts."""
     drift = bench.session_drift(BUNDLE)
     starts = read_starts(BUNDLE)
-    rates = [{r.prompt_id: throughput.decode_rate(r.chunk_times, r.chunk_tokens) for r in s.requests} for s in starts]
-    assert drift.median_ratio == pytest.approx(
-        statistics.median(rates[1].values()) / statistics.median(rates[0].values())
-    )
-    assert drift.paired == pytest.approx(statistics.geometric_mean([rates[1][k] / rates[0][k] for k in rates[0]]))
+    rates = [
+        {key: throughput.decode_rate(r.chunk_times, r.chunk_tokens) for key, (_m, r) in s.counted().items()}
+        for s in starts
+    ]
+    prompts = sorted({p for _n, p in rates[0]})
+    medians = [
+        statistics.median(statistics.median(v for (n, p), v in r.items() if p == q) for q in prompts) for r in rates
+    ]
+    assert drift.median_ratio == pytest.approx(medians[1] / medians[0])
+    per_prompt = [statistics.median(rates[1][k] / rates[0][k] for k in rates[0] if k[1] == q) for q in prompts]
+    assert drift.paired == pytest.approx(statistics.geometric_mean(per_prompt))
     assert drift.paired_low <= drift.paired <= drift.paired_high
-    assert drift.graphs == ("compiled", "loaded")
+    assert drift.graphs == ("compiled", "loaded") and drift.schedule == "interleaved"
 
 
 def test_the_summary_over_sessions_gives_median_min_and_max(tmp_path: Path) -> None:
@@ -73,7 +80,7 @@ def test_the_summary_over_sessions_gives_median_min_and_max(tmp_path: Path) -> N
         copy = tmp_path / f"x{stretch}"
         shutil.copytree(BUNDLE, copy)
         record = evidence.read(copy / "start-2" / evidence.FILENAME)
-        for r in record.requests:
+        for r in (*record.requests, *record.repeats):
             r.chunk_times = [t * stretch for t in r.chunk_times]
         evidence.write(evidence.rederive(record), copy / "start-2")
         sessions.append(bench.session_drift(copy))
@@ -117,9 +124,14 @@ def test_a_starts_two_passes_are_read_as_gate_7_reads_two_starts() -> None:
     starts = read_starts(BUNDLE)
     rates = [throughput.arrival_rates(s.requests)[0] for s in starts]
     drift = bench.pass_drift(rates[0], rates[1], (0.0, 0.01))
-    gate7 = bench.session_drift(BUNDLE)
-    assert (drift.paired, drift.paired_low, drift.paired_high) == (gate7.paired, gate7.paired_low, gate7.paired_high)
-    assert drift.median_ratio == pytest.approx(gate7.median_ratio)
+    paired = throughput.paired_ratio(rates[0], rates[1])
+    assert paired is not None and (drift.paired, drift.paired_low, drift.paired_high) == (
+        paired.ratio,
+        paired.low,
+        paired.high,
+    )
+    medians = [statistics.median(r.values()) for r in rates]
+    assert drift.median_ratio == pytest.approx(medians[1] / medians[0])
     assert bench.pass_drift(rates[0], {"another-prompt": 100.0}, (0.0, 0.0)) is None
     slower = bench.pass_drift(rates[0], {k: v * 0.8 for k, v in rates[0].items()}, (0.0, 0.0))
     medians, paired = bench.steadiness_figures([drift, slower], gap_s=40)

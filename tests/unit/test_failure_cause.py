@@ -184,11 +184,11 @@ def test_the_log_findings_keep_raised_exceptions_and_error_records_not_ignored_t
     """What a start's evidence keeps of this log for evidence-logs: the exception lines of the tracebacks a
     process raised (never those of the four tracebacks Python ignored while compiling), and vLLM's ERROR
     records."""
-    from pytest_b70lab.engine import starts
+    from pytest_b70lab.engine import live
 
     lines = LOG.read_text().splitlines()
-    found = starts.log_findings(lines, limit=len(lines))
-    assert set(found) == {*starts.LOG_FINDINGS, starts.EXCEPTION_FINDING}
+    found = live.log_findings(lines, limit=len(lines))
+    assert set(found) == {*live.LOG_FINDINGS, live.EXCEPTION_FINDING}
     ignored = [i + 1 for i, line in enumerate(lines) if line.startswith(UNRAISABLE)]
     assert len(ignored) == 4
     assert not [line for line in found["exception"] if "RecursionError" in line], found["exception"]

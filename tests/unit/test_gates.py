@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import gates, metrics, teacher, throughput
+from pytest_b70lab import gates, metrics, teacher
 from pytest_b70lab.contract import Contract, load_prompts
 from pytest_b70lab.engine.starts import checkpoint_tables
 from pytest_b70lab.evidence import Evidence, sha256_ids
@@ -279,19 +279,23 @@ def slower_second_start(run: Run) -> None:
     """The second start decodes at a third of the speed of the first."""
     s = run.starts[1]
     slowdown = 3 * s.throughput.endpoint_median / run.starts[0].throughput.endpoint_median
-    for r in s.requests:
+    for r in _every(s):
         r.chunk_times = [t * slowdown for t in r.chunk_times]
         r.decode_rate = r.decode_rate / slowdown
     s.throughput.endpoint_median = s.throughput.endpoint_median / slowdown
 
 
+def _every(start: Evidence) -> list:
+    """Every request of a start: the interleaved schedule's later passes and attempts too."""
+    return [*start.requests, *start.repeats]
+
+
 def _recorded_paired(run: Run) -> float:
-    """Start-2 / start-1 of the recorded bundle: a mutation that sets the paired figure scales from it."""
-    paired = throughput.paired_ratio(
-        throughput.arrival_rates(run.starts[0].requests)[0], throughput.arrival_rates(run.starts[1].requests)[0]
-    )
+    """Start-2 / start-1 of the recorded bundle, as gate 7 figures it: a mutation that sets the paired figure
+    scales from it (stretching every request of a start by f moves every pair's ratio, so the figure, by 1/f)."""
+    paired = gates.reproduction(run.starts, run.contract).observed.get("paired_ratio_start2")
     assert paired is not None
-    return paired.ratio
+    return paired
 
 
 def stretched_second_start(run: Run) -> None:
@@ -299,7 +303,7 @@ def stretched_second_start(run: Run) -> None:
     medians are left as they were: the gate recomputes the paired figure from the arrival times, so it sees
     the slowdown the records hide."""
     stretch = 2 * _recorded_paired(run)
-    for r in run.starts[1].requests:
+    for r in _every(run.starts[1]):
         r.chunk_times = [t * stretch for t in r.chunk_times]
 
 
@@ -782,6 +786,66 @@ def _rejected(run: Run, mutate, gate: str, message: str) -> None:
     )
 
 
+# --- the interleaved schedule: every pass is output, and only clean pairs are speed -------------------------
+
+
+def _counted(run: Run, start: int, pass_index: int, prompt: int = 0):
+    """The (measurement, request) that counts for one pass of the bundle's `prompt`-th prompt at a start."""
+    prompt_id = run.starts[0].requests[prompt].prompt_id
+    return run.starts[start].counted()[(pass_index, prompt_id)]
+
+
+def busy_during_a_counted_pair(run: Run) -> None:
+    """Start-1 was busy while start-2's pass-2 request ran, and it was not measured again."""
+    m, _r = _counted(run, 1, 2)
+    m.other_cpu_s = 0.9
+
+
+def later_pass_differs(run: Run) -> None:
+    """Start-2's third pass of the first prompt gave another token 7: a later pass is output too."""
+    _m, r = _counted(run, 1, 3)
+    ids = list(r.token_ids)
+    ids[7] = (ids[7] + 1) % 512
+    _set_tokens(r, ids)
+
+
+def later_pass_cached(run: Run) -> None:
+    _m, r = _counted(run, 0, 2)
+    r.cached_tokens = 4
+
+
+def one_pass_fewer(run: Run) -> None:
+    run.starts[1].schedule.passes = 2
+
+
+def quiet_rule_loosened(run: Run) -> None:
+    run.starts[0].schedule.busy_floor_cpu_s = 5.0
+
+
+def schedule_dropped(run: Run) -> None:
+    """A start whose evidence says nothing of how it was measured: not the contract's interleaved schedule."""
+    run.starts[1].schedule = None
+
+
+def later_pass_slower(run: Run) -> None:
+    """Every later pass of start-2 at half speed, pass 1 as it was: the median over passes sees it."""
+    for (pass_index, _prompt), (_m, r) in run.starts[1].counted().items():
+        if pass_index > 1:
+            r.chunk_times = [t * 2.2 for t in r.chunk_times]
+
+
+MUTATIONS += [
+    (busy_during_a_counted_pair, "fresh-start-reproduction", "used 0.9 CPU-s while it ran"),
+    (later_pass_differs, "fresh-start-reproduction", "start-2 differs from start-1 at token 7"),
+    (later_pass_differs, "teacher-exactness", "(request 3 of 3): token IDs differ from the teacher from token 7"),
+    (later_pass_cached, "cold-prompt", "(request 2 of 3): 4 cached prompt tokens"),
+    (one_pass_fewer, "fresh-start-reproduction", "start-2 evidence.schedule.passes is 2; the contract asks for 3"),
+    (quiet_rule_loosened, "fresh-start-reproduction", "schedule.busy_floor_cpu_s is 5.0, the quiet rule is 0.05"),
+    (schedule_dropped, "fresh-start-reproduction", "start-2 evidence.schedule is absent"),
+    (later_pass_slower, "fresh-start-reproduction", "paired figure start-2 / start-1"),
+]
+
+
 @pytest.mark.parametrize(("mutate", "gate", "message"), MUTATIONS, ids=[f"{m.__name__}->{g}" for m, g, _ in MUTATIONS])
 def test_each_mutation_is_rejected_by_its_gate(recorded: Run, mutate, gate: str, message: str) -> None:
     _rejected(recorded.clone(), mutate, gate, message)
@@ -878,7 +942,7 @@ def test_a_consistent_per_prompt_shift_fails_whatever_the_medians_do(recorded: R
     the contract's 35 % for this bundle) do not."""
     run = recorded.clone()
     stretch = 1.15 * _recorded_paired(recorded)
-    for r in run.starts[1].requests:
+    for r in _every(run.starts[1]):
         r.chunk_times = [t * stretch for t in r.chunk_times]
     data = run.contract.canonical()
     data["reproduction"]["paired_tolerance"] = 0.10
@@ -887,7 +951,7 @@ def test_a_consistent_per_prompt_shift_fails_whatever_the_medians_do(recorded: R
     assert not verdict.passed and len(verdict.reasons) == 1, verdict.reasons
     assert "paired figure start-2 / start-1" in verdict.reasons[0] and "tolerance 10%" in verdict.reasons[0]
     level = recorded.clone()  # the same starts with start-2 brought to a paired figure of 1: it passes
-    for r in level.starts[1].requests:
+    for r in _every(level.starts[1]):
         r.chunk_times = [t * _recorded_paired(recorded) for t in r.chunk_times]
     before = gates.reproduction(level.starts, tight)
     assert before.passed, before.reasons

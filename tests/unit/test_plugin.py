@@ -426,7 +426,7 @@ def test_a_gates_run_is_compared_with_its_baseline_beside_the_verdict(pytester: 
         [
             "PROMOTABLE at *",
             "*b70lab comparison with the baseline*",
-            "speed B/A paired * (95 %, 6 prompts); outputs identical on 6/6 prompts; contract: 7 fields differ*",
+            "speed B/A paired * (95 %, 6 prompts); outputs identical on 6/6 prompts; contract: 9 fields differ*",
             f"A  {teacher}",
             f"B  {run}",
             f"written: {run}/baseline-comparison.json",

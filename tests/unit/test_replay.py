@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy  # noqa: F401  (loaded once here: pytester's in-process runs would import it anew in every run)
 import pytest
 
-from pytest_b70lab import evidence
+from pytest_b70lab import evidence, gates
 from pytest_b70lab.contract import Contract
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,7 +166,7 @@ def test_an_embedded_contract_whose_digest_is_not_its_text_is_refused(pytester: 
 
 def _stretch(run: Path, start: int, factor: float, *, rederive: bool) -> None:
     def edit(record: evidence.Evidence) -> None:
-        for r in record.requests:
+        for r in (*record.requests, *record.repeats):
             r.chunk_times = [t * factor for t in r.chunk_times]
         if rederive:
             evidence.rederive(record)
@@ -198,7 +198,9 @@ def test_the_verdict_judges_and_prints_the_medians_of_the_arrival_times(pytester
     verdict records is the medians of the arrival times, start-2 at half of what start-2 recorded first."""
     run = pytester.path / "run"
     shutil.copytree(BUNDLE, run)
-    before = [evidence.read(run / f"start-{n}").throughput.endpoint_median for n in (1, 2)]
+    starts = [evidence.read(run / f"start-{n}") for n in (1, 2)]
+    recorded = Contract.model_validate(starts[0].contract.canonical, strict=False)
+    before = gates.speed_figures(starts, recorded).medians  # each start's medians as gate 7 takes them
     _stretch(run, 2, 2.0, rederive=True)
     result = _replay(pytester, run)
     assert result.ret != 0

@@ -170,7 +170,7 @@ def test_a_run_without_promotion_json_renders_and_says_no_verdict(tmp_path: Path
 
 
 def test_the_replayed_verdict_is_promotable(run: Path) -> None:
-    medians = [e.throughput.endpoint_median for e in _starts(run)]
+    medians = report.speed(_starts(run)).medians  # gate 7's: per prompt over the passes, then over prompts
     line = _verdict(_page(run))
     assert line.startswith(f"PROMOTABLE at {medians[0]:.2f} / {medians[1]:.2f} tok/s median"), line
 
@@ -223,7 +223,7 @@ def test_failed_gates_show_in_the_matrix_with_their_messages(tmp_path: Path) -> 
     folder = _copy(tmp_path / "run")
     start = evidence.read(folder / "start-2")
     start.requests[0].cached_tokens = 5
-    for r in start.requests:  # start-2 at half the speed, its figures derived again
+    for r in (*start.requests, *start.repeats):  # start-2 at half the speed, its figures derived again
         r.chunk_times = [t * 2 for t in r.chunk_times]
     evidence.write(evidence.rederive(start), folder / "start-2")
     promotion = _replay(folder)
@@ -249,7 +249,11 @@ def test_text_from_the_evidence_is_escaped(tmp_path: Path) -> None:
     hostile = "<script>alert(1)</script>"
     for path in folder.glob("start-*"):
         start = evidence.read(path)
-        start.requests[0].prompt_id = hostile
+        first = start.requests[0].prompt_id
+        for r in (*start.requests, *start.repeats):
+            r.prompt_id = hostile if r.prompt_id == first else r.prompt_id
+        for m in start.schedule.measurements if start.schedule else []:
+            m.prompt_id = hostile if m.prompt_id == first else m.prompt_id
         start.engine.command.append(hostile)
         evidence.write(evidence.rederive(start), path)
     text = report.write(folder).read_text()
@@ -352,5 +356,7 @@ def test_the_page_shows_the_paired_figure_gate_7_judged(run: Path) -> None:
     (test,) = [g for g in promotion["gates"] if g["gate"] == "fresh-start-reproduction"]
     ratio = test["observed"]["paired_ratio_start2"]
     page = html.unescape((run / report.FILENAME).read_text())
-    assert f"Paired figure start-2 / start-1 {ratio:.3f} [" in page
-    assert "geometric mean of the per-prompt decode-rate ratios" in page and "; tolerance 35%: inside." in page
+    figure = report.speed(_starts(run)).paired[0]
+    assert figure is not None and abs(figure.ratio - ratio) < 1e-4, (figure, ratio)  # observed to 4 places
+    assert f"Paired figure start-2 / start-1 {figure.line()}" in page
+    assert "geometric mean of the per-prompt decode-rate ratios" in page and "; tolerance 12%: inside." in page
