@@ -308,11 +308,63 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+# What `--help` ends with, per command: the invocations a lab engineer reaches for first.
+EXAMPLES = {
+    "b70lab": [
+        "b70lab contract list",
+        "b70lab report data/runs/20261203-101503",
+        "b70lab evidence diff data/runs/A data/runs/B",
+        "b70lab sweep --contract mini-laguna-cpu --vary engine.block_size=64 --rounds 2 --out data/sweeps/page",
+    ],
+    "mini": [
+        "b70lab mini build",
+        "b70lab mini verify ~/.cache/b70lab/mini/mini-laguna-<digest>",
+        "b70lab mini export DIR",
+    ],
+    "contract": [
+        "b70lab contract list",
+        "b70lab contract show mini-laguna-cpu --teacher",
+        "b70lab contract derive poolside/Laguna-S-2.1-INT4@<revision>",
+        "b70lab contract vary mini-laguna-cpu --vary speculative.num_speculative_tokens=3,7 --named target-only",
+    ],
+    "sweep": [
+        "b70lab sweep --contract mini-laguna-cpu --vary speculative.num_speculative_tokens=3,7 --out data/sweeps/depth",
+        "b70lab sweep --contract mini-laguna-cpu --vary engine.block_size=64 --rounds 6 --out data/sweeps/page",
+    ],
+    "bench": [
+        "b70lab bench",
+        "b70lab bench --parts reproduction --sessions 10 --schedule both",
+        "b70lab bench --parts steadiness --sessions 10 --gap-s 40",
+    ],
+    "probe": ["b70lab probe capability --contract laguna-s-2.1-int4-fp8kv-b70", "b70lab probe collectives"],
+    "report": ["b70lab report data/runs/20261203-101503", "b70lab report RUN --out /tmp/run.html"],
+    "evidence": ["b70lab evidence show data/runs/20261203-101503", "b70lab evidence diff RUN_A RUN_B --json"],
+}
+
+
+def _version() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("pytest-b70lab")
+    except md.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _with_examples(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="b70lab", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"b70lab {_version()}")
+    _with_examples(parser, "b70lab")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_mini, _add_contract, _add_sweep, _add_bench, _add_probe, _add_report, _add_evidence):
         add(sub)
+    for name, command in sub.choices.items():
+        _with_examples(command, name)
     return parser
 
 

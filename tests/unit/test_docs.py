@@ -61,3 +61,22 @@ def test_the_readme_is_a_door_whose_links_lead_somewhere() -> None:
         targets += [str((page.parent / t).relative_to(REPO)) for t in re.findall(r"\]\(([^)#:]+)", page.read_text())]
     broken = sorted({t for t in targets if not t.startswith("http") and not (REPO / t).resolve().exists()})
     assert broken == []
+
+
+def test_the_command_line_says_its_version_and_shows_examples_that_parse(capsys: pytest.CaptureFixture) -> None:
+    import importlib.metadata as md
+    import shlex
+
+    from pytest_b70lab import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.build_parser().parse_args(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"b70lab {md.version('pytest-b70lab')}\n"
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(cli.EXAMPLES) == {"b70lab", *commands}, "every command has examples, and no example is orphaned"
+    for name, command in [("b70lab", parser), *commands.items()]:
+        assert "examples:\n  b70lab " in command.format_help(), name
+    for line in (example for examples in cli.EXAMPLES.values() for example in examples):
+        args, rest = parser.parse_known_args(shlex.split(line)[1:])  # an example that no longer parses exits here
+        assert rest == [] and args.func is not None, line
