@@ -162,6 +162,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "tests/gates/__snapshots__; a sweep keeps the teachers it records under its own folder)",
     )
     group.addoption(
+        "--b70-report",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="at session end, write the run folder as one page (b70lab report) to PATH (default RUN/report.html), "
+        "for a live session or a replay; the last line of the summary names it",
+    )
+    group.addoption(
         "--b70-speedup",
         action="store_true",
         help="also start the contract's target-only teacher once (RUN/teacher/) and report the "

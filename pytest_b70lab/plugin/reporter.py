@@ -43,6 +43,19 @@ def reasons(report: pytest.TestReport) -> str:
     return ""
 
 
+def report_page(run_dir: Path, page: str) -> str:
+    """--b70-report: the run folder as one page (report.write), after promotion.json; a page that cannot be
+    written is said, never a changed verdict."""
+    from .. import report
+
+    out = Path(page).expanduser().resolve() if page else None
+    try:
+        written = report.write(run_dir, out)
+    except report.ReportError as e:
+        return f"no report page: {e}"
+    return f"the run as one page: {written}"
+
+
 def baseline_comparison(config: pytest.Config, state: LabState) -> list[str]:
     """This run against --b70-baseline, as lines for the terminal; also RUN/baseline-comparison.json. Never
     changes the verdict: a comparison that cannot be made says why."""
@@ -85,6 +98,7 @@ class VerdictReporter:
         self._decision = None
         self._quality = None
         self.baseline_lines: list[str] = []
+        self.report_line: str | None = None  # --b70-report: where the page went, or why it did not
         self.speedup: dict | None = None
         self.written = False
         self.exitstatus: int | None = None
@@ -217,6 +231,8 @@ class VerdictReporter:
         )
         if decision is not None and session.config.getoption("--b70-baseline"):
             self.baseline_lines = baseline_comparison(session.config, self.state)
+        if (page := session.config.getoption("--b70-report")) is not None and self.written:
+            self.report_line = report_page(self.state.run_dir, page)
         if decision is not None and not decision.promotable and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if quality is not None and quality.status != "ok" and session.exitstatus == pytest.ExitCode.OK:
@@ -243,8 +259,11 @@ class VerdictReporter:
         terminalreporter.section("b70lab promotion verdict")
         for line, markup in verdict.summary(decision, self.state.run_dir):
             terminalreporter.write_line(line, **markup)
-        terminalreporter.write_line(f"the run as one page: b70lab report {self.state.run_dir}")
+        if self.report_line is None:
+            terminalreporter.write_line(f"the run as one page: b70lab report {self.state.run_dir}")
         if self.baseline_lines:
             terminalreporter.section("b70lab comparison with the baseline")
             for line in self.baseline_lines:
                 terminalreporter.write_line(line)
+        if self.report_line is not None:
+            terminalreporter.write_line(self.report_line, bold=True)

@@ -506,3 +506,29 @@ def test_a_baseline_that_cannot_be_read_is_said_and_leaves_the_verdict_alone(pyt
     result, run, _ = _replay(pytester, "--b70-baseline", str(pytester.path / "no-such-run"))
     assert result.ret == 0
     result.stdout.fnmatch_lines(["PROMOTABLE at *", f"cannot compare with the baseline {pytester.path}/no-such-run: *"])
+
+
+def test_the_session_writes_its_report_page_when_asked(pytester: pytest.Pytester) -> None:
+    """--b70-report: RUN/report.html at session end, named by the summary's last line; =PATH puts it there; a
+    page that cannot be written is said and leaves the verdict alone."""
+    result, run, _ = _replay(pytester, "--b70-report")
+    assert result.ret == 0
+    page = run / "report.html"
+    assert page.is_file() and "PROMOTABLE at" in page.read_text()
+    lines = [line for line in result.stdout.lines if line.strip()]
+    summary_end = next(i for i, line in enumerate(lines) if line.startswith("PROMOTABLE at"))
+    assert lines[summary_end:].count(f"the run as one page: {page}") == 1
+    assert "b70lab report" not in "\n".join(lines[summary_end:]), "the hint gives way to the page itself"
+    elsewhere = pytester.path / "pages" / "run.html"
+    elsewhere.parent.mkdir()
+    again = pytester.runpytest(
+        str(GATES), "-m", "gates", f"--b70-evidence={run}", f"--b70-report={elsewhere}", "-p", "no:cacheprovider"
+    )
+    assert again.ret == 0 and elsewhere.is_file()
+    again.stdout.fnmatch_lines([f"the run as one page: {elsewhere}"])
+    nowhere = pytester.path / "no-such-folder" / "run.html"
+    failed = pytester.runpytest(
+        str(GATES), "-m", "gates", f"--b70-evidence={run}", f"--b70-report={nowhere}", "-p", "no:cacheprovider"
+    )
+    assert failed.ret == 0, "a page that cannot be written does not change the verdict"
+    failed.stdout.fnmatch_lines([f"no report page: cannot write the report to {nowhere}*"])
