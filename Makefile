@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.b70lab-installed
 PYTEST_ARGS ?=
 export B70LAB_CACHE_DIR ?= $(CURDIR)/data/cache
 
-.PHONY: setup gates test clean-venv
+.PHONY: setup gates test lint clean-venv
 
 setup: $(STAMP)
 
@@ -18,9 +18,14 @@ gates: setup
 	mkdir -p reports
 	$(PYTHON) -m pytest -m gates --junitxml=reports/gates.xml $(PYTEST_ARGS)
 
-test: setup
+test: setup lint
 	mkdir -p reports
 	$(PYTHON) -m pytest --junitxml=reports/junit.xml $(PYTEST_ARGS)
+
+# The field's habits, before the tests: ruff's lint and its formatter (settings in pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean-venv:
 	rm -rf $(VENV)
