@@ -586,8 +586,8 @@ def _graph_source(start) -> str:
 
 def session_drift(run_dir: Path) -> SessionDrift:
     """start-2 / start-1 of a run folder; a run without two completed starts with decode rates is an error."""
-    from . import contract as contract_mod
     from . import evidence, gates
+    from .replay import recorded_contract
     from .run_folder import read_starts
 
     try:
@@ -599,7 +599,10 @@ def session_drift(run_dir: Path) -> SessionDrift:
             f"{run_dir}: two completed starts are needed, found {[f'start-{s.start_index} {s.status}' for s in starts]}"
         )
     # The figures gate 7 judges, computed as it computes them (under the run's own schedule): one place.
-    c = contract_mod.Contract.model_validate(starts[0].contract.canonical, strict=False)
+    try:
+        c = recorded_contract(starts, run_dir)
+    except evidence.EvidenceError as e:
+        raise BenchError(str(e)) from None
     figures = gates.speed_figures(starts[:2], c)
     medians, paired = figures.medians, figures.paired[0]
     if figures.problems:

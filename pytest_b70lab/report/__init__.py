@@ -18,11 +18,11 @@ from typing import Any
 from .. import evidence as evidence_mod
 from .. import gates, host, run_folder, throughput
 from .. import verdict as verdict_mod
-from ..contract import Contract
 from ..errors import LabError
 from ..evidence import Evidence, EvidenceError, ModelRef, Request
 from ..gates import CATALOGUE
 from ..metrics import ACCEPTED_PER_POS, DRAFTS, Acceptance, acceptance
+from ..replay import recorded_contract
 from ..run_folder import Run
 
 FILENAME = "report.html"
@@ -77,19 +77,17 @@ def tolerance(start: Evidence, figure: str = "throughput_tolerance") -> float | 
 
 def speed(starts: Sequence[Evidence]) -> gates.SpeedFigures | None:
     """Gate 7's figures of these starts under the contract they were recorded with (its schedule decides how
-    they are taken: per prompt over the passes, when interleaved); None when the recorded contract is unreadable."""
-    if not starts:
-        return None
+    they are taken: per prompt over the passes, when interleaved); None when there is no one recorded contract."""
     try:
-        recorded = Contract.model_validate(starts[0].contract.canonical, strict=False)
-    except ValueError:
+        return gates.speed_figures(list(starts), recorded_contract(starts, Path("<run folder>")))
+    except EvidenceError:
         return None
-    return gates.speed_figures(list(starts), recorded)
 
 
 def _median(figures: gates.SpeedFigures | None, starts: Sequence[Evidence], start: Evidence) -> float | None:
-    if figures is not None and start in starts:
-        return figures.medians[list(starts).index(start)]
+    at = next((i for i, s in enumerate(starts) if s is start), None)
+    if figures is not None and at is not None:
+        return figures.medians[at]
     return throughput.arrival_median(start.requests)
 
 
