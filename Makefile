@@ -22,10 +22,12 @@ test: setup lint
 	mkdir -p reports
 	$(PYTHON) -m pytest --junitxml=reports/junit.xml $(PYTEST_ARGS)
 
-# The field's habits, before the tests: ruff's lint and its formatter (settings in pyproject.toml).
+# The field's habits, before the tests: ruff's lint, its formatter and mypy on the package (settings in
+# pyproject.toml: strict for the walls' data and judgement modules).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 clean-venv:
 	rm -rf $(VENV)

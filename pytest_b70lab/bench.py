@@ -7,7 +7,7 @@ Rows (each a part that can be run alone with --parts):
             no audits, evidence or gates (goal <= 1.05)
   decode    one start: the client's (N-1)/(t_N-t_1) median vs the server's own per-token figure vs
             `vllm bench serve` on the same prompts (goal: within 1 %). `vllm bench serve` speaks TCP only,
-            so this start listens on loopback behind a fresh API key (launch.TcpListen); the gates keep
+            so this start listens on loopback behind a fresh API key (engine.command.TcpListen); the gates keep
             their private socket
   start     two starts on an empty compile cache: the first compiles, the second loads vLLM's AOT artifacts
             (goal: second start <= 40 % of the first), each split by phase
@@ -105,7 +105,8 @@ def plugin_cost(repeats: int = 21) -> Figure:
         (folder / "pytest.ini").write_text("[pytest]\n")
         (folder / "test_one.py").write_text("def test_one():\n    pass\n")
         base = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "test_one.py"]
-        with_plugin, without = [], []
+        with_plugin: list[float] = []
+        without: list[float] = []
         for _ in range(repeats):
             for times, extra in ((with_plugin, []), (without, ["-p", "no:b70lab"])):
                 seconds, done = _wall(base + extra, folder)
@@ -408,7 +409,7 @@ def _agreement_figures(
 
 
 def phase_spans(phases: dict[str, float]) -> str:
-    """Where a start's seconds go, from the log lines launch.PHASES recognises: process start to the first
+    """Where a start's seconds go, from the log lines engine.server.PHASES recognises: process start to the first
     weight load is Python imports and engine set-up, then weights, then Dynamo + Inductor (on CPU both
     happen while 'compiling', or the AOT artifacts load then), KV allocation, API server."""
     order = ["loading weights", "compiling", "allocating KV cache", "starting API server", "ready"]
@@ -485,6 +486,13 @@ def compile_reuse(contract_name: str, cache_root: Path, out_dir: Path, say: Call
 # --- overhead: pytest -m gates vs a bare script -----------------------------------------------------------
 
 
+def _bare_progress(say: Callable[[str], None], index: int) -> Callable[[str, float], None]:
+    def progress(phase: str, seconds: float) -> None:
+        say(f"bare start-{index}: {phase} ({seconds:.0f} s)")
+
+    return progress
+
+
 def bare_starts(contract_name: str, cache_root: Path, out_dir: Path, say: Callable[[str], None] = print) -> float:
     """The gates' engine work and nothing else: the contract's fresh starts, each streaming every prompt
     once, no audit, no metrics, no evidence. Returns the wall time in seconds."""
@@ -503,7 +511,7 @@ def bare_starts(contract_name: str, cache_root: Path, out_dir: Path, say: Callab
             out_dir / "bare" / f"start-{index}",
             cache_root / "engine-state",
             deadline_s=c.deadlines.start_s,
-            on_progress=lambda ph, t, i=index: say(f"bare start-{i}: {ph} ({t:.0f} s)"),
+            on_progress=_bare_progress(say, index),
         )
         try:
             with server.client(timeout=c.deadlines.request_s) as client:
@@ -580,7 +588,9 @@ class SessionDrift:
 
 
 def _graph_source(start) -> str:
-    sources = {m.get("source") for a in start.audits for m in (a.get("compiled_modules") or []) if isinstance(m, dict)}
+    sources = {
+        str(m.get("source")) for a in start.audits for m in (a.get("compiled_modules") or []) if isinstance(m, dict)
+    }
     return sources.pop() if len(sources) == 1 else "mixed" if sources else "unknown"
 
 
@@ -688,7 +698,7 @@ def schedule_contracts(contract_name: str, schedule: str, out_dir: Path) -> list
 
 
 def compile_cache_dir(cache_root: Path) -> Path:
-    """vLLM's compile cache of the engine starts under `cache_root` (launch.engine_environment's VLLM_CACHE_ROOT)."""
+    """vLLM's compile cache of the engine starts under `cache_root` (engine.environment.engine_environment's VLLM_CACHE_ROOT)."""
     return cache_root / "engine-state" / "vllm" / "torch_compile_cache"
 
 

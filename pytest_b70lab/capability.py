@@ -41,7 +41,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 # --- memory -----------------------------------------------------------------------------------------------
-# VLLM_CPU_KVCACHE_SPACE, in GiB per rank, as launch.engine_environment sets it (tests/unit/test_capability.py
+# VLLM_CPU_KVCACHE_SPACE, in GiB per rank, as engine.environment.engine_environment sets it (tests/unit/test_capability.py
 # holds the two equal).
 KV_CACHE_SPACE_GIB = 1
 # Besides its KV cache, what one CPU rank and the processes every start has (API server, engine core, the
@@ -504,6 +504,7 @@ def _checkpoints(contract: contract_mod.Contract, environ: Mapping[str, str]) ->
             )
         )
     for part, source in hub:
+        assert source.hub_id and source.revision, "a hub source needs both to pass contract validation"
         if gap := snapshot_gap(cache, source.hub_id, source.revision):
             problems.append(
                 Problem(
@@ -515,7 +516,7 @@ def _checkpoints(contract: contract_mod.Contract, environ: Mapping[str, str]) ->
                 )
             )
     for part, source in parts:
-        if source.source == "path" and not source.if_missing:
+        if source.source == "path" and source.path and not source.if_missing:
             folder = contract_mod.repo_path(str(Path(source.path).expanduser()))
             if not folder.is_dir():
                 problems.append(

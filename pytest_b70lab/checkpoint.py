@@ -41,12 +41,18 @@ import re
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .digests import canonical_json, file_sha256, kv_scale_digest, moments, sha256_canonical
 from .errors import LabError
+
+if TYPE_CHECKING:
+    from _hashlib import HASH
+
+    import torch
 
 TABLE_FORMAT = 1
 CACHE_FORMAT = 1
@@ -104,24 +110,34 @@ def _safetensors_layout(path: Path, size: int) -> tuple[bytes, dict[str, tuple[i
     return head + header, ranges
 
 
-def _tensor_bytes(t) -> memoryview:
+class _SafetensorsFile(Protocol):
+    """What is read of a safetensors `safe_open` handle (its stub leaves these methods untyped)."""
+
+    def get_slice(self, name: str) -> Any: ...  # a lazy slice: get_shape() and row indexing
+
+    def get_tensor(self, name: str) -> torch.Tensor: ...
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
     import torch
 
     return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
-def _tensor_entry(f, name: str, hasher) -> tuple[dict[str, Any], Any]:
+def _tensor_entry(f: _SafetensorsFile, name: str, hasher: HASH | None) -> tuple[dict[str, Any], float | None]:
     """dtype, shape and moments of one tensor (and its value when it is a scalar), feeding its bytes to
     `hasher` in file order."""
     shape = list(f.get_slice(name).get_shape())
     numel = math.prod(shape)
+    chunks: Iterable[torch.Tensor]
     if numel <= WHOLE_TENSOR_MAX:
         chunks = [f.get_tensor(name)]
     else:
         rows = max(1, CHUNK_ELEMENTS // (numel // shape[0]))
         whole = f.get_slice(name)
         chunks = (whole[start : start + rows] for start in range(0, shape[0], rows))
-    parts, value = [], None
+    parts: list[dict[str, float]] = []
+    value: float | None = None
     for chunk in chunks:
         # safetensors maps tensors at their file offsets, rarely 64-byte aligned; the float64 cast in
         # `moments` runs several times faster on an aligned copy (same values, so the same moments).
@@ -137,7 +153,7 @@ def _tensor_entry(f, name: str, hasher) -> tuple[dict[str, Any], Any]:
 
 
 @contextmanager
-def _torch_on_one_thread():
+def _torch_on_one_thread() -> Iterator[None]:
     import torch
 
     with _ONE_THREAD:
@@ -203,7 +219,7 @@ class _EntryCache:
     def __init__(self, cache_dir: Path | None):
         self.root = Path(cache_dir) / CACHE_SUBDIR if cache_dir is not None else None
 
-    def get(self, key: str, want_tensors: bool, compute) -> tuple[dict[str, Any], bool]:
+    def get(self, key: str, want_tensors: bool, compute: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
         """(entry, whether it came from the cache)."""
         if self.root is None:
             return compute(), False
@@ -248,6 +264,7 @@ class _EntryCache:
                 and isinstance(kv_values, dict)
                 and all(isinstance(t, dict) and isinstance(t.get("moments"), dict) for t in tensors.values())
                 and all(isinstance(v, float) for v in kv_values.values())
+                and all(engine_kv_scale(n) is not None for n in kv_values)
             ):
                 return None
         return entry
@@ -347,7 +364,9 @@ def _engine_kv_scales(values: dict[str, float], folder: Path) -> dict[str, dict[
     scales: dict[str, dict[str, float]] = {}
     origin: dict[tuple[str, str], str] = {}
     for name, value in sorted(values.items()):
-        layer, kind = engine_kv_scale(name)
+        found = engine_kv_scale(name)
+        assert found is not None  # only KV-scale names are recorded (and a cached entry holding others is refused)
+        layer, kind = found
         if (layer, kind) in origin:
             raise CheckpointError(f"{folder}: two {kind}s for {layer}: {origin[layer, kind]} and {name}")
         origin[layer, kind] = name

@@ -180,7 +180,8 @@ def _sweep(args: argparse.Namespace) -> int:
     rows = table.rows(out, grid[0], grid, outcome.judged)
     fields = [variants.parse_vary(v)[0] for v in args.vary or []]
     sweep = {
-        "schema": "b70lab-sweep/1",
+        "schema": plan.SWEEP_SCHEMA,
+        "version": plan.SWEEP_VERSION,
         "base": base.name,
         "base_digest": base.digest,
         "varies": args.vary or [],

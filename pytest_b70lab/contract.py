@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal, Protocol, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -138,7 +138,7 @@ class Speculative(Strict):
         return self
 
 
-FP8_ATTENTION_DEFAULT = "either"
+FP8_ATTENTION_DEFAULT: Final = "either"
 
 
 class Expect(Strict):
@@ -433,17 +433,30 @@ def select_prompts(prompts: list[Prompt], wanted: list[str] | None, where: str) 
     return [p for p in prompts if p.id in wanted]
 
 
+class _PinnedLine(Protocol):
+    """A model of one line of a pinned set: read from JSON, named by its id."""
+
+    @property
+    def id(self) -> str: ...
+
+    @classmethod
+    def model_validate_json(cls, json_data: str, /) -> Self: ...
+
+
+_LineT = TypeVar("_LineT", bound=_PinnedLine)
+
+
 def read_pinned_jsonl(
     path: Path,
     sha256: str,
     count: int,
-    model: type[BaseModel],
+    model: type[_LineT],
     where: str,
     error: type[Exception],
     *,
     noun: str,
     changed: str,
-) -> list[Any]:
+) -> list[_LineT]:
     """A set of JSON lines a contract pins (gate prompts, quality samples): the file must exist, have the
     pinned sha256 and count, and every line must validate, with unique ids. Each problem is `error`, naming
     `where` (and the line)."""
@@ -453,7 +466,7 @@ def read_pinned_jsonl(
     seen = bytes_sha256(data)
     if seen != sha256:
         raise error(f"{where} has sha256 {seen}, the contract pins {sha256}: {changed}")
-    items = []
+    items: list[_LineT] = []
     for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
         if not line.strip():
             continue

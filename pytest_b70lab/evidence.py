@@ -11,7 +11,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -19,9 +19,9 @@ from .contract import Kind
 from .digests import sha256_canonical, text_sha256
 from .errors import LabError
 
-SCHEMA = "b70lab.evidence"
+SCHEMA: Final = "b70lab.evidence"
 # Version 2 adds the interleaved schedule (`schedule`, `repeats`); version-1 files still read, and carry neither.
-VERSION = 2
+VERSION: Final = 2
 VERSIONS = (1, 2)
 FILENAME = "evidence.json"
 
@@ -107,8 +107,8 @@ class Failure(ClosedRecord):
     message: str
     phase: str | None = None
     tails: dict[str, list[str]] = Field(default_factory=dict)
-    # The first error lines the launcher saw in the engine's output (launch.EngineServer.first_errors): the
-    # verdict names the failure by the one launch.root_cause chooses (the exception a rank raised, else the
+    # The first error lines the launcher saw in the engine's output (engine.server.EngineServer.first_errors): the
+    # verdict names the failure by the one engine.logs.root_cause chooses (the exception a rank raised, else the
     # line naming a dead process, ...).
     first_errors: list[str] = Field(default_factory=list)
 
@@ -227,7 +227,7 @@ class Evidence(ClosedRecord):
     # or throughput evidence); empty unless the session judged quality.
     quality: list[QualityRecord] = Field(default_factory=list)
     teardown: dict[str, Any] | None = None
-    # Who could reach the engine while it ran (launch.EngineServer.exposure): its listening sockets, the
+    # Who could reach the engine while it ran (engine.server.EngineServer.exposure): its listening sockets, the
     # private socket folder's mode, and anything found exposed.
     exposure: dict[str, Any] | None = None
     # The preflight collective probe that ran before the run folder's first start (probe.ProbeResult), or
@@ -344,7 +344,7 @@ def read(path: Path) -> Evidence:
     return evidence
 
 
-def _finite(value: object) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -380,12 +380,12 @@ def unphysical(evidence: Evidence) -> list[str]:
             for k, v in r.usage.items()
             if k.endswith("_tokens") and not (isinstance(v, int) and v >= 0)
         ]
-    t = evidence.throughput
-    positive("throughput.endpoint_median", t.endpoint_median)
-    for prompt_id, rate in t.per_prompt.items():
+    figures = evidence.throughput
+    positive("throughput.endpoint_median", figures.endpoint_median)
+    for prompt_id, rate in figures.per_prompt.items():
         positive(f"throughput.per_prompt[{prompt_id}]", rate)
-    positive("throughput.server_mean_inter_token_s", t.server_mean_inter_token_s)
-    positive("throughput.server_tokens_per_s", t.server_tokens_per_s)
+    positive("throughput.server_mean_inter_token_s", figures.server_mean_inter_token_s)
+    positive("throughput.server_tokens_per_s", figures.server_tokens_per_s)
     for q in evidence.quality:
         positive(f"quality[{q.sample_id}].seconds", q.seconds, zero=True)
         positive(f"quality[{q.sample_id}].completion_tokens", q.completion_tokens, zero=True)

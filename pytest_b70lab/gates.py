@@ -9,9 +9,9 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from . import throughput
 from .contract import Contract
@@ -54,6 +54,8 @@ SPECULATIVE_GATES = frozenset({"draft-cache-audit", "spec-counters"})
 FP8_ONLY_GATES = frozenset({"target-scale-audit", "teacher-exactness"})
 FP8_KV_DTYPES = {"fp8", "fp8_e4m3"}
 FP8_STORAGE_DTYPES = {"uint8", "float8_e4m3fn"}
+
+_T = TypeVar("_T")
 
 
 def subject(start: int | None = None, rank: int | None = None, prompt: str | None = None) -> str:
@@ -139,7 +141,7 @@ def _started(check: _Check, start: Evidence) -> bool:
     )
 
 
-def _request(check: _Check, start: Evidence, prompt_id: str):
+def _request(check: _Check, start: Evidence, prompt_id: str) -> Request | None:
     """The start's request for `prompt_id`, or None (and a failed check) when the start or the request is
     missing."""
     if not _started(check, start):
@@ -165,10 +167,15 @@ def _rank_audit(check: _Check, start: Evidence, rank: int) -> dict[str, Any] | N
     if not check.expect(
         len(audits) == 1,
         f"start-{start.start_index}: {len(audits)} audits from TP rank {rank} "
-        f"(ranks seen: {sorted(a.get('tp_rank') for a in start.audits)})",
+        f"(ranks seen: {sorted((a.get('tp_rank') for a in start.audits), key=_rank_order)})",
     ):
         return None
     return audits[0]
+
+
+def _rank_order(rank: object) -> tuple[bool, int, str]:
+    """Ranks in numeric order, then what is not a rank number (a missing or malformed tp_rank) by its text."""
+    return (False, rank, "") if isinstance(rank, int) else (True, 0, repr(rank))
 
 
 def _layers(audit: dict[str, Any], owner: str) -> dict[str, dict[str, Any]]:
@@ -293,6 +300,7 @@ def evidence_exposure(start: Evidence) -> Verdict:
     )
     listening = exposure.get("listening")
     if c.expect(isinstance(listening, list), f"start-{start.start_index}: the exposure record lists no sockets"):
+        assert isinstance(listening, list)
         exposed = [
             f"{s.get('process')} on {s.get('address')}:{s.get('port')}"
             for s in listening
@@ -550,7 +558,7 @@ def engine_resolution(start: Evidence, rank: int, contract: Contract) -> Verdict
     return c.done()
 
 
-def _fp8_attention_path(c: _Check, audit: dict, rank: int, accepted: str) -> None:
+def _fp8_attention_path(c: _Check, audit: dict[str, Any], rank: int, accepted: str) -> None:
     """Which FP8 attention the rank ran (vLLM's own ops or the portable path) is the contract's to accept:
     a switch between them is never silent."""
     path = audit.get("fp8_attention")
@@ -559,6 +567,7 @@ def _fp8_attention_path(c: _Check, audit: dict, rank: int, accepted: str) -> Non
         f"rank {rank}: the audit does not say which FP8 attention implementation ran (fp8_attention: {path!r})",
     ):
         return
+    assert isinstance(path, dict)
     ran = "portable" if path["portable"] else "native"
     c.observe(fp8_attention=ran, op_library=path.get("op_library"), emulated_cpu=path.get("emulated_cpu"))
     c.expect(
@@ -593,6 +602,7 @@ def metrics_agree(start: Evidence, contract: Contract) -> Verdict:
     c.observe(cache_config_info=labels)
     if not c.expect(labels is not None, "/metrics has no vllm:cache_config_info"):
         return c.done()
+    assert labels is not None
     c.expect(
         labels.get("cache_dtype") == contract.engine.kv_cache_dtype,
         f"/metrics cache_dtype={labels.get('cache_dtype')!r}, contract says {contract.engine.kv_cache_dtype!r}",
@@ -649,6 +659,7 @@ def compile_topology(start: Evidence, rank: int, contract: Contract) -> Verdict:
         f"the audit has no compile counters ({counters!r})",
     ):
         return c.done()
+    assert isinstance(counters, dict)
     needed = {"num_graphs_seen", "num_piecewise_graphs_seen"} - set(counters["vllm"])
     needed |= {"dynamo_unique_graphs", "dynamo_graph_breaks"} - set(counters)
     if not c.expect(not needed, f"the audit's compile counters lack {sorted(needed)}"):
@@ -829,8 +840,8 @@ def _interleaved_figures(starts: list[Evidence]) -> SpeedFigures:
     return SpeedFigures(medians, paired, problems)
 
 
-def _by_prompt(values, keys) -> dict[str, list]:
-    out: dict[str, list] = {}
+def _by_prompt(values: Iterable[_T], keys: Iterable[tuple[int, str]]) -> dict[str, list[_T]]:
+    out: dict[str, list[_T]] = {}
     for (_pass_index, prompt_id), v in zip(keys, values, strict=True):
         out.setdefault(prompt_id, []).append(v)
     return out
@@ -936,7 +947,7 @@ def launch_flags(start: Evidence, rank: int, contract: Contract) -> Verdict:
         return c.done()
     missing = object()
 
-    def at(*path: str):
+    def at(*path: str) -> object:
         node: Any = audit
         for key in path:
             if not isinstance(node, dict) or key not in node:
@@ -1007,7 +1018,7 @@ def checkpoint_sources(engine_name: str, checkpoint: dict[str, dict[str, Any]]) 
             if found:
                 return found
     stem, _, leaf = name.rpartition(".experts.")
-    for stacked, members in (("w13_", (".gate_proj.", ".up_proj.")), ("w2_", (".down_proj.",))):
+    for stacked, stacked_members in (("w13_", (".gate_proj.", ".up_proj.")), ("w2_", (".down_proj.",))):
         if stem and leaf.startswith(stacked):
             prefix, part = stem + ".experts.", leaf.removeprefix(stacked)
             return sorted(
@@ -1015,7 +1026,7 @@ def checkpoint_sources(engine_name: str, checkpoint: dict[str, dict[str, Any]]) 
                 for k in checkpoint
                 if k.startswith(prefix)
                 and k[len(prefix) :].split(".")[0].isdigit()
-                and any(k.endswith(m + part) for m in members)
+                and any(k.endswith(m + part) for m in stacked_members)
             )
     return [name] if name in checkpoint else []
 
@@ -1028,6 +1039,13 @@ CONSUMED_AT_LOAD = {
     "*.self_attn.k_proj.output_scale": "KV scale, consumed at load: audited by target-scale-audit",
     "*.self_attn.v_proj.output_scale": "KV scale, consumed at load: audited by target-scale-audit",
 }
+
+
+def _sources_in(
+    checkpoint: dict[str, dict[str, Any]], to_checkpoint: Callable[[str], str]
+) -> Callable[[str], list[str]]:
+    """checkpoint_sources of an engine name, renamed as its checkpoint names it."""
+    return lambda name: checkpoint_sources(to_checkpoint(name), checkpoint)
 
 
 def _close(a: float, b: float) -> bool:
@@ -1053,8 +1071,9 @@ def _moment_mismatches(
             problems.append(f"{name}: the checkpoint table has no moments for {parts}")
             continue
         want = {k: sum(checkpoint[s]["moments"][k] for s in parts) for k in ("sum", "sumsq", "numel")}
-        seen = {rank: params[name].get("moments") for rank, params in per_rank.items() if name in params}
-        if any(m is None for m in seen.values()):
+        recorded = {rank: params[name].get("moments") for rank, params in per_rank.items() if name in params}
+        seen = {rank: m for rank, m in recorded.items() if m is not None}
+        if len(seen) != len(recorded):
             problems.append(f"{name}: the audit recorded no moments (evidence from an older b70lab audit)")
             continue
         compared += 1
@@ -1095,7 +1114,9 @@ def load_audit(
     if not _started(c, start):
         return c.done()
     exempt = {**CONSUMED_AT_LOAD, **contract.expect.load_audit_exempt}
-    parts = [("target", target, "parameters", lambda n: n)]
+    parts: list[tuple[str, dict[str, Any] | None, str, Callable[[str], str]]] = [
+        ("target", target, "parameters", lambda n: n)
+    ]
     if contract.speculative is not None:
         # The draft's engine names carry a "model." prefix its checkpoint does not; embedding and lm_head
         # are shared from the target and have no draft tensor.
@@ -1105,6 +1126,7 @@ def load_audit(
         why = (problems or {}).get(label) or "the checkpoint was not read"
         if not c.expect(bool(tensors), f"{label}: no checkpoint table to compare the engine with: {why}"):
             continue
+        assert table is not None and tensors
         served = start.target if label == "target" else start.draft
         if served is not None and served.digest is not None:
             c.expect(
@@ -1115,9 +1137,7 @@ def load_audit(
         per_rank = {a.get("tp_rank"): a.get(key) or {} for a in start.audits}
         if not c.expect(any(per_rank.values()), f"{label}: the audit recorded no {label} parameters"):
             continue
-        compared, covered, mismatches = _moment_mismatches(
-            per_rank, tensors, lambda n, t=tensors, f=to_checkpoint: checkpoint_sources(f(n), t)
-        )
+        compared, covered, mismatches = _moment_mismatches(per_rank, tensors, _sources_in(tensors, to_checkpoint))
         uncovered = sorted(k for k in tensors if k not in covered)
         exempted = {
             k: reason
@@ -1237,7 +1257,7 @@ TEACHER_IDENTITY_FIELDS = (
 )
 
 
-def first_difference(mine: Sequence, theirs: Sequence) -> int | None:
+def first_difference(mine: Sequence[object], theirs: Sequence[object]) -> int | None:
     """The first position where two sequences (token IDs, texts) differ (the shorter one's end counts), or
     None."""
     at = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs)))
@@ -1268,6 +1288,7 @@ def teacher_exactness(
         snapshot is not None, f"no teacher snapshot for {prompt_id} at {snapshot_file}; record one with `{record}`"
     ):
         return c.done()
+    assert snapshot is not None
     have = snapshot["teacher"]
     absent = [f for f in TEACHER_IDENTITY_FIELDS if f not in have]
     if not c.expect(
@@ -1336,6 +1357,7 @@ def _tokens_match_teacher(
         f"hash): re-record with `{record}`",
     ):
         return
+    assert isinstance(ids, list)
     c.expect(
         len(r.token_ids) == snapshot["token_count"] == len(ids),
         f"{prompt_id}: {len(r.token_ids)} tokens, the teacher produced {snapshot['token_count']}",

@@ -7,6 +7,7 @@ the FP8 path depend on it, so every start's evidence and the capability prefligh
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def read_cpuinfo(path: Path = CPUINFO) -> str:
         return ""
 
 
-def _fields(cpuinfo: str):
+def _fields(cpuinfo: str) -> Iterator[tuple[str, str]]:
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         yield key.strip(), value
@@ -47,7 +48,7 @@ def cpu_flags(cpuinfo: str) -> set[str]:
     return next((set(value.split()) for key, value in _fields(cpuinfo) if key in ("flags", "Features")), set())
 
 
-def cpu_identity(cpuinfo: str | None = None, environ=os.environ) -> dict[str, Any]:
+def cpu_identity(cpuinfo: str | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """{model, flags (the relevant ones present), avx512, amx, emulated}: the CPU as it is, and the emulation
     the engine would be asked to run under (B70LAB_EMULATE_CPU)."""
     text = read_cpuinfo() if cpuinfo is None else cpuinfo
@@ -79,7 +80,9 @@ def describe(identity: dict[str, Any]) -> str:
 PORTABLE_ENV = "B70LAB_FP8_ATTENTION"  # portable_fp8.ENV_FORCE; not imported: that module loads torch
 
 
-def fp8_path(device: str, kv_cache_dtype: str, identity: dict[str, Any], environ=os.environ) -> tuple[str, str]:
+def fp8_path(
+    device: str, kv_cache_dtype: str, identity: dict[str, Any], environ: Mapping[str, str] = os.environ
+) -> tuple[str, str]:
     """(path, why) an engine start here would run for an FP8 cache: "native" or "portable", or "none" where
     the cache is not FP8. What the ranks ran is in their audits; this is the forecast the dry run, the report
     header and the capability preflight print."""
@@ -94,7 +97,7 @@ def fp8_path(device: str, kv_cache_dtype: str, identity: dict[str, Any], environ
     return "portable", f"vLLM's CPU ops refuse an FP8 cache on {describe(identity)}"
 
 
-def fp8_path_line(device: str, kv_cache_dtype: str, accepted: str, environ=os.environ) -> str:
+def fp8_path_line(device: str, kv_cache_dtype: str, accepted: str, environ: Mapping[str, str] = os.environ) -> str:
     path, why = fp8_path(device, kv_cache_dtype, cpu_identity(environ=environ), environ)
     if path == "none":
         return f"FP8 attention: not used ({why})"

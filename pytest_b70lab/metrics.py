@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
@@ -12,7 +16,7 @@ CACHE_CONFIG = "vllm:cache_config_info"
 
 
 @functools.lru_cache(maxsize=16)
-def families(text: str | None) -> tuple:
+def families(text: str | None) -> tuple[Metric, ...]:
     """One parse per /metrics text: every per-prompt and per-start gate reads the same two texts of a start."""
     from prometheus_client.parser import text_string_to_metric_families
 

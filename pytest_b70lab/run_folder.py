@@ -6,6 +6,7 @@
     RUN/prompts.jsonl            the prompt file as it was (per kind folder): replay needs no repository
     RUN/probe/                   the collective probe before the first start
     RUN/launches.log             one line per engine launched
+    RUN/progress.log             what the xdist workers said while they worked (relayed to the controller)
     RUN/promotion.json           the verdict of the last session that used the folder
 
 The engine's starts write it (engine/starts.py), the plugin replays it, `b70lab report`, `evidence diff` and
@@ -26,6 +27,7 @@ PROMOTION = "promotion.json"
 TABLES_COPY = "checkpoint-tables.json"
 PROMPTS_COPY = "prompts.jsonl"
 LAUNCHES_LOG = "launches.log"
+PROGRESS_LOG = "progress.log"
 PROBE_DIR = "probe"
 # Written by the first xdist worker that ran a kind's starts: the others (and any later call) read the evidence.
 DONE_MARK = ".collected-{kind}.json"

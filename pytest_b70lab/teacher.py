@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .contract import Contract
 from .digests import text_sha256
 from .errors import LabError
 from .evidence import Evidence, read_json, sha256_ids
+
+if TYPE_CHECKING:
+    from .snapshots import JSONSnapshotExtension
 
 SNAPSHOT_TEST_FILE = "test_teacher.py"
 RECORD_TEST = "test_record_teacher"
@@ -35,7 +38,7 @@ def folder_name(contract: Contract) -> str:
     return f"teacher-{contract.teacher().output_digest[:16]}"
 
 
-def snapshot_extension(contract: Contract):
+def snapshot_extension(contract: Contract) -> type[JSONSnapshotExtension]:
     """syrupy's JSON extension writing into the contract's teacher folder."""
     from .snapshots import json_extension_in
 

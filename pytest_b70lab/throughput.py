@@ -30,11 +30,14 @@ def decode_rate(chunk_times: Sequence[float], chunk_tokens: Sequence[int]) -> fl
     return (len(times) - 1) / span
 
 
-def arrival_rates(requests: Iterable[Any], keys: Sequence[Any] | None = None) -> tuple[dict, dict]:
+def arrival_rates(
+    requests: Iterable[Any], keys: Sequence[Any] | None = None
+) -> tuple[dict[Any, float], dict[Any, str]]:
     """Each request's decode rate recomputed from its token arrival times (never a recorded figure), by
     prompt id (or by `keys`, one per request, where a prompt has several), and why a request has none (its
     times give no positive, finite rate): the one place the gates, the report and the bench recompute rates."""
-    rates, problems = {}, {}
+    rates: dict[Any, float] = {}
+    problems: dict[Any, str] = {}
     requests = list(requests)
     for key, r in zip(keys if keys is not None else [r.prompt_id for r in requests], requests, strict=True):
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,9 @@ from .contract import Contract, ContractError, format_errors
 
 NAMED = ("target-only", "unquantized-kv")
 # Fields that follow another: the verify width of a DFlash depth is the depth plus the bonus position.
-LINKED = {"speculative.num_speculative_tokens": {"speculative.verify_width": lambda depth: depth + 1}}
+LINKED: dict[str, dict[str, Callable[[int], int]]] = {
+    "speculative.num_speculative_tokens": {"speculative.verify_width": lambda depth: depth + 1}
+}
 # What a variant may not change: what it is (its name and kind are derived), and the pinned sets.
 FIXED = ("schema_version", "name", "kind", "description", "prompts", "quality")
 

@@ -10,7 +10,7 @@ with the skip reason. Nothing here knows pytest: the plugin turns reports into `
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -175,7 +175,7 @@ def recorded_headline(promotion: dict[str, Any] | None, starts: Sequence[Any], f
     )
 
 
-def _tally(required: list, outcomes: dict) -> str:
+def _tally(required: Sequence[Pair], outcomes: Mapping[Pair, Sequence[str]]) -> str:
     """'N/M required gate subjects passed': a required pair passed when it ran and every test of it passed.
     The session's Decision and a recorded promotion.json are counted alike."""
     passed = sum(1 for pair in required if outcomes.get(pair) and all(o == "passed" for o in outcomes[pair]))

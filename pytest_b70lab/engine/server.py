@@ -41,6 +41,11 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+# Inside a long phase (compiling took 65 s on the mini; loading weights takes minutes on the B70), a progress
+# line this often: the elapsed time and what the ranks' logs last said.
+HEARTBEAT_S = 10.0
+
+
 class EngineStartError(LabError, RuntimeError):
     """The server did not become ready; the message carries the last lines of every rank."""
 
@@ -170,6 +175,8 @@ class EngineServer:
         self._seen: dict[int, ProcessRecord] = {}
         self._reader: threading.Thread | None = None
         self._lines_read = 0
+        self._last_said: tuple[str | None, str] | None = None  # (rank tag, what it said) of the last log line
+        self._last_progress = 0.0
         self.teardown: TeardownReport | None = None
 
     # --- start-up -----------------------------------------------------------------------------------
@@ -178,7 +185,7 @@ class EngineServer:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         (self.log_dir / "ranks").mkdir(exist_ok=True)
         (self.log_dir / "command.txt").write_text(" ".join(self.command) + "\n")
-        self.started_at = time.monotonic()
+        self.started_at = self._last_progress = time.monotonic()
         self.proc = subprocess.Popen(
             self.command,
             env=self.env,
@@ -205,6 +212,8 @@ class EngineServer:
                 m = RANK_TAG.match(line)
                 tag = m.group("tag") if m else "main"
                 self._tails[tag].append(line)
+                if said := split_line(line)[1].strip():
+                    self._last_said = (m.group("tag") if m else None, said)
                 f = rank_files.get(tag)
                 if f is None:
                     f = rank_files[tag] = open(self.log_dir / "ranks" / f"{tag}.log", "w", encoding="utf-8")
@@ -229,9 +238,21 @@ class EngineServer:
         for index, (name, pattern) in enumerate(PHASES):
             if index > current and pattern.search(line):
                 self.phase = name
-                if self.on_progress:
-                    self.on_progress(name, time.monotonic() - self.started_at)
+                self._progress(name)
                 return
+
+    def _progress(self, what: str) -> None:
+        self._last_progress = time.monotonic()
+        if self.on_progress:
+            self.on_progress(what, self._last_progress - self.started_at)
+
+    def _heartbeat(self) -> None:
+        """No progress line for HEARTBEAT_S: say that the phase goes on, and what the logs last said."""
+        if time.monotonic() - self._last_progress < HEARTBEAT_S:
+            return
+        tag, said = self._last_said or (None, "nothing yet")
+        said = said if len(said) <= 100 else said[:99] + "…"
+        self._progress(f"{self.phase}, still; last log line{f' ({tag})' if tag else ''}: {said}")
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started_at
@@ -272,12 +293,13 @@ class EngineServer:
                         if client.get("/health").status_code == 200:
                             self.ready_after = self.elapsed()
                             self._note_processes()
-                            if self.on_progress and self.phase != "ready":
-                                self.on_progress("ready", self.ready_after)
+                            if self.phase != "ready":
+                                self._progress("ready")
                             self.phase = "ready"
                             return self.ready_after
                     except httpx.TransportError:
                         pass
+                self._heartbeat()
                 time.sleep(1.0)
 
     def _join_reader(self, timeout: float = 10.0) -> None:
@@ -333,7 +355,7 @@ class EngineServer:
                 )
                 if not loopback:
                     problems.append(f"{name} (pid {proc.pid}) listens on {kind} {ip}:{port}, not loopback")
-                elif self.tcp is None and proc.pid == self.proc.pid and kind == "tcp":
+                elif self.tcp is None and self.proc is not None and proc.pid == self.proc.pid and kind == "tcp":
                     problems.append(
                         f"the API server (pid {proc.pid}) listens on {ip}:{port}: the API belongs on "
                         f"the private socket only"

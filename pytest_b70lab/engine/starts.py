@@ -25,6 +25,7 @@ from .live import (
 
 def model_folder(source: contract_mod.ModelSource) -> Path:
     """A path model's folder: relative paths are relative to the repository root, like prompt files."""
+    assert source.path is not None, "a path source without a path passes no contract validation"
     folder = Path(source.path).expanduser()
     return contract_mod.repo_path(str(folder)).resolve()
 
@@ -33,29 +34,30 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
     """Local folders for mini and path sources (the mini is built or reused; a missing mini-export folder
     is exported), hub ids as they are; and each checkpoint's table, read from its own files (cached) or,
     for the mini, from its manifest."""
-    manifest = None
+    manifest: dict[str, Any] | None = None
     built: Path | None = None
     tables: dict[str, Any] = {"problems": {}}
 
-    def the_mini() -> Path:
+    def the_mini() -> tuple[Path, dict[str, Any]]:
         nonlocal manifest, built
-        if built is None:
+        if built is None or manifest is None:
             built = mini.build(cache_root / "mini")
             manifest = mini.verify(built)
-        return built
+        return built, manifest
 
     def one(source: contract_mod.ModelSource, part: str) -> tuple[evidence.ModelRef, str | Path]:
         if source.source == "mini":
+            mini_folder, mini_manifest = the_mini()
             if contract.kind == "reference":  # the build's plain checkpoint: no KV scheme, no scales
-                folder = the_mini() / "reference"
+                folder = mini_folder / "reference"
                 tables[part] = checkpoint.read_table(folder, cache_root)
             else:
-                folder = the_mini() / part
-                tables[part] = checkpoint.table_from_mini_manifest(manifest, part)
+                folder = mini_folder / part
+                tables[part] = checkpoint.table_from_mini_manifest(mini_manifest, part)
             return evidence.ModelRef(
                 ref=str(folder),
-                manifest_digest=manifest["model_digest"],
-                manifest_path=str(built / mini.MANIFEST),
+                manifest_digest=mini_manifest["model_digest"],
+                manifest_path=str(mini_folder / mini.MANIFEST),
                 digest=tables[part]["digest"],
             ), folder
         if source.source == "path":
@@ -65,7 +67,7 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
             if source.if_missing == "mini-export" and (
                 not folder.is_dir() or (folder.parent / mini.EXPORT_MARK).is_file()
             ):
-                mini.export_plain(the_mini(), folder.parent)
+                mini.export_plain(the_mini()[0], folder.parent)
             if not folder.is_dir():
                 raise contract_mod.ContractError(f"contract {contract.name}: {part}.path {folder} is not a folder")
             try:
@@ -73,6 +75,7 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
             except checkpoint.CheckpointError as e:
                 raise contract_mod.ContractError(f"contract {contract.name}: {part} checkpoint: {e}") from e
             return evidence.ModelRef(ref=str(folder), digest=tables[part]["digest"]), folder
+        assert source.hub_id and source.revision, "a hub source needs both to pass contract validation"
         try:  # a hub model is served by id; its table needs the snapshot in the local Hugging Face cache
             tables[part] = checkpoint.read_table(checkpoint.hub_snapshot(source.hub_id, source.revision), cache_root)
         except checkpoint.CheckpointError as e:
@@ -309,6 +312,7 @@ def run_starts(
             "skipped": "the preflight collective probe and the capability preflight were turned off (--b70-no-probe)"
         }
     else:
+        assert probe is not None
         probe_result = preflight_probe(contract, run_dir, cache_root, progress, probe.stall_rank, probe.deadline_s)
     write_run_files(run_folder.kind_dir(run_dir, contract.kind), contract, models)
     if contract.reproduction.schedule == "interleaved" and (starts or 2) >= 2:

@@ -5,7 +5,7 @@ library by `torch.cpu._is_avx512_supported()` (`vllm/platforms/cpu.py`, `import_
 it), and its CPU attention refuses an FP8 cache by the same test and `torch.cpu._is_amx_tile_supported()`.
 torch's own kernels follow `ATEN_CPU_CAPABILITY`, oneDNN's `ONEDNN_MAX_CPU_ISA`, Inductor's generated code
 `ATEN_CPU_CAPABILITY` too: those are read when torch loads, so the launcher sets them in the engine's
-environment (`launch.engine_environment`). What is read in-process is answered here, before vLLM imports its
+environment (`engine.environment.engine_environment`). What is read in-process is answered here, before vLLM imports its
 ops: from the engine entry module at import (the first code of every engine process, spawned ones included)
 and again from the vLLM plugin (`fixes.register`); the pytest plugin applies it to the test process too,
 so that `B70LAB_EMULATE_CPU=avx2 make test` runs the whole suite as an AVX2-only machine would.

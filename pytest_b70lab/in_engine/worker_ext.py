@@ -170,6 +170,10 @@ def _fp8_attention() -> dict[str, Any]:
 class AuditExtension:
     """Methods vLLM adds to each worker. `self` is the worker (model_runner, vllm_config, rank...)."""
 
+    # The worker's own attributes, as far as these methods read them (vLLM's types are not followed).
+    model_runner: Any
+    vllm_config: Any
+
     def b70lab_audit(self) -> dict[str, Any]:
         from vllm.distributed import parallel_state as ps
         from vllm.model_executor.layers.attention import Attention

@@ -48,7 +48,7 @@ class CpuPagedCache:
     def read_back(self, cache, batch: Batch, seq: int):
         key_cache, value_cache = self._halves(cache, batch)
         pos = torch.arange(batch.seq_lens[seq])
-        page = batch.block_table[seq, pos // batch.block_size].long()
+        page = batch.table[seq, pos // batch.block_size].long()
         off = pos % batch.block_size
         heads = torch.arange(batch.num_kv_heads)[None, :, None]
         out = []
@@ -117,7 +117,7 @@ class VllmCpuImpl(CpuPagedCache):
         )
         out = torch.empty(sum(batch.q_lens), batch.num_heads, batch.head_dim, dtype=batch.dtype)
         self.ops.cpu_attention_with_kv_cache(
-            query=batch.query,
+            query=batch.queries,
             key_cache=key_cache,
             value_cache=value_cache,
             output=out,
@@ -127,7 +127,7 @@ class VllmCpuImpl(CpuPagedCache):
             causal=batch.causal,
             alibi_slopes=None,
             sliding_window=-1,
-            block_table=batch.block_table,
+            block_table=batch.table,
             softcap=0.0,
             scheduler_metadata=meta,
             s_aux=None,
@@ -175,13 +175,13 @@ class PortableImpl(CpuPagedCache):
         qsl, seq_lens = self._call_lengths(batch)
         out = torch.empty(sum(batch.q_lens), batch.num_heads, batch.head_dim, dtype=batch.dtype)
         portable_fp8.attend(
-            batch.query,
+            batch.queries,
             key_cache,
             value_cache,
             out,
             qsl,
             seq_lens,
-            batch.block_table,
+            batch.table,
             batch.head_dim**-0.5,
             batch.causal,
             k_scale,

@@ -29,7 +29,7 @@ def _paged_codes(cache: torch.Tensor, batch: Batch, seq: int, heads_first: bool)
     """uint8 codes [S, KVH, D] of one sequence from pages [blocks, block, KVH, D] (or [blocks, KVH, block, D])."""
     codes = cache.view(torch.uint8).cpu()
     pos = torch.arange(batch.seq_lens[seq])
-    page = batch.block_table[seq, pos // batch.block_size].long()
+    page = batch.table[seq, pos // batch.block_size].long()
     off = pos % batch.block_size
     return codes[page, :, off] if heads_first else codes[page, off]
 
@@ -58,6 +58,7 @@ class VllmXpuImpl:
     layout = "K and V pages [block, KVH, D] per page (flash layout)"
     claims_q12_exact = False
     dtypes = (torch.bfloat16,)
+    non_causal = False  # not claimed: the DFlash draft's causal=False call is unread in its source
 
     def __init__(self) -> None:
         import vllm_xpu_kernels._C  # noqa: F401  (registers torch.ops._C_cache_ops on XPU)
@@ -87,7 +88,7 @@ class VllmXpuImpl:
     def attention(self, cache, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor:
         key_cache, value_cache = cache
         descale = (len(batch.q_lens), batch.num_kv_heads)
-        query = batch.query.to(self.device)
+        query = batch.queries.to(self.device)
         out = torch.empty_like(query)
         with _refusing_reference_fallback():
             out = self.flash_attn_varlen_func(  # fills `out` and returns it
@@ -101,7 +102,7 @@ class VllmXpuImpl:
                 seqused_k=torch.tensor(batch.seq_lens, dtype=torch.int32, device=self.device),
                 softmax_scale=batch.head_dim**-0.5,
                 causal=True,
-                block_table=batch.block_table.to(self.device),
+                block_table=batch.table.to(self.device),
                 k_descale=self._scalar(k_scale).expand(descale),
                 v_descale=self._scalar(v_scale).expand(descale),
             )
@@ -138,6 +139,7 @@ class IpexPagedImpl:
     write_code_slack = 0.0
     layout = "K and V pages [KVH, block, D] per page"
     claims_q12_exact = False  # decode batches and query blocks run through different ops
+    non_causal = False
 
     def __init__(self) -> None:
         import intel_extension_for_pytorch as ipex
@@ -172,9 +174,9 @@ class IpexPagedImpl:
     def attention(self, cache, batch: Batch, k_scale: float, v_scale: float) -> torch.Tensor:
         key_cache, value_cache = cache
         dev, i32 = self.device, torch.int32
-        query = batch.query.to(dev)
+        query = batch.queries.to(dev)
         out = torch.empty_like(query)
-        table = batch.block_table.to(dev)
+        table = batch.table.to(dev)
         scale = batch.head_dim**-0.5
         if all(q == 1 for q in batch.q_lens):
             group = batch.num_heads // batch.num_kv_heads

@@ -69,6 +69,18 @@ class Batch:
     num_blocks: int = 0
 
     @property
+    def queries(self) -> torch.Tensor:
+        if self.query is None:
+            raise RuntimeError("Batch.build() makes the query rows: call it first")
+        return self.query
+
+    @property
+    def table(self) -> torch.Tensor:
+        if self.block_table is None:
+            raise RuntimeError("Batch.build() makes the block table: call it first")
+        return self.block_table
+
+    @property
     def seq_lens(self) -> list[int]:
         return [c + q for c, q in zip(self.ctx_lens, self.q_lens, strict=False)]
 
@@ -92,7 +104,7 @@ class Batch:
         slots = []
         for r, s in enumerate(self.seq_lens):
             pos = torch.arange(s)
-            slots.append(self.block_table[r, pos // self.block_size].long() * self.block_size + pos % self.block_size)
+            slots.append(self.table[r, pos // self.block_size].long() * self.block_size + pos % self.block_size)
         return torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long)
 
     def calibrated_scales(self) -> tuple[float, float]:
@@ -184,7 +196,7 @@ class ReferenceImpl:
     def read_back(self, cache, batch: Batch, seq: int):
         k_cache, v_cache = cache
         pos = torch.arange(batch.seq_lens[seq])
-        page = batch.block_table[seq, pos // batch.block_size].long()
+        page = batch.table[seq, pos // batch.block_size].long()
         off = pos % batch.block_size
         return k_cache[page, :, off], v_cache[page, :, off]
 
@@ -195,7 +207,7 @@ class ReferenceImpl:
             keys.append(e4m3_values(k) * k_scale)
             values.append(e4m3_values(v) * v_scale)
         return attention_reference(
-            batch.query, keys, values, batch.ctx_lens, batch.q_lens, batch.num_kv_heads, batch.causal
+            batch.queries, keys, values, batch.ctx_lens, batch.q_lens, batch.num_kv_heads, batch.causal
         )
 
 

@@ -73,16 +73,20 @@ def weight_digests(folder: Path | None = None) -> dict[str, str]:
     return {name: file_sha256(folder / name) for name in WEIGHT_FILES}
 
 
+def _lists_as_tuples(fields: dict[str, Any]) -> dict[str, Any]:
+    """recipe.json's lists back to the recipes' tuples."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+
+
 def trained_recipe(folder: Path | None = None) -> MiniRecipe:
     """The architecture the committed weights were trained with (recipe.json)."""
     folder = folder or weights_dir()
     try:
         arch = json.loads((folder / "recipe.json").read_text())["architecture"]
-        tuples = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # noqa: E731
         return MiniRecipe(
             vocab_size=arch["vocab_size"],
-            target=TargetRecipe(**tuples(arch["target"])),
-            draft=DraftRecipe(**tuples(arch["draft"])),
+            target=TargetRecipe(**_lists_as_tuples(arch["target"])),
+            draft=DraftRecipe(**_lists_as_tuples(arch["draft"])),
             k_scale_headroom=arch.get("k_scale_headroom", math.sqrt(2.0)),
         )
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -286,8 +286,7 @@ worker writer
 
 
 _NOT_MADE_UP = frozenset(
-    keyword.kwlist
-    + keyword.softkwlist
+    [*keyword.kwlist, *keyword.softkwlist]
     + [w for lists in (VERBS, NOUNS, PARAMS, VARIABLES, LISTS, STRINGS, WORDS) for w in lists[1]]
 )
 

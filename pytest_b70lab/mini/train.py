@@ -99,7 +99,8 @@ SAMPLES_PER_BATCH = 4096  # batch k packs samples from index k * SAMPLES_PER_BAT
 
 def batch(tok, cfg: TargetTraining, k: int, sizes: Callable[[int], int]) -> tuple[list[list[int]], list[list[int]]]:
     """Rows of `seqlen` tokens packed with whole documents; the remainder of a row is padding (no loss)."""
-    rows, labels = [], []
+    rows: list[list[int]] = []
+    labels: list[list[int]] = []
     samples = curriculum.stream("train", cfg.seed, k * SAMPLES_PER_BATCH, retrieval_pairs=sizes)
     pending: tuple[list[int], list[int]] | None = None
     while len(rows) < cfg.batch:

@@ -5,9 +5,10 @@ the work is in the modules around it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
+import pluggy
 import pytest
 
 from ..defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
@@ -399,7 +400,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     """The first failed report after a session was blocked carries the cause to the verdict (on the xdist
     controller too: user properties travel with the report)."""
     outcome = yield

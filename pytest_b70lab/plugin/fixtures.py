@@ -121,7 +121,7 @@ def collect_or_block(
 
 
 def headline(failure: evidence_mod.Failure) -> str:
-    """A failure's first line, and the cause the engine's output names (launch.root_cause over the error lines
+    """A failure's first line, and the cause the engine's output names (engine.logs.root_cause over the error lines
     the launcher saw: the exception a rank raised, else the line naming a dead process, ...) with the process
     that wrote it: `...; cause on Worker_TP1_EP1: NotImplementedError: FP8 KV cache on CPU requires ...`."""
     from ..engine.logs import root_cause

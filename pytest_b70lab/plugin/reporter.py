@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -25,6 +26,9 @@ from .state import (
     quality_set,
     runs_root,
 )
+
+if TYPE_CHECKING:
+    from ..verdict import Decision, GateOutcome, Outcome, QualityDecision, QualityOutcome
 
 # --- verdict: summary, promotion.json, exit status -----------------------------------------------------
 
@@ -93,10 +97,10 @@ class VerdictReporter:
         self.state = state
         self.findings: list[str] = []
         self.blocked: list[str] = []
-        self.outcomes: dict[str, object] = {}
-        self.quality_outcomes: dict[str, object] = {}
-        self._decision = None
-        self._quality = None
+        self.outcomes: dict[str, GateOutcome] = {}
+        self.quality_outcomes: dict[str, QualityOutcome] = {}
+        self._decision: Decision | None = None
+        self._quality: QualityDecision | None = None
         self.baseline_lines: list[str] = []
         self.report_line: str | None = None  # --b70-report: where the page went, or why it did not
         self.speedup: dict | None = None
@@ -150,35 +154,33 @@ class VerdictReporter:
             self.speedup = json.loads(str(props[SPEEDUP_PROPERTY]))
         if report.when != "call" and report.passed:
             return  # setup and teardown that passed say nothing about a gate or a figure
-        outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
+        outcome: Outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
         if QUALITY_PROPERTY not in props and GATE_TEST_PROPERTY not in props and GATE_PROPERTY not in props:
             return
         from ..verdict import GateOutcome, QualityOutcome
 
         observed = {k: v for k, v in props.items() if not k.startswith("b70_")}
+        nodeid = report.nodeid
         if QUALITY_PROPERTY in props:
-            store, new = (
-                self.quality_outcomes,
-                lambda: QualityOutcome(report.nodeid, str(props[QUALITY_PROPERTY]), outcome, reasons(report), observed),
-            )
+            if nodeid in self.quality_outcomes:
+                self.quality_outcomes[nodeid].merge(outcome, reasons(report), observed)
+            else:
+                figure = str(props[QUALITY_PROPERTY])
+                self.quality_outcomes[nodeid] = QualityOutcome(nodeid, figure, outcome, reasons(report), observed)
+        elif nodeid in self.outcomes:
+            self.outcomes[nodeid].merge(outcome, reasons(report), observed)
         else:
-            store, new = (
-                self.outcomes,
-                lambda: GateOutcome(
-                    report.nodeid,
-                    props.get(GATE_PROPERTY),
-                    props.get(SUBJECT_PROPERTY),
-                    outcome,
-                    reasons(report),
-                    observed,
-                ),
+            gate, subject = props.get(GATE_PROPERTY), props.get(SUBJECT_PROPERTY)
+            self.outcomes[nodeid] = GateOutcome(
+                nodeid,
+                None if gate is None else str(gate),
+                None if subject is None else str(subject),
+                outcome,
+                reasons(report),
+                observed,
             )
-        if report.nodeid in store:
-            store[report.nodeid].merge(outcome, reasons(report), observed)
-        else:
-            store[report.nodeid] = new()
 
-    def decision(self):
+    def decision(self) -> Decision | None:
         """Decided once, after the last report (None when no gate test ran: not a gates session)."""
         if self._decision is None and self.outcomes:
             from .. import gates, verdict
@@ -200,7 +202,7 @@ class VerdictReporter:
             )
         return self._decision
 
-    def quality_decision(self):
+    def quality_decision(self) -> QualityDecision | None:
         """Gate 8's own verdict (None when no quality figure was judged in this session)."""
         if self._quality is None and self.quality_outcomes:
             from .. import verdict
@@ -208,9 +210,10 @@ class VerdictReporter:
 
             problems: list[str] = []
             required: list[str] = []
+            unknowable: tuple[type[Exception], ...] = (*lab_errors(), NoQuality)
             try:
                 required = list(judge.keys_by_figure(quality_set(self.state.contract)))
-            except (*lab_errors(), NoQuality) as e:
+            except unknowable as e:
                 problems.append(f"the required quality figures cannot be known: {e}")
             self._quality = verdict.QualityDecision(required, list(self.quality_outcomes.values()), problems)
         return self._quality

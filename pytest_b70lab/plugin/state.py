@@ -49,7 +49,8 @@ class LabState:
     _evidence: list[evidence_mod.Evidence] | None = None
     # Set at collection: a selected test judges quality, so the starts ask the quality samples too.
     wants_quality: bool = False
-    _scores: dict[str, dict] | None = None  # quality scores by evidence digest (coding runs code once)
+    # quality (scores, texts) by evidence digest (coding runs code once)
+    _scores: dict[str, tuple[dict, dict]] | None = None
     blocked: str | None = None  # why no test that needs an engine's evidence can run (see block_session)
     stop_reason: str | None = None  # why the session stopped before it could judge (promotion.json says it)
     blocked_reported: bool = False
@@ -99,6 +100,18 @@ class LabState:
         return self._evidence
 
     def say(self, message: str) -> None:
+        """A progress line on the terminal. An xdist worker's terminal output is discarded by xdist, so a
+        worker also appends the line to RUN/progress.log, which the controller relays (workers.ProgressRelay)."""
+        worker = getattr(self.config, "workerinput", None)
+        if worker is not None and worker.get(WORKER_RUN_DIR):
+            from ..run_folder import PROGRESS_LOG
+
+            line = f"[{worker.get('workerid', '?')}] {message}"
+            try:
+                with open(self.run_dir / PROGRESS_LOG, "a", encoding="utf-8") as log:
+                    log.write(line.replace("\n", " ") + "\n")  # one write of one line: appends do not interleave
+            except OSError:
+                pass  # progress is a courtesy: a full disk must not fail a gate
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         capman = self.config.pluginmanager.get_plugin("capturemanager")
         if reporter is None:

@@ -4,6 +4,7 @@ failed start, and SIGTERM unwinds like Ctrl-C so that engines are torn down and 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ class XdistHooks:
 
         self.state = state
         self.block_mark = state.run_dir / f".blocked-{secrets.token_hex(6)}"  # this session's alone
+        self.relay: ProgressRelay | None = None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
@@ -52,8 +54,14 @@ class XdistHooks:
         wait for them (bounded) before xdist's own teardown, which kills a worker that takes over 10 s. A
         worker is done when it has exited or said so (WorkerFinished); it then stays alive, waiting for the
         controller, so waiting for it to exit alone always took the whole bound."""
-        if not self.interrupted_by_signal or hasattr(session.config, "workerinput"):
+        if hasattr(session.config, "workerinput"):
             return
+        if self.interrupted_by_signal:
+            self._wait_for_workers()
+        if self.relay is not None:
+            self.relay.stop()  # the workers' last lines before the verdict
+
+    def _wait_for_workers(self) -> None:
         import psutil
 
         deadline = time.monotonic() + 90
@@ -82,6 +90,59 @@ class XdistHooks:
                     continue
 
         sigterm_raises_interrupt(first=forward)
+        self.relay = ProgressRelay(self.state)
+        self.relay.start()
+
+
+class ProgressRelay:
+    """On the xdist controller: the workers' progress lines on its terminal while they work. xdist brings a
+    worker's report back only when a test's phase ends, and discards what the worker's terminal writes, while
+    an engine start holds a worker's first test for minutes; xdist has no hook for a message in between. So
+    each worker appends its lines to RUN/progress.log (LabState.say) and a thread here tails that file."""
+
+    POLL_S = 0.5
+
+    def __init__(self, state: LabState):
+        from ..run_folder import PROGRESS_LOG
+
+        self.state = state
+        self.path = state.run_dir / PROGRESS_LOG
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._offset = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        # A reused run folder keeps an earlier session's lines: this session's begin at the file's end.
+        self._offset = self.path.stat().st_size if self.path.is_file() else 0
+        self._thread = threading.Thread(target=self._run, name="b70lab-progress-relay", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.POLL_S):
+            self.drain()
+
+    def drain(self) -> None:
+        """Write the whole lines added since the last call (a line still being written waits)."""
+        with self._lock:
+            try:
+                with open(self.path, "rb") as log:
+                    log.seek(self._offset)
+                    data = log.read()
+            except OSError:
+                return
+            complete = data[: data.rfind(b"\n") + 1]
+            self._offset += len(complete)
+            reporter = self.state.config.pluginmanager.get_plugin("terminalreporter")
+            for line in complete.decode("utf-8", "replace").splitlines():
+                if reporter is not None:
+                    reporter.write_line(f"b70lab: {line}")
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.drain()
 
 
 class WorkerFinished:
@@ -154,7 +215,11 @@ def sigterm_raises_interrupt(first: Callable[[], None] | None = None) -> Callabl
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, interrupt)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return restore
 
 
 @contextmanager

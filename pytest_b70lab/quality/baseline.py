@@ -10,12 +10,15 @@ matches its digest and fails closed, as does one whose figures disagree with its
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..digests import sha256_canonical
 from ..errors import LabError
 from ..evidence import read_json
 from .judge import Key, key_text
+
+if TYPE_CHECKING:
+    from ..snapshots import JSONSnapshotExtension
 
 FLAVOURS = ("fp8", "unquantized")
 SNAPSHOT_TEST_FILE = "test_quality.py"
@@ -147,7 +150,7 @@ def identity(contract: Any, flavour: str, evidence: Any | None) -> dict[str, Any
     }
 
 
-def snapshot_extension(output_digest: str):
+def snapshot_extension(output_digest: str) -> type[JSONSnapshotExtension]:
     """syrupy's JSON extension writing into the baseline's folder (imported only by a recording run)."""
     from ..snapshots import json_extension_in
 

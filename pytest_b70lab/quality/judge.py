@@ -51,7 +51,8 @@ def one_sided_p(lost: int, gained: int) -> float:
     n = lost + gained
     if lost == 0:
         return 1.0
-    return sum(math.comb(n, k) for k in range(lost, n + 1)) / 2**n
+    outcomes: int = 2**n
+    return sum(math.comb(n, k) for k in range(lost, n + 1)) / outcomes
 
 
 @dataclass

@@ -36,7 +36,9 @@ def score_all(
 ) -> dict[Key, checks.Score]:
     """Scores of every answered (sample, variant); an unanswered one is left out (the judge fails it)."""
     if run is None:
-        from .sandbox import run_python as run
+        from .sandbox import run_python
+
+        run = run_python
     return {
         (s.id, v): checks.score(s, answers[(s.id, v)], run=run, limits=limits)
         for s in samples

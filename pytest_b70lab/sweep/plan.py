@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SWEEP_JSON = "sweep.json"
+# Spelled as the evidence's (`b70lab.evidence`, version N); until 2026-12-03 it read "b70lab-sweep/1".
+SWEEP_SCHEMA, SWEEP_VERSION = "b70lab.sweep", 1
 SWEEP_HTML = "sweep.html"
 JUNIT = "sweep-junit.xml"
 CONTRACTS = "contracts"

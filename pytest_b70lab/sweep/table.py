@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import compare, metrics, run_folder, throughput
 from .. import verdict as verdict_mod
-from ..evidence import EvidenceError
+from ..evidence import Evidence, EvidenceError
 from ..run_folder import Run
 from ..variants import Variant
 from .plan import variant_dir
@@ -103,7 +103,7 @@ def _row(v: Variant, base: Variant, run: Run | str, base_run: Run | str | None, 
     return row
 
 
-def _start_facts(s) -> StartFacts:
+def _start_facts(s: Evidence) -> StartFacts:
     sources = {m.get("source") for a in s.audits for m in (a.get("compiled_modules") or []) if isinstance(m, dict)}
     graphs = "compiled" if "compiled" in sources else "loaded" if sources == {"loaded"} else "n/a"
     return StartFacts(
@@ -179,9 +179,10 @@ def _completed(run: Run) -> Run:
     return Run(run.folder, tuple(s for s in run.starts if s.status == "ok"), run.promotion)
 
 
-def _acceptance(row: Row, ok: list) -> None:
+def _acceptance(row: Row, ok: list[Evidence]) -> None:
     """Pooled over the variant's starts: accepted draft tokens per draft, and the rate at each position."""
-    drafts, accepted = 0.0, {}
+    drafts = 0.0
+    accepted: dict[int, float] = {}
     for s in ok:
         a = metrics.acceptance(s.metrics_before, s.metrics_after)
         if isinstance(a, str):
@@ -196,7 +197,7 @@ def _acceptance(row: Row, ok: list) -> None:
         row.acceptance_per_position = {pos: n / drafts for pos, n in sorted(accepted.items())}
 
 
-def _capacity(row: Row, ok: list) -> None:
+def _capacity(row: Row, ok: list[Evidence]) -> None:
     """The engine's own figures (vLLM's cache_config_info), start-1's; a start that reports other figures is
     named, since the same contract should allocate the same cache."""
     found = [(s.start_index, metrics.kv_capacity(s.metrics_before)) for s in ok]

@@ -1,4 +1,4 @@
-"""The fault matrix: real faults injected into real engine starts (pytest_b70lab/faults.py, armed by
+"""The fault matrix: real faults injected into real engine starts (pytest_b70lab/in_engine/faults.py, armed by
 B70LAB_FAULT), and pytest itself interrupted, each in its own gates session run as a user runs it.
 
 Every row asserts the same four things: the session ends within its start deadline plus 30 s; the verdict is
@@ -272,7 +272,9 @@ def _run(
                 if pattern.search(text) and engine_up:
                     break
                 time.sleep(0.3)
-            assert session.poll() is None, "the session ended before it could be interrupted"
+            if session.poll() is not None:
+                early = session.communicate()[0]
+                pytest.fail(f"{row.id}: the session ended before it could be interrupted:\n{early[-3000:]}")
             if row.signal == signal.SIGINT:
                 os.killpg(session.pid, signal.SIGINT)
             else:
@@ -326,6 +328,10 @@ def test_fault(row: Row, request: pytest.FixtureRequest, tmp_path: Path, b70_cac
         ranks = [tag for tag in tails if tag.startswith("Worker")]
         assert len(ranks) >= 2 or (not row.rank_tails and tails), f"{row.id}: last lines of {sorted(tails)}"
         assert record["teardown"]["clean"] is True, record["teardown"]
+    if "-n" in row.args and row.when == "serving":
+        # The worker's engine progress reached the controller's terminal (xdist discards the worker's own).
+        shown = re.search(r"b70lab: \[gw\d+\] \S+ start-1: loading weights \(\d+ s\)", out)
+        assert shown, f"{row.id}: no engine progress from a worker in the controller's output:\n{out[-3000:]}"
     if row.signal is None:
         line = _verdict_line(out)
         assert re.match(row.verdict, line), f"{row.id}: verdict {line!r}\n{out[-3000:]}"

@@ -532,3 +532,47 @@ def test_the_session_writes_its_report_page_when_asked(pytester: pytest.Pytester
     )
     assert failed.ret == 0, "a page that cannot be written does not change the verdict"
     failed.stdout.fnmatch_lines([f"no report page: cannot write the report to {nowhere}*"])
+
+
+def test_a_workers_progress_reaches_the_controllers_terminal_under_xdist(pytester: pytest.Pytester) -> None:
+    """xdist discards what a worker's terminal writes: the worker's progress lines travel through
+    RUN/progress.log, and the controller writes them while the worker is still in its test (an engine start
+    holds it for minutes), not only at the session's end."""
+    run = pytester.path / "run"
+    pytester.makepyfile(
+        test_progress="""
+        import time
+
+        def test_says_and_waits(b70_state):
+            b70_state.run_dir.mkdir(parents=True, exist_ok=True)
+            b70_state.say("compiling, still; last log line (Worker_TP0): warming up")
+            shown = b70_state.run_dir / "shown-while-running"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not shown.exists():
+                time.sleep(0.1)
+            assert shown.exists(), "the controller did not relay the line while the test ran"
+        """
+    )
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_configure(config):
+            if hasattr(config, "workerinput"):
+                return
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            original = reporter.write_line
+
+            def write_line(line, **kw):
+                original(line, **kw)
+                if "warming up" in line:
+                    (config.rootpath / "run" / "shown-while-running").touch()
+
+            reporter.write_line = write_line
+        """
+    )
+    result = pytester.runpytest("-n", "1", "--b70-run-dir", str(run), "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["b70lab: [[]gw0[]] compiling, still; last log line (Worker_TP0): warming up"])
+    assert "warming up" in (run / "progress.log").read_text()

@@ -175,7 +175,8 @@ def test_the_terminal_table_has_a_line_and_a_verdict_per_variant(rows) -> None:
 def test_the_page_shows_every_variant_and_loads_nothing(swept, rows, tmp_path: Path) -> None:
     out, grid, _ = swept
     data = {
-        "schema": "b70lab-sweep/1",
+        "schema": plan.SWEEP_SCHEMA,
+        "version": plan.SWEEP_VERSION,
         "base": grid[0].name,
         "base_digest": grid[0].contract.digest,
         "varies": [],

@@ -269,3 +269,14 @@ def test_a_planted_long_function_is_named() -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST_FUNCTION + 1))
     tree = ast.parse(f"def planted():\n{body}\n")
     assert statement_lines(tree.body[0]) == LONGEST_FUNCTION + 2  # the def line is a statement too
+
+
+def test_mypy_is_strict_exactly_where_the_walls_say_data_and_judgement() -> None:
+    """pyproject.toml's strict override lists the modules a verdict is computed from: the walls' data and
+    judgement modules. A module that moves between walls moves in both places, or this fails."""
+    import tomllib
+
+    overrides = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
+    strict = [o for o in overrides if o.get("disallow_untyped_defs")]
+    assert len(strict) == 1, "one strict override in pyproject.toml's [tool.mypy]"
+    assert {m.removeprefix("pytest_b70lab.") for m in strict[0]["module"]} == DATA | JUDGEMENT
