@@ -47,3 +47,12 @@ $(IPEX_STAMP): pyproject.toml requirements/lock.txt scripts/setup-ipex-venv.sh
 kernels-ipex: $(IPEX_STAMP)
 	mkdir -p reports
 	$(IPEX_VENV)/bin/python -m pytest -m kernels tests/kernels --junitxml=reports/kernels-ipex.xml $(PYTEST_ARGS)
+
+# requirements/lock.txt from pyproject.toml (issue 34 item 7): uv, pinned in requirements/lock-tools.txt and kept
+# in .venv-lock/, resolves the cpu and test extras as of the date in scripts/lock.sh, so a rerun gives the same
+# lock. Needs the package index; `make test` checks offline that pyproject.toml and the lock agree
+# (tests/unit/test_lock.py). Not a step of `setup`: the next `make setup` installs what it wrote.
+.PHONY: lock
+
+lock:
+	bash scripts/lock.sh
