@@ -365,7 +365,8 @@ def format_errors(err: ValidationError) -> str:
 def resolve_path(name_or_path: str | Path) -> Path:
     """A contract name (fixtures/contracts/NAME.toml) or a path to a TOML file."""
     p = Path(name_or_path)
-    if p.suffix == ".toml" or p.exists():
+    # A folder of the working directory named like a contract (a run folder, a bundle's copy) is not one.
+    if p.suffix == ".toml" or p.is_file():
         return p.resolve()
     candidate = project.find(f"{CONTRACTS}/{name_or_path}.toml")
     if candidate.exists():
@@ -381,6 +382,8 @@ def load(name_or_path: str | Path) -> Contract:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise ContractError(f"contract file {path} does not exist") from e
+    except OSError as e:
+        raise ContractError(f"contract file {path} cannot be read: {e}") from e
     except tomllib.TOMLDecodeError as e:
         raise ContractError(f"contract {path} is not valid TOML: {e}") from e
     try:

@@ -69,16 +69,24 @@ def subject(start: int | None = None, rank: int | None = None, prompt: str | Non
     return f"start-{start}"
 
 
+def inapplicable(gate: str, contract: Contract) -> str | None:
+    """Why `contract` does not need `gate`, or None: no speculation, no draft gates; the unquantized-KV
+    reference (kind "reference") stores no FP8 and has no calibrated scales to audit, and its tokens are not
+    held to the FP8 teacher (what FP8 KV changes is what it is there to measure)."""
+    if contract.speculative is None and gate in SPECULATIVE_GATES:
+        return (
+            "the contract has no draft" if gate == "draft-cache-audit" else "the contract has no speculative decoding"
+        )
+    if contract.kind == "reference" and gate in FP8_ONLY_GATES:
+        if gate == "teacher-exactness":
+            return "the unquantized-KV reference is not held to the FP8 teacher"
+        return "the unquantized-KV reference has no calibrated KV scales"
+    return None
+
+
 def applicable_gates(contract: Contract) -> list[str]:
-    """The catalogue less what the contract makes inapplicable: no speculation, no draft gates; the
-    unquantized-KV reference (kind "reference") stores no FP8 and has no calibrated scales to audit, and its
-    tokens are not held to the FP8 teacher (what FP8 KV changes is what it is there to measure)."""
-    return [
-        g
-        for g in CATALOGUE
-        if (contract.speculative is not None or g not in SPECULATIVE_GATES)
-        and (contract.kind != "reference" or g not in FP8_ONLY_GATES)
-    ]
+    """The catalogue less what the contract makes inapplicable (`inapplicable`)."""
+    return [g for g in CATALOGUE if inapplicable(g, contract) is None]
 
 
 SCOPE_NAMES = ("rank", "prompt", "start", "run")

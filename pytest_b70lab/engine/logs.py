@@ -5,6 +5,10 @@ start and the tests of recorded logs share them."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..evidence import Failure
 
 # "(Worker_TP1_EP1 pid=123)", "(EngineCore pid=7)", "(APIServer pid=5)", "(Worker pid=9)", "(VllmWorker-0 pid=9)"
 RANK_TAG = re.compile(r"^\((?P<tag>[A-Za-z][\w\-]*) pid=(?P<pid>\d+)\)")
@@ -92,3 +96,15 @@ def root_cause(errors: list[str]) -> tuple[str | None, str] | None:
     others = sorted(exceptions, key=lambda e: "root cause" in e[1].lower())  # stable: in order otherwise
     rest = [(tag, body.strip()) for tag, body in lines if body.strip() and not body.strip().startswith(TRACEBACK)]
     return next((found[0] for found in (ranks, died, others, rest) if found), None)
+
+
+def failure_headline(failure: Failure) -> str:
+    """A failure's first line, and the cause the engine's output names (root_cause over the error lines the
+    launcher saw: the exception a rank raised, else the line naming a dead process, ...) with the process
+    that wrote it: `...; cause on Worker_TP1_EP1: NotImplementedError: FP8 KV cache on CPU requires ...`."""
+    first = next((line.strip() for line in failure.message.strip().splitlines()), "") or "no cause recorded"
+    found = root_cause(failure.first_errors)
+    if found is None:
+        return first
+    tag, cause = found
+    return f"{first}; cause{f' on {tag}' if tag else ''}: {cause}"

@@ -396,6 +396,15 @@ def run_starts_once(
         return records
 
 
+def tables_or_why(run_dir: Path, contract: Contract, cache_root: Path) -> dict[str, Any] | str:
+    """checkpoint_tables, or why they cannot be read: what the catalogue's gates are given (those that read
+    the tables then fail with the reason; the others are judged)."""
+    try:
+        return checkpoint_tables(run_dir, contract, cache_root)
+    except evidence.EvidenceError as e:
+        return str(e)
+
+
 def checkpoint_tables(run_dir: Path, contract: Contract, cache_root: Path) -> dict[str, Any]:
     """The checkpoint tables a run was judged against: the run folder's copy (written before its first
     start, for this contract), else read anew from the checkpoints the contract names."""

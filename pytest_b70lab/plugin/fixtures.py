@@ -25,6 +25,7 @@ from .state import (
 from .workers import blocked_reason, claim_block, sigterm_as_interrupt
 
 if TYPE_CHECKING:  # the plugin loads wherever it is installed: a run that never asks for a gate pays no import
+    from .. import catalogue as catalogue_mod
     from .. import contract as contract_mod
     from .. import evidence as evidence_mod
 
@@ -88,6 +89,7 @@ def collect_or_block(
 ) -> list[evidence_mod.Evidence]:
     """The starts' evidence, or one failure that names the start, the cause and where to look: a start
     that could not begin (a model that fails its manifest, a missing checkpoint), or one that failed."""
+    from ..engine.logs import failure_headline
     from ..run_folder import kind_dir
 
     cause = None
@@ -109,7 +111,7 @@ def collect_or_block(
         if record.status != "ok":
             failure = record.failure
             phase = f" while {failure.phase}" if failure and failure.phase else ""
-            cause = headline(failure) if failure else "no cause recorded"
+            cause = failure_headline(failure) if failure else "no cause recorded"
             folder = kind_dir(state.replay_dir or state.run_dir, record.role) / f"start-{record.start_index}"
             block_session(
                 request,
@@ -118,20 +120,6 @@ def collect_or_block(
                 f"(evidence and each rank's last lines: {folder / 'evidence.json'})",
             )
     return records
-
-
-def headline(failure: evidence_mod.Failure) -> str:
-    """A failure's first line, and the cause the engine's output names (engine.logs.root_cause over the error lines
-    the launcher saw: the exception a rank raised, else the line naming a dead process, ...) with the process
-    that wrote it: `...; cause on Worker_TP1_EP1: NotImplementedError: FP8 KV cache on CPU requires ...`."""
-    from ..engine.logs import root_cause
-
-    first = next((line.strip() for line in failure.message.strip().splitlines()), "") or "no cause recorded"
-    found = root_cause(failure.first_errors)
-    if found is None:
-        return first
-    tag, cause = found
-    return f"{first}; cause{f' on {tag}' if tag else ''}: {cause}"
 
 
 @pytest.fixture(scope="session")
@@ -321,6 +309,48 @@ def b70_quality_verdict(request: pytest.FixtureRequest) -> Callable[[object], No
             pytest.fail(verdict.explain(), pytrace=False)
 
     return judge
+
+
+@pytest.fixture
+def b70_gate_inputs(
+    request: pytest.FixtureRequest,
+    b70_state: LabState,
+    b70_contract: contract_mod.Contract,
+    b70_evidence: list[evidence_mod.Evidence],
+    b70_prompt_ids: list[str],
+) -> catalogue_mod.Inputs:
+    """What the catalogue's gates read of this session's run (catalogue.Inputs). The teacher snapshots are
+    --b70-teacher-snapshots, else the __snapshots__ folder beside the test (syrupy's place for them)."""
+    from .. import catalogue
+    from ..engine.starts import tables_or_why
+
+    if b70_state._tables is None:
+        b70_state._tables = tables_or_why(b70_state.run_dir, b70_contract, b70_state.cache_root)
+    snapshots = request.config.getoption("--b70-teacher-snapshots") or request.path.parent / "__snapshots__"
+    run_dir = b70_state.replay_dir or b70_state.run_dir
+    return catalogue.Inputs(b70_contract, b70_evidence, b70_state._tables, run_dir, b70_prompt_ids, Path(snapshots))
+
+
+@pytest.fixture
+def b70_gate_check(
+    request: pytest.FixtureRequest, b70_gate_inputs: catalogue_mod.Inputs, b70_verdict: Callable[[object], None]
+) -> Callable[..., None]:
+    """`b70_gate_check(start=None, rank=None, prompt=None)`: judge the test's own `b70_gate` on that subject
+    through the catalogue (catalogue.check), as the in-process judge does; a gate the contract does not need
+    skips with the reason."""
+    from .. import catalogue
+
+    mark = request.node.get_closest_marker("b70_gate")
+    gate = catalogue.gate(mark.args[0]) if mark is not None and mark.args else None
+
+    def check(start: evidence_mod.Evidence | None = None, rank: int | None = None, prompt: str | None = None) -> None:
+        if gate is None:
+            pytest.fail(f"{request.node.nodeid}: b70_gate_check needs a b70_gate(NAME) of the catalogue", pytrace=False)
+        if (why := gate.inapplicable(b70_gate_inputs.contract)) is not None:
+            pytest.skip(why)
+        b70_verdict(catalogue.check(gate.name, b70_gate_inputs, catalogue.Subject(start, rank, prompt)))
+
+    return check
 
 
 @pytest.fixture

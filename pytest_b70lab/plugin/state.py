@@ -51,6 +51,7 @@ class LabState:
     wants_quality: bool = False
     # quality (scores, texts) by evidence digest (coding runs code once)
     _scores: dict[str, tuple[dict, dict]] | None = None
+    _tables: dict | str | None = None  # the checkpoint tables the gates read, or why they cannot be read
     blocked: str | None = None  # why no test that needs an engine's evidence can run (see block_session)
     stop_reason: str | None = None  # why the session stopped before it could judge (promotion.json says it)
     blocked_reported: bool = False

@@ -1,7 +1,7 @@
 """A sweep's folder and the order of its starts.
 
 DIR/contracts/<variant>.toml     each variant's full contract, as the replay that judged it loaded it
-DIR/variants/<variant>/          the variant's run folder (start-N/, promotion.json, junit.xml, judge.log)
+DIR/variants/<variant>/          the variant's run folder (start-N/, promotion.json, judge.log: its verdict's lines)
 DIR/variants/<variant>/teacher/  its own target-only teacher, when its target's output is not the base's
 DIR/teachers/teacher-<digest>/   the snapshots recorded from those teachers (never the repository's)
 DIR/probe/, DIR/launches.log     the collective probe before the first start; one line per engine launched
@@ -23,7 +23,6 @@ CONTRACTS = "contracts"
 VARIANTS = "variants"
 TEACHERS = "teachers"
 JUDGE_LOG = "judge.log"
-JUDGE_JUNIT = "junit.xml"
 
 
 def variant_dir(out: Path, name: str) -> Path:

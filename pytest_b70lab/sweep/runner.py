@@ -1,23 +1,22 @@
-"""The sweep's engine starts, interleaved across its variants, and the replays that judge each variant's run
-folder with the promotion gates (`pytest -m gates --b70-evidence`), exactly as a lab judges any saved run."""
+"""The sweep's engine starts, interleaved across its variants, and the judging of each variant's run folder with
+the promotion gates, in this process (judge.judge: the catalogue a gates session judges through, the same
+verdict as `pytest -m gates --b70-evidence` of the folder)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import contract as contract_mod
-from .. import evidence, project, run_folder, teacher
+from .. import evidence, project, replay, run_folder, teacher, verdict
+from .. import judge as judge_mod
 from ..contract import Contract
 from ..engine import starts as starts_mod
+from ..engine.logs import failure_headline
 from ..errors import LabError
 from ..variants import Variant
 from .plan import (
-    JUDGE_JUNIT,
     JUDGE_LOG,
     SWEEP_JSON,
     VARIANTS,
@@ -29,9 +28,6 @@ from .plan import (
 )
 
 Progress = Callable[[str], None]
-JUDGE_TIMEOUT_S = 600.0
-# What a judging replay must not inherit from a pytest that runs the sweep (a test under xdist).
-CHILD_ENV_DROPPED = ("PYTEST_XDIST_", "PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")
 
 
 class SweepError(LabError, RuntimeError):
@@ -146,7 +142,7 @@ def run(
     for name in own:
         outcome.teachers[name] = _record_teacher(by_name[name], out, prompt_ids)
     for v in variants:
-        outcome.judged[v.name] = judge(v, out, prompt_ids, own_teacher=v.name in own, progress=say)
+        outcome.judged[v.name] = judge(v, out, prompt_ids, v.name in own, cache_root, progress=say)
     return outcome
 
 
@@ -165,48 +161,36 @@ def _record_teacher(v: Variant, out: Path, prompt_ids: list[str] | None) -> list
 
 
 def judge(
-    v: Variant, out: Path, prompt_ids: list[str] | None, own_teacher: bool, progress: Progress | None = None
+    v: Variant,
+    out: Path,
+    prompt_ids: list[str] | None,
+    own_teacher: bool,
+    cache_root: Path,
+    progress: Progress | None = None,
 ) -> str:
-    """Replay the variant's run folder with the gates under its own contract file; "" when a verdict was
-    written, else why not. The replay's output is the folder's judge.log, its JUnit junit.xml."""
+    """Judge the variant's run folder under its own contract file, in this process; its verdict is the folder's
+    promotion.json (as a replay writes it) and its terminal lines judge.log. "" when a verdict was written,
+    else why not."""
     folder = variant_dir(out, v.name)
-    tests = project.find("tests/gates")
-    if not tests.is_dir():
-        return f"the gate tests are not here ({tests}): a sweep judges with the lab repository's tests/gates"
     if not any(folder.glob("start-*/" + evidence.FILENAME)):
         return "no start of this variant recorded evidence"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(tests),
-        "-m",
-        "gates",
-        f"--b70-evidence={folder}",
-        f"--b70-contract={contract_file(out, v.name)}",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        f"--junitxml={folder / JUDGE_JUNIT}",
-        f"--rootdir={tests.parent.parent}",
-    ]
-    if own_teacher:
-        cmd.append(f"--b70-teacher-snapshots={teachers_dir(out)}")
-    if prompt_ids:
-        cmd.append(f"--b70-prompts={','.join(prompt_ids)}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CHILD_ENV_DROPPED)}
-    (progress or (lambda _msg: None))(f"sweep: judging {v.name} (replay of {folder})")
+    (progress or (lambda _msg: None))(f"sweep: judging {v.name} ({folder})")
     try:
-        with open(folder / JUDGE_LOG, "w", encoding="utf-8") as log:
-            log.write("$ " + " ".join(cmd) + "\n")
-            log.flush()
-            done = subprocess.run(
-                cmd, cwd=tests.parent.parent, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=JUDGE_TIMEOUT_S
-            )
-    except subprocess.TimeoutExpired:
-        return f"the replay ran past {JUDGE_TIMEOUT_S:.0f} s ({folder / JUDGE_LOG})"
-    except OSError as e:
-        return f"the replay could not run: {e}"
-    if done.returncode not in (0, 1) or not (folder / run_folder.PROMOTION).is_file():
-        return f"the replay exited {done.returncode} without a verdict ({folder / JUDGE_LOG})"
+        starts = run_folder.read_starts(folder)
+        contract, problems = replay.judged_contract(starts, folder, str(contract_file(out, v.name)))
+        problems += replay.recorded_before_identity(starts, folder)
+        decision = judge_mod.judge(
+            folder,
+            contract,
+            starts,
+            tables=starts_mod.tables_or_why(folder, contract, cache_root),
+            teacher_snapshots=teachers_dir(out) if own_teacher else project.find("tests/gates") / "__snapshots__",
+            prompt_ids=prompt_ids,
+            problems=problems,
+            headline=failure_headline,
+        )
+        verdict.write(decision, folder, None)
+        (folder / JUDGE_LOG).write_text("\n".join(line for line, _ in verdict.summary(decision, folder)) + "\n")
+    except (LabError, OSError) as e:
+        return f"the folder could not be judged: {e}"
     return ""

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_b70lab import gates
-
 pytestmark = pytest.mark.gates
 
 
@@ -21,45 +19,40 @@ def start(b70_start_evidence):
 
 
 @pytest.mark.b70_gate("evidence-start")
-def test_the_start_succeeded(start, b70_verdict) -> None:
-    b70_verdict(gates.evidence_start(start))
+def test_the_start_succeeded(start, b70_gate_check) -> None:
+    b70_gate_check(start)
 
 
 @pytest.mark.b70_gate("evidence-ranks")
-def test_every_rank_was_audited_and_logged(start, b70_contract, b70_run_dir, b70_verdict) -> None:
-    folder = b70_run_dir / f"start-{start.start_index}"
-    # A replayed bundle may carry the evidence without the logs: then only the evidence is judged.
-    sizes = None
-    if (folder / "ranks").is_dir():
-        sizes = {rel: (folder / rel).stat().st_size for rel in start.logs.values() if (folder / rel).is_file()}
-    b70_verdict(gates.evidence_ranks(start, b70_contract, sizes))
+def test_every_rank_was_audited_and_logged(start, b70_gate_check) -> None:
+    b70_gate_check(start)  # a replayed bundle may carry the evidence without the logs: then only the evidence
 
 
 @pytest.mark.b70_gate("evidence-metrics")
-def test_metrics_were_scraped_before_and_after(start, b70_verdict) -> None:
-    b70_verdict(gates.evidence_metrics(start))
+def test_metrics_were_scraped_before_and_after(start, b70_gate_check) -> None:
+    b70_gate_check(start)
 
 
 @pytest.mark.b70_gate("evidence-prompts")
-def test_every_prompt_produced_the_contract_token_count(start, b70_contract, b70_prompt_ids, b70_verdict) -> None:
-    b70_verdict(gates.evidence_prompts(start, b70_prompt_ids, b70_contract))
+def test_every_prompt_produced_the_contract_token_count(start, b70_gate_check) -> None:
+    b70_gate_check(start)
 
 
 @pytest.mark.b70_gate("evidence-teardown")
-def test_teardown_left_no_process(start, b70_verdict) -> None:
-    b70_verdict(gates.evidence_teardown(start))
+def test_teardown_left_no_process(start, b70_gate_check) -> None:
+    b70_gate_check(start)
 
 
 @pytest.mark.b70_gate("evidence-exposure")
-def test_only_its_owner_could_reach_the_engine(start, b70_verdict) -> None:
-    b70_verdict(gates.evidence_exposure(start))
+def test_only_its_owner_could_reach_the_engine(start, b70_gate_check) -> None:
+    b70_gate_check(start)
 
 
 @pytest.mark.b70_gate("evidence-probe")
-def test_the_collective_probe_passed_before_the_first_start(start, b70_contract, b70_verdict) -> None:
-    b70_verdict(gates.evidence_probe(start, b70_contract))
+def test_the_collective_probe_passed_before_the_first_start(start, b70_gate_check) -> None:
+    b70_gate_check(start)
 
 
 @pytest.mark.b70_gate("evidence-logs")
-def test_nothing_the_launcher_found_in_the_logs_is_ignored(start, b70_verdict) -> None:
-    b70_verdict(gates.evidence_logs(start))
+def test_nothing_the_launcher_found_in_the_logs_is_ignored(start, b70_gate_check) -> None:
+    b70_gate_check(start)

@@ -19,9 +19,15 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import evidence
-from pytest_b70lab.engine.logs import UNRAISABLE, TracebackEnds, is_exception_line, root_cause, split_line
+from pytest_b70lab.engine.logs import (
+    UNRAISABLE,
+    TracebackEnds,
+    failure_headline,
+    is_exception_line,
+    root_cause,
+    split_line,
+)
 from pytest_b70lab.engine.server import EngineServer
-from pytest_b70lab.plugin import fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 LOG = REPO / "fixtures" / "engine-logs" / "rank-refuses-fp8-kv-cache.log"
@@ -67,7 +73,7 @@ def test_the_headline_names_the_real_refusal_and_its_rank(tmp_path: Path) -> Non
         phase="allocating KV cache",
         first_errors=errors,
     )
-    assert fixtures.headline(failure) == (
+    assert failure_headline(failure) == (
         "the server exited with code 1 during start-up (phase: allocating KV cache, "
         f"130 s); cause on Worker_TP1_EP1: NotImplementedError: {REAL}"
     )
@@ -85,7 +91,7 @@ def test_evidence_written_before_exception_lines_were_kept_still_names_the_dead_
     failure = evidence.Failure(
         message="the server exited with code 1", first_errors=["Traceback (most recent call last):"]
     )
-    assert fixtures.headline(failure) == "the server exited with code 1"
+    assert failure_headline(failure) == "the server exited with code 1"
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,8 @@ DATA = {
 # the plugin's --b70-baseline), so it lives here and not with them.
 JUDGEMENT = {
     "gates",
+    "catalogue",
+    "judge",
     "teacher",
     "snapshots",
     "verdict",

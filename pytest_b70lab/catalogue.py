@@ -1,0 +1,256 @@
+"""The gate catalogue: every gate and evidence check declared once, with what it reads, when it applies and how
+its rule is called. The pytest items of a gates session (tests/gates/) and the in-process judge (judge.py) both
+judge through `Gate.check`, so a gate cannot be wired one way in a session and another in a sweep.
+
+The scopes are `gates.SCOPES` and the applicability `gates.inapplicable`: written there once, read here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import gates, teacher
+from .contract import Contract
+from .evidence import Evidence
+from .gates import Verdict
+
+# What a gate reads, as the docs' table says it.
+START, ALL_STARTS, TABLES, SNAPSHOT, FOLDER, PROMPTS = (
+    "start evidence",
+    "every start's evidence",
+    "checkpoint tables",
+    "teacher snapshot",
+    "run folder",
+    "prompt set",
+)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything a gate may read of one run. `checkpoints` is the tables, or why they cannot be read (the
+    gates that need them then fail with that reason)."""
+
+    contract: Contract
+    starts: Sequence[Evidence]
+    checkpoints: Mapping[str, Any] | str
+    run_dir: Path
+    prompt_ids: Sequence[str]
+    teacher_snapshots: Path
+
+
+@dataclass(frozen=True)
+class Subject:
+    """Whom one check judges: a start (and one of its ranks or prompts), or the run (start None)."""
+
+    start: Evidence | None = None
+    rank: int | None = None
+    prompt: str | None = None
+    index: int | None = None  # the start's index where its evidence is missing (start None)
+
+    @property
+    def name(self) -> str:
+        index = self.start.start_index if self.start is not None else self.index
+        return gates.subject(index, rank=self.rank, prompt=self.prompt)
+
+
+Rule = Callable[[Inputs, Subject], Verdict]
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    reads: tuple[str, ...]
+    test: str  # this repository's test of it, tests/gates/<file>::<function>: the node ids a session keeps
+    rule: Rule
+
+    @property
+    def scope(self) -> str:
+        return gates.SCOPES[self.name]
+
+    def inapplicable(self, contract: Contract) -> str | None:
+        """Why the contract does not need this gate (its tests skip with it), or None."""
+        return gates.inapplicable(self.name, contract)
+
+    def check(self, inputs: Inputs, subject: Subject) -> Verdict:
+        return self.rule(inputs, subject)
+
+
+class NotJudgeable(Exception):
+    """A check that cannot be judged from what the run holds: the message is its failure."""
+
+
+def _start(s: Subject) -> Evidence:
+    assert s.start is not None, "a start, rank or prompt check is given its start"
+    return s.start
+
+
+def _rank(s: Subject) -> int:
+    assert s.rank is not None, "a rank check is given its rank"
+    return s.rank
+
+
+def _prompt(s: Subject) -> str:
+    assert s.prompt is not None, "a prompt check is given its prompt"
+    return s.prompt
+
+
+def _tables(inputs: Inputs) -> Mapping[str, Any]:
+    if isinstance(inputs.checkpoints, str):
+        raise NotJudgeable(inputs.checkpoints)
+    return inputs.checkpoints
+
+
+def _target_scale_audit(i: Inputs, s: Subject) -> Verdict:
+    calibrated = (_tables(i).get("target") or {}).get("kv_scales")
+    return gates.target_scale_audit(_start(s), _rank(s), i.contract, calibrated)
+
+
+def _load_audit(i: Inputs, s: Subject) -> Verdict:
+    tables = _tables(i)
+    return gates.load_audit(_start(s), i.contract, tables.get("target"), tables.get("draft"), tables.get("problems"))
+
+
+def _teacher_exactness(i: Inputs, s: Subject) -> Verdict:
+    path = teacher.snapshot_path(i.teacher_snapshots, i.contract, _prompt(s))
+    try:
+        snapshot: dict[str, Any] | None = teacher.read(path)
+    except teacher.TeacherSnapshotError as e:
+        if path.exists():  # corrupted: say so rather than "missing"
+            raise NotJudgeable(f"{e}; re-record with `{teacher.RECORD_COMMAND.format(name=i.contract.name)}`") from e
+        snapshot = None
+    return gates.teacher_exactness(_start(s), _prompt(s), i.contract, snapshot, str(path))
+
+
+def _evidence_ranks(i: Inputs, s: Subject) -> Verdict:
+    start = _start(s)
+    folder = i.run_dir / f"start-{start.start_index}"
+    # A replayed bundle may carry the evidence without the logs: then only the evidence is judged.
+    sizes = None
+    if (folder / "ranks").is_dir():
+        sizes = {rel: (folder / rel).stat().st_size for rel in start.logs.values() if (folder / rel).is_file()}
+    return gates.evidence_ranks(start, i.contract, sizes)
+
+
+RANKS, PROMPT_GATES, RUN_GATES, EVIDENCE = (
+    "test_rank_gates.py",
+    "test_prompt_gates.py",
+    "test_run_gates.py",
+    "test_evidence_complete.py",
+)
+CATALOGUE: tuple[Gate, ...] = (
+    Gate("target-scale-audit", (START, TABLES), f"{RANKS}::test_target_scale_audit", _target_scale_audit),
+    Gate(
+        "draft-cache-audit",
+        (START,),
+        f"{RANKS}::test_draft_cache_audit",
+        lambda i, s: gates.draft_cache_audit(_start(s), _rank(s), i.contract),
+    ),
+    Gate(
+        "engine-resolution",
+        (START,),
+        f"{RANKS}::test_engine_resolution",
+        lambda i, s: gates.engine_resolution(_start(s), _rank(s), i.contract),
+    ),
+    Gate(
+        "compile-topology",
+        (START,),
+        f"{RANKS}::test_compile_topology",
+        lambda i, s: gates.compile_topology(_start(s), _rank(s), i.contract),
+    ),
+    Gate(
+        "launch-flags",
+        (START,),
+        f"{RANKS}::test_launch_flags",
+        lambda i, s: gates.launch_flags(_start(s), _rank(s), i.contract),
+    ),
+    Gate("teacher-exactness", (START, SNAPSHOT), f"{PROMPT_GATES}::test_teacher_exactness", _teacher_exactness),
+    Gate(
+        "cold-prompt",
+        (START,),
+        f"{PROMPT_GATES}::test_cold_prompt",
+        lambda i, s: gates.cold_prompt(_start(s), _prompt(s)),
+    ),
+    Gate(
+        "token-count",
+        (START,),
+        f"{PROMPT_GATES}::test_token_count",
+        lambda i, s: gates.token_count(_start(s), _prompt(s), i.contract),
+    ),
+    Gate(
+        "metrics-agree",
+        (START,),
+        f"{RUN_GATES}::test_metrics_agree",
+        lambda i, s: gates.metrics_agree(_start(s), i.contract),
+    ),
+    Gate(
+        "spec-counters",
+        (START,),
+        f"{RUN_GATES}::test_spec_counters",
+        lambda i, s: gates.spec_counters(_start(s), i.contract),
+    ),
+    Gate("load-audit", (START, TABLES), f"{RUN_GATES}::test_load_audit", _load_audit),
+    Gate(
+        "fresh-start-reproduction",
+        (ALL_STARTS,),
+        f"{RUN_GATES}::test_fresh_start_reproduction",
+        lambda i, s: gates.reproduction(list(i.starts), i.contract),
+    ),
+    Gate(
+        "evidence-start",
+        (START,),
+        f"{EVIDENCE}::test_the_start_succeeded",
+        lambda i, s: gates.evidence_start(_start(s)),
+    ),
+    Gate("evidence-ranks", (START, FOLDER), f"{EVIDENCE}::test_every_rank_was_audited_and_logged", _evidence_ranks),
+    Gate(
+        "evidence-metrics",
+        (START,),
+        f"{EVIDENCE}::test_metrics_were_scraped_before_and_after",
+        lambda i, s: gates.evidence_metrics(_start(s)),
+    ),
+    Gate(
+        "evidence-prompts",
+        (START, PROMPTS),
+        f"{EVIDENCE}::test_every_prompt_produced_the_contract_token_count",
+        lambda i, s: gates.evidence_prompts(_start(s), i.prompt_ids, i.contract),
+    ),
+    Gate(
+        "evidence-teardown",
+        (START,),
+        f"{EVIDENCE}::test_teardown_left_no_process",
+        lambda i, s: gates.evidence_teardown(_start(s)),
+    ),
+    Gate(
+        "evidence-exposure",
+        (START,),
+        f"{EVIDENCE}::test_only_its_owner_could_reach_the_engine",
+        lambda i, s: gates.evidence_exposure(_start(s)),
+    ),
+    Gate(
+        "evidence-probe",
+        (START,),
+        f"{EVIDENCE}::test_the_collective_probe_passed_before_the_first_start",
+        lambda i, s: gates.evidence_probe(_start(s), i.contract),
+    ),
+    Gate(
+        "evidence-logs",
+        (START,),
+        f"{EVIDENCE}::test_nothing_the_launcher_found_in_the_logs_is_ignored",
+        lambda i, s: gates.evidence_logs(_start(s)),
+    ),
+)
+BY_NAME: dict[str, Gate] = {g.name: g for g in CATALOGUE}
+
+
+def gate(name: str) -> Gate:
+    return BY_NAME[name]
+
+
+def check(name: str, inputs: Inputs, subject: Subject) -> Verdict:
+    """One gate on one subject; a check that cannot be judged is a failed verdict saying why."""
+    try:
+        return gate(name).check(inputs, subject)
+    except NotJudgeable as e:
+        return Verdict(name, subject.name, False, [str(e)])
