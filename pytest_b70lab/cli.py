@@ -340,6 +340,7 @@ EXAMPLES = {
     "probe": ["b70lab probe capability --contract laguna-s-2.1-int4-fp8kv-b70", "b70lab probe collectives"],
     "report": ["b70lab report data/runs/20261203-101503", "b70lab report RUN --out /tmp/run.html"],
     "evidence": ["b70lab evidence show data/runs/20261203-101503", "b70lab evidence diff RUN_A RUN_B --json"],
+    "schema": ["b70lab schema promotion", "b70lab schema evidence"],
 }
 
 
@@ -362,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"b70lab {_version()}")
     _with_examples(parser, "b70lab")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_mini, _add_contract, _add_sweep, _add_bench, _add_probe, _add_report, _add_evidence):
+    for add in (_add_mini, _add_contract, _add_sweep, _add_bench, _add_probe, _add_report, _add_evidence, _add_schema):
         add(sub)
     for name, command in sub.choices.items():
         _with_examples(command, name)
@@ -622,6 +623,30 @@ def _add_evidence(sub: argparse._SubParsersAction) -> None:
     diff_p.add_argument("run_b", type=Path, help="the run folder compared with it")
     diff_p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     diff_p.set_defaults(func=_evidence_diff)
+
+
+SCHEMAS = ("promotion", "evidence")
+
+
+def _add_schema(sub: argparse._SubParsersAction) -> None:
+    schema_p = sub.add_parser(
+        "schema", help="the JSON Schema of a document b70lab writes: promotion.json (what CI reads), evidence.json"
+    )
+    schema_p.add_argument("document", choices=SCHEMAS, help="which document")
+    schema_p.set_defaults(func=_schema)
+
+
+def _schema(args: argparse.Namespace) -> int:
+    if args.document == "promotion":
+        from . import promotion
+
+        schema = promotion.json_schema()
+    else:
+        from . import evidence
+
+        schema = evidence.Evidence.model_json_schema(by_alias=True)
+    print(json.dumps(schema, indent=1, sort_keys=True))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,7 +186,7 @@ def last_promoted_run(runs_root: Path, exclude: Path | None = None) -> Path | No
         if skip is not None and path.parent.resolve() == skip:
             continue
         try:
-            verdict = run_folder.read_promotion(path.parent)
+            verdict, _ = run_folder.read_promotion(path.parent)
             mtime = path.stat().st_mtime
         except (OSError, evidence.EvidenceError):
             continue
@@ -244,7 +244,8 @@ def _model_line(m: evidence.ModelRef) -> str:
 
 
 def _verdict_line(run: Run) -> str:
-    return "verdict   " + verdict_mod.recorded_headline(run.promotion, run.starts, run.folder)[1]
+    line = "verdict   " + verdict_mod.recorded_headline(run.promotion, run.starts, run.folder)[1]
+    return line + "".join(f"\n          note: {n}" for n in run.notes)
 
 
 # --- two runs -----------------------------------------------------------------------------------------

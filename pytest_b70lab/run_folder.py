@@ -52,6 +52,7 @@ class Run:
     folder: Path
     starts: tuple[Evidence, ...]  # start-1, start-2, ... in order
     promotion: dict[str, Any] | None  # promotion.json, when a session recorded a verdict
+    notes: tuple[str, ...] = ()  # what a reader should know of the files (an old, untagged promotion.json)
 
     @property
     def first(self) -> Evidence:
@@ -85,22 +86,24 @@ def read(folder: Path, kind: str = "candidate", verdict: bool = True) -> Run:
                 f"in {folder_of_start.name}: the run folder was rearranged"
             )
         starts.append(start)
-    return Run(folder, tuple(starts), read_promotion(folder) if verdict else None)
+    promotion, notes = read_promotion(folder) if verdict else (None, [])
+    return Run(folder, tuple(starts), promotion, tuple(notes))
 
 
-def read_promotion(folder: Path) -> dict[str, Any] | None:
-    from . import evidence
+def read_promotion(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """(promotion.json through its model, as a dict; what a reader should know of it), (None, []) when no
+    session recorded one. A damaged or foreign file is an EvidenceError naming it."""
+    from . import promotion
     from .evidence import EvidenceError
 
     path = Path(folder) / PROMOTION
     if not path.exists():
-        return None
-    promotion = evidence.read_json(path, "promotion verdict", EvidenceError)
-    if not isinstance(promotion, dict) or not all(
-        isinstance(promotion.get(k), bool) for k in ("promotable", "complete")
-    ):
-        raise EvidenceError(f"{path} is not a b70lab promotion verdict: it lacks the booleans promotable and complete")
-    return promotion
+        return None, []
+    try:
+        document, notes = promotion.read(path)
+    except promotion.PromotionError as e:
+        raise EvidenceError(str(e)) from e
+    return document.model_dump(mode="json", by_alias=True), notes
 
 
 def read_starts(folder: Path, kind: str = "candidate") -> list[Evidence]:

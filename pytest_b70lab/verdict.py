@@ -9,7 +9,6 @@ with the skip reason. Nothing here knows pytest: the plugin turns reports into `
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -365,10 +364,10 @@ def write_unjudged(run_dir: Path, why: str) -> Path:
     """promotion.json of a folder that this session has not judged (yet): not promotable, and why. A
     folder's promotion.json is the verdict of the last session that used it, so an older PROMOTABLE never
     outlives a session that stopped before it could judge (a damaged replay, a bad contract, Ctrl-C)."""
-    path = run_dir / PROMOTION
+    from . import promotion
+
     data = {"promotable": False, "complete": False, "judged": False, "run_dir": str(run_dir), "problems": [why]}
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    return path
+    return promotion.write(promotion.build(**data), run_dir / PROMOTION)
 
 
 def write(decision: Decision | None, run_dir: Path, quality: QualityDecision | None = None) -> Path:
@@ -387,5 +386,6 @@ def write(decision: Decision | None, run_dir: Path, quality: QualityDecision | N
     )
     if quality is not None:
         data["quality"] = quality_record(quality)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
-    return path
+    from . import promotion
+
+    return promotion.write(promotion.build(**data), path)

@@ -25,6 +25,7 @@ IN_ENGINE = {"in_engine", "vllm_entry", "worker_ext"}
 IN_ENGINE_LIBRARIES = {"vllm", "torch", "psutil"}
 DATA = {
     "contract",
+    "promotion",
     "evidence",
     "digests",
     "metrics",
