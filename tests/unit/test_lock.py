@@ -161,7 +161,7 @@ def _edit(path: Path, old: str, new: str) -> None:
 def test_a_disagreement_is_caught_and_names_the_package(copies: tuple[Path, Path, Path]) -> None:
     pyproject, lock, excludes = copies
     _edit(pyproject, r'"httpx>=[^"]*"', '"httpx>=99"')  # a raised floor the lock was not regenerated for
-    _edit(pyproject, r'"syrupy>=[^"]*",', '"syrupy>=4.6",\n    "some-new-tool>=1",')  # a new test tool
+    _edit(pyproject, r'"hypothesis>=[^"]*",', '"hypothesis>=6.100",\n    "some-new-tool>=1",')  # a new test tool
     _edit(lock, r"^ruff==\S+", "ruff==0.16.0")  # a hand edit below the test extra's pin
     _edit(lock, r"^torch==", "torchvision==0.28.0\ntorch==")  # an excluded wheel back in
     problems = lock_disagreements(pyproject, lock, excludes)
