@@ -24,6 +24,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from test_walls import module_names  # tests/unit/test_walls.py
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pytest_b70lab"
@@ -54,14 +55,8 @@ FOREIGN_FILE_ROOTS = ("vllm/", "torch/", "transformers/", "csrc/")
 
 @cache
 def modules() -> dict[str, Path]:
-    """Dotted module name inside the package -> its file."""
-    names = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        names[".".join(parts)] = path
-    return names
+    """Dotted module name inside the package -> its file (the walls test's reading of the package)."""
+    return module_names(PACKAGE)
 
 
 @cache
