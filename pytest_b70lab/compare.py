@@ -244,8 +244,18 @@ def _model_line(m: evidence.ModelRef) -> str:
 
 
 def _verdict_line(run: Run) -> str:
-    line = "verdict   " + verdict_mod.recorded_headline(run.promotion, run.starts, run.folder)[1]
+    line = "verdict   " + headline(run)[1]
     return line + "".join(f"\n          note: {n}" for n in run.notes)
+
+
+def headline(run: Run) -> tuple[str, str]:
+    """(kind, line) of a run folder's verdict as `evidence show` and `b70lab report` print it: the recorded one,
+    else the verdict judged now from the evidence (kind "none": nothing was recorded, nothing is promoted)."""
+    if run.promotion is None and run.starts:
+        from . import judge, project
+
+        return "none", judge.unrecorded_headline(run.folder, project.find("tests/gates") / "__snapshots__")
+    return verdict_mod.recorded_headline(run.promotion, run.starts, run.folder)
 
 
 # --- two runs -----------------------------------------------------------------------------------------

@@ -136,3 +136,37 @@ def judge(
 def headline_line(decision: Decision, run_dir: Path) -> str:
     """The verdict's first line, as a session prints it."""
     return verdict.summary(decision, run_dir)[0][0]
+
+
+def judge_folder(run_dir: Path, teacher_snapshots: Path, named: str | None = None) -> Decision:
+    """A run folder's verdict judged now, as a replay under its recorded contract would reach it, with the
+    checkpoint tables of the folder's own copy (no checkpoint is read: the surfaces that call this show saved
+    runs on any machine)."""
+    from .evidence import EvidenceError
+    from .replay import judged_contract, recorded_before_identity
+
+    starts = run_folder.read_starts(run_dir)
+    contract, problems = judged_contract(starts, run_dir, named)
+    problems += recorded_before_identity(starts, run_dir)
+    try:
+        tables: Mapping[str, Any] | str = run_folder.read_tables(run_dir, contract) or (
+            f"{run_dir} holds no copy of the checkpoint tables ({run_folder.TABLES_COPY})"
+        )
+    except EvidenceError as e:
+        tables = str(e)
+    return judge(run_dir, contract, starts, tables=tables, teacher_snapshots=teacher_snapshots, problems=problems)
+
+
+def unrecorded_headline(run_dir: Path, teacher_snapshots: Path) -> str:
+    """What `b70lab report` and `evidence show` print for a folder without promotion.json: the verdict judged
+    now, said to be no promotion (nothing was recorded), or why it cannot be judged."""
+    from .errors import LabError
+
+    prefix = f"No verdict recorded: {run_dir.name} has no {run_folder.PROMOTION}"
+    try:
+        decision = judge_folder(run_dir, teacher_snapshots)
+    except LabError as e:
+        return f"{prefix}, and the gates cannot judge it now: {e}"
+    return f"{prefix}; judged now from its evidence (not a promotion until a session records it): " + headline_line(
+        decision, run_dir
+    )

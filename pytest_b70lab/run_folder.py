@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the file names are read by the plugin's verdict at any session's end: no pydantic there
+    from .contract import Contract
     from .evidence import Evidence
 
 PROMOTION = "promotion.json"
@@ -115,3 +116,38 @@ def read_starts(folder: Path, kind: str = "candidate") -> list[Evidence]:
     if not starts:
         raise EvidenceError(f"no {kind} evidence under {kind_dir(Path(folder), kind)} (expected start-N/{FILENAME})")
     return list(starts)
+
+
+def read_tables(run_dir: Path, contract: Contract) -> dict[str, Any] | None:
+    """The run folder's copy of the checkpoint tables (None when it has none), checked against the contract it
+    was written for and against itself: an EvidenceError naming the file otherwise."""
+    from . import checkpoint, evidence
+
+    # A kind's own folder in a session's run folder; the folder itself where a teacher or reference run is a
+    # run folder of its own (a sweep's target-only variant, the recorded teacher bundle).
+    paths = [kind_dir(run_dir, contract.kind) / TABLES_COPY, Path(run_dir) / TABLES_COPY]
+    path = next((p for p in paths if p.is_file()), None)
+    if path is None:
+        return None
+    tables = evidence.read_json(path, "checkpoint tables", evidence.EvidenceError)
+    if not isinstance(tables, dict) or "target" not in tables:
+        raise evidence.EvidenceError(f"checkpoint tables {path} have no target table: the file is damaged")
+    if tables.get("contract_digest") != contract.digest:
+        raise evidence.EvidenceError(
+            f"checkpoint tables {path} were written for contract digest "
+            f"{tables.get('contract_digest')}, this run is {contract.name} "
+            f"({contract.digest})"
+        )
+    found = [
+        problem
+        for part in ("target", "draft")
+        if isinstance(tables.get(part), dict)
+        for problem in checkpoint.table_contradictions(tables[part], part)
+    ]
+    if found:
+        raise evidence.EvidenceError(
+            f"checkpoint tables {path}: {found[0]}"
+            + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+            + ": the copy contradicts itself, so no gate is judged against it"
+        )
+    return tables

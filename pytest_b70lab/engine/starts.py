@@ -407,33 +407,8 @@ def tables_or_why(run_dir: Path, contract: Contract, cache_root: Path) -> dict[s
 
 def checkpoint_tables(run_dir: Path, contract: Contract, cache_root: Path) -> dict[str, Any]:
     """The checkpoint tables a run was judged against: the run folder's copy (written before its first
-    start, for this contract), else read anew from the checkpoints the contract names."""
-    # A kind's own folder in a session's run folder; the folder itself where a teacher or reference run is a
-    # run folder of its own (a sweep's target-only variant, the recorded teacher bundle).
-    paths = [run_folder.kind_dir(run_dir, contract.kind) / run_folder.TABLES_COPY, run_dir / run_folder.TABLES_COPY]
-    path = next((p for p in paths if p.is_file()), paths[0])
-    if path.is_file():
-        tables = evidence.read_json(path, "checkpoint tables", evidence.EvidenceError)
-        if not isinstance(tables, dict) or "target" not in tables:
-            raise evidence.EvidenceError(f"checkpoint tables {path} have no target table: the file is damaged")
-        if tables.get("contract_digest") != contract.digest:
-            raise evidence.EvidenceError(
-                f"checkpoint tables {path} were written for contract digest "
-                f"{tables.get('contract_digest')}, this run is {contract.name} "
-                f"({contract.digest})"
-            )
-        found = [
-            problem
-            for part in ("target", "draft")
-            if isinstance(tables.get(part), dict)
-            for problem in checkpoint.table_contradictions(tables[part], part)
-        ]
-        if found:
-            raise evidence.EvidenceError(
-                f"checkpoint tables {path}: {found[0]}"
-                + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
-                + ": the copy contradicts itself, so no gate is judged against it"
-            )
+    start, for this contract: run_folder.read_tables), else read anew from the checkpoints the contract names."""
+    if (tables := run_folder.read_tables(run_dir, contract)) is not None:
         return tables
     try:
         return resolve_models(contract, cache_root).tables

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import evidence as evidence_mod
 from .. import gates, host, run_folder, throughput
-from .. import verdict as verdict_mod
+from ..compare import headline as run_headline
 from ..errors import LabError
 from ..evidence import Evidence, EvidenceError, ModelRef, Request
 from ..gates import CATALOGUE
@@ -99,8 +99,9 @@ def prompt_order(starts: Sequence[Evidence]) -> list[str]:
 
 
 def headline(run: Run) -> tuple[str, str]:
-    """(css class, the line): promotion.json's verdict, as every surface prints it (verdict.recorded_headline)."""
-    return verdict_mod.recorded_headline(run.promotion, run.starts, run.folder)
+    """(css class, the line): promotion.json's verdict, else the one judged now (compare.headline, as
+    `evidence show` prints it)."""
+    return run_headline(run)
 
 
 # --- HTML helpers -----------------------------------------------------------------------------------------

@@ -261,7 +261,8 @@ def test_show_says_what_ran_and_the_verdict(candidate: Path) -> None:
         "start-2  ok",
         f"ready {record.ready_s:.1f} s",
         f"endpoint median {record.throughput.endpoint_median:.2f} tok/s",
-        f"verdict   No verdict recorded: {candidate.name} has no promotion.json",
+        f"verdict   No verdict recorded: {candidate.name} has no promotion.json; judged now from its evidence "
+        "(not a promotion until a session records it): PROMOTABLE at ",
         f"machine   {host.describe(record.host)}; FP8 attention {host.fp8_attention_ran(record.audits)}",
     ):
         assert expected in text

@@ -162,11 +162,14 @@ def test_a_corrupted_verdict_is_an_error_naming_the_file(tmp_path: Path) -> None
 
 
 def test_a_run_without_promotion_json_renders_and_says_no_verdict(tmp_path: Path) -> None:
+    """No verdict was recorded: the page says so first, then what the gates say of the evidence now, never
+    in the colours of a promotion."""
     folder = _copy(tmp_path / "run")
     report.write(folder)
     line = _verdict(_page(folder))
     assert line.startswith("No verdict recorded") and "promotion.json" in line
-    assert "PROMOTABLE" not in line
+    assert "judged now from its evidence (not a promotion until a session records it): PROMOTABLE at " in line
+    assert report.headline(report.load(folder))[0] == "none"
 
 
 def test_the_replayed_verdict_is_promotable(run: Path) -> None:
