@@ -212,7 +212,7 @@ def evidence_ranks(start: Evidence, contract: Contract, log_sizes: Mapping[str, 
     empty."""
     c = _Check("evidence-ranks", subject(start.start_index))
     tp = contract.engine.tensor_parallel
-    ranks = sorted((a.get("tp_rank") for a in start.audits), key=str)
+    ranks = sorted((a.get("tp_rank") for a in start.audits), key=_rank_order)
     c.observe(audited_ranks=ranks)
     c.expect(
         ranks == list(range(tp)),

@@ -974,3 +974,16 @@ def test_an_unquantized_kv_contract_wants_the_cache_in_the_model_dtype(recorded)
         set(gates.CATALOGUE) - set(gates.applicable_gates(reference)) == gates.SPECULATIVE_GATES | gates.FP8_ONLY_GATES
     )
     assert set(gates.applicable_gates(run.contract)) == set(gates.CATALOGUE)
+
+
+def test_ranks_past_ten_are_in_numeric_order(recorded: Run) -> None:
+    """TP 12: ranks 0..11 audited once each are every rank, not 0, 1, 10, 11, 2, ... (sorted as text)."""
+    run = recorded.clone()
+    data = run.contract.canonical()
+    data["engine"] = {**data["engine"], "tensor_parallel": 12}
+    contract = Contract.model_validate(data, strict=False)
+    start = run.starts[0]
+    start.audits = [{**start.audits[0], "tp_rank": r} for r in reversed(range(12))]
+    verdict = gates.evidence_ranks(start, contract)
+    assert verdict.observed["audited_ranks"] == list(range(12))
+    assert not any("audits from TP ranks" in reason for reason in verdict.reasons), verdict.reasons
