@@ -133,6 +133,21 @@ def _evidence_ranks(i: Inputs, s: Subject) -> Verdict:
     return gates.evidence_ranks(start, i.contract, sizes)
 
 
+def _of_rank(rule: Callable[[Evidence, int, Contract], Verdict]) -> Rule:
+    """A rule of (start, rank, contract), as the catalogue calls it."""
+    return lambda i, s: rule(_start(s), _rank(s), i.contract)
+
+
+def _of_start(rule: Callable[[Evidence, Contract], Verdict]) -> Rule:
+    """A rule of (start, contract)."""
+    return lambda i, s: rule(_start(s), i.contract)
+
+
+def _of_evidence(rule: Callable[[Evidence], Verdict]) -> Rule:
+    """A rule of the start's evidence alone."""
+    return lambda i, s: rule(_start(s))
+
+
 RANKS, PROMPT_GATES, RUN_GATES, EVIDENCE = (
     "test_rank_gates.py",
     "test_prompt_gates.py",
@@ -141,30 +156,10 @@ RANKS, PROMPT_GATES, RUN_GATES, EVIDENCE = (
 )
 CATALOGUE: tuple[Gate, ...] = (
     Gate("target-scale-audit", (START, TABLES), f"{RANKS}::test_target_scale_audit", _target_scale_audit),
-    Gate(
-        "draft-cache-audit",
-        (START,),
-        f"{RANKS}::test_draft_cache_audit",
-        lambda i, s: gates.draft_cache_audit(_start(s), _rank(s), i.contract),
-    ),
-    Gate(
-        "engine-resolution",
-        (START,),
-        f"{RANKS}::test_engine_resolution",
-        lambda i, s: gates.engine_resolution(_start(s), _rank(s), i.contract),
-    ),
-    Gate(
-        "compile-topology",
-        (START,),
-        f"{RANKS}::test_compile_topology",
-        lambda i, s: gates.compile_topology(_start(s), _rank(s), i.contract),
-    ),
-    Gate(
-        "launch-flags",
-        (START,),
-        f"{RANKS}::test_launch_flags",
-        lambda i, s: gates.launch_flags(_start(s), _rank(s), i.contract),
-    ),
+    Gate("draft-cache-audit", (START,), f"{RANKS}::test_draft_cache_audit", _of_rank(gates.draft_cache_audit)),
+    Gate("engine-resolution", (START,), f"{RANKS}::test_engine_resolution", _of_rank(gates.engine_resolution)),
+    Gate("compile-topology", (START,), f"{RANKS}::test_compile_topology", _of_rank(gates.compile_topology)),
+    Gate("launch-flags", (START,), f"{RANKS}::test_launch_flags", _of_rank(gates.launch_flags)),
     Gate("teacher-exactness", (START, SNAPSHOT), f"{PROMPT_GATES}::test_teacher_exactness", _teacher_exactness),
     Gate(
         "cold-prompt",
@@ -178,18 +173,8 @@ CATALOGUE: tuple[Gate, ...] = (
         f"{PROMPT_GATES}::test_token_count",
         lambda i, s: gates.token_count(_start(s), _prompt(s), i.contract),
     ),
-    Gate(
-        "metrics-agree",
-        (START,),
-        f"{RUN_GATES}::test_metrics_agree",
-        lambda i, s: gates.metrics_agree(_start(s), i.contract),
-    ),
-    Gate(
-        "spec-counters",
-        (START,),
-        f"{RUN_GATES}::test_spec_counters",
-        lambda i, s: gates.spec_counters(_start(s), i.contract),
-    ),
+    Gate("metrics-agree", (START,), f"{RUN_GATES}::test_metrics_agree", _of_start(gates.metrics_agree)),
+    Gate("spec-counters", (START,), f"{RUN_GATES}::test_spec_counters", _of_start(gates.spec_counters)),
     Gate("load-audit", (START, TABLES), f"{RUN_GATES}::test_load_audit", _load_audit),
     Gate(
         "fresh-start-reproduction",
@@ -197,18 +182,13 @@ CATALOGUE: tuple[Gate, ...] = (
         f"{RUN_GATES}::test_fresh_start_reproduction",
         lambda i, s: gates.reproduction(list(i.starts), i.contract),
     ),
-    Gate(
-        "evidence-start",
-        (START,),
-        f"{EVIDENCE}::test_the_start_succeeded",
-        lambda i, s: gates.evidence_start(_start(s)),
-    ),
+    Gate("evidence-start", (START,), f"{EVIDENCE}::test_the_start_succeeded", _of_evidence(gates.evidence_start)),
     Gate("evidence-ranks", (START, FOLDER), f"{EVIDENCE}::test_every_rank_was_audited_and_logged", _evidence_ranks),
     Gate(
         "evidence-metrics",
         (START,),
         f"{EVIDENCE}::test_metrics_were_scraped_before_and_after",
-        lambda i, s: gates.evidence_metrics(_start(s)),
+        _of_evidence(gates.evidence_metrics),
     ),
     Gate(
         "evidence-prompts",
@@ -220,25 +200,25 @@ CATALOGUE: tuple[Gate, ...] = (
         "evidence-teardown",
         (START,),
         f"{EVIDENCE}::test_teardown_left_no_process",
-        lambda i, s: gates.evidence_teardown(_start(s)),
+        _of_evidence(gates.evidence_teardown),
     ),
     Gate(
         "evidence-exposure",
         (START,),
         f"{EVIDENCE}::test_only_its_owner_could_reach_the_engine",
-        lambda i, s: gates.evidence_exposure(_start(s)),
+        _of_evidence(gates.evidence_exposure),
     ),
     Gate(
         "evidence-probe",
         (START,),
         f"{EVIDENCE}::test_the_collective_probe_passed_before_the_first_start",
-        lambda i, s: gates.evidence_probe(_start(s), i.contract),
+        _of_start(gates.evidence_probe),
     ),
     Gate(
         "evidence-logs",
         (START,),
         f"{EVIDENCE}::test_nothing_the_launcher_found_in_the_logs_is_ignored",
-        lambda i, s: gates.evidence_logs(_start(s)),
+        _of_evidence(gates.evidence_logs),
     ),
 )
 BY_NAME: dict[str, Gate] = {g.name: g for g in CATALOGUE}

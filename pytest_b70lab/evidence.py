@@ -112,6 +112,11 @@ class Failure(ClosedRecord):
     # line naming a dead process, ...).
     first_errors: list[str] = Field(default_factory=list)
 
+    @property
+    def first_line(self) -> str:
+        """The message's first line: what every surface names the failure by, before any root cause."""
+        return next((line.strip() for line in self.message.strip().splitlines()), "") or "no cause recorded"
+
 
 START_NONCE_ENV = "B70LAB_START_NONCE"
 

@@ -19,7 +19,7 @@ GATE_TESTS = "tests/gates"
 
 
 def _first_line(failure: Failure) -> str:
-    return next((line.strip() for line in failure.message.strip().splitlines()), "") or "no cause recorded"
+    return failure.first_line
 
 
 def blocked_by(

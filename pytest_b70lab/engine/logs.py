@@ -102,7 +102,7 @@ def failure_headline(failure: Failure) -> str:
     """A failure's first line, and the cause the engine's output names (root_cause over the error lines the
     launcher saw: the exception a rank raised, else the line naming a dead process, ...) with the process
     that wrote it: `...; cause on Worker_TP1_EP1: NotImplementedError: FP8 KV cache on CPU requires ...`."""
-    first = next((line.strip() for line in failure.message.strip().splitlines()), "") or "no cause recorded"
+    first = failure.first_line
     found = root_cause(failure.first_errors)
     if found is None:
         return first

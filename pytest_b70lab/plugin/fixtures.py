@@ -90,7 +90,7 @@ def collect_or_block(
     """The starts' evidence, or one failure that names the start, the cause and where to look: a start
     that could not begin (a model that fails its manifest, a missing checkpoint), or one that failed."""
     from ..engine.logs import failure_headline
-    from ..run_folder import kind_dir
+    from ..judge import blocked_by
 
     cause = None
     try:
@@ -107,18 +107,9 @@ def collect_or_block(
         cause = f"{type(e).__name__}: {e} (traceback: {where})"
     if cause is not None:  # outside the except clause: the message alone, no chained traceback
         block_session(request, state, f"{label}start-1 could not begin: {cause}")
-    for record in records:
-        if record.status != "ok":
-            failure = record.failure
-            phase = f" while {failure.phase}" if failure and failure.phase else ""
-            cause = failure_headline(failure) if failure else "no cause recorded"
-            folder = kind_dir(state.replay_dir or state.run_dir, record.role) / f"start-{record.start_index}"
-            block_session(
-                request,
-                state,
-                f"{label}start-{record.start_index} failed{phase}: {cause} "
-                f"(evidence and each rank's last lines: {folder / 'evidence.json'})",
-            )
+    # The in-process judge stops on the same message (judge.blocked_by): one wording for both.
+    if (blocked := blocked_by(records, state.replay_dir or state.run_dir, failure_headline)) is not None:
+        block_session(request, state, f"{label}{blocked}")
     return records
 
 
