@@ -203,7 +203,7 @@ def test_the_unquantized_kv_reference_is_the_teacher_without_the_kv_scheme() -> 
 def test_the_paired_tolerance_falls_back_and_keeps_older_digests() -> None:
     """Without a paired_tolerance the paired figure is held to throughput_tolerance and the digest is the one
     recorded before the field existed; setting it is a change of contract."""
-    mini = contract.load("mini-laguna-cpu-path")  # sequential, one tolerance for both figures
+    mini = contract.load("laguna-s-2.1-int4-fp8kv-b70")  # sequential, one tolerance for both figures
     assert mini.reproduction.paired_tolerance is None
     assert mini.reproduction.paired == mini.reproduction.throughput_tolerance
     assert "paired_tolerance" not in mini.canonical()["reproduction"]
