@@ -1,5 +1,5 @@
 """The gate catalogue: every gate and evidence check declared once, with what it reads, when it applies and how
-its rule is called. The pytest items of a gates session (tests/gates/) and the in-process judge (judge.py) both
+its rule is called. The pytest items of a gates session (plugin/suite/, collected in tests/gates/) and the in-process judge (judge.py) both
 judge through `Gate.check`, so a gate cannot be wired one way in a session and another in a sweep.
 
 The scopes are `gates.SCOPES` and the applicability `gates.inapplicable`: written there once, read here."""
@@ -62,7 +62,7 @@ Rule = Callable[[Inputs, Subject], Verdict]
 class Gate:
     name: str
     reads: tuple[str, ...]
-    test: str  # this repository's test of it, tests/gates/<file>::<function>: the node ids a session keeps
+    test: str  # its test in the shipped suite, <file>::<function> as collected in the gates folder: the node ids a session keeps
     rule: Rule
 
     @property

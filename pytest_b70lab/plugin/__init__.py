@@ -12,6 +12,7 @@ import pluggy
 import pytest
 
 from ..defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
+from .collect import DEFAULT_GATES_DIR, collect_gates_folder, gates_folder
 from .fixtures import (
     b70_cache_root,
     b70_checkpoints,
@@ -195,6 +196,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "b70_cache_dir", "where generated models and engine caches live (default $B70LAB_CACHE_DIR or ~/.cache/b70lab)"
     )
+    parser.addini(
+        "b70_gates_dir",
+        "folder the shipped gate suite is collected in, beside the teacher snapshots it keeps in __snapshots__/ "
+        f"(default {DEFAULT_GATES_DIR} once the ini or the command line names a contract or evidence)",
+    )
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -300,7 +306,18 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         if state.replay_dir is not None
         else f"run folder {state.run_dir} (made when a gate or quality test needs the engine)"
     )
-    return [f"b70lab: {contract}", f"b70lab: engine {', '.join(versions) or 'not installed'}", *fp8, f"b70lab: {where}"]
+    suite = []
+    if (folder := gates_folder(config)) is not None and not folder.is_dir():
+        suite = [
+            f"b70lab: no gates folder {folder}: the gate suite is collected there (create it, or set b70_gates_dir)"
+        ]
+    lines = [
+        f"b70lab: {contract}",
+        f"b70lab: engine {', '.join(versions) or 'not installed'}",
+        *fp8,
+        f"b70lab: {where}",
+    ]
+    return lines + suite
 
 
 @pytest.hookimpl(tryfirst=True)  # after the session's header (so the dry run shows it too), before collecting
@@ -320,6 +337,12 @@ def pytest_collection(session: pytest.Session) -> None:
     for line in text.splitlines():
         reporter.write_line(line) if reporter else print(line)
     pytest.exit("b70lab dry run: nothing launched", returncode=0)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """The gates folder holds the shipped suite (.suite) beside whatever test files the lab keeps there."""
+    return collect_gates_folder(path, parent)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

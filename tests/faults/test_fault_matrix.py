@@ -31,7 +31,9 @@ from pytest_b70lab.engine import probe
 pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = REPO / "fixtures" / "contracts" / "mini-laguna-cpu.toml"
-SMOKE = REPO / "tests" / "gates" / "test_evidence_complete.py"
+GATES = REPO / "tests" / "gates"
+# The evidence checks alone (the gate suite is the plugin's, collected in tests/gates: plugin/collect.py).
+SMOKE = (str(GATES), "-k", "test_evidence_complete")
 
 
 @dataclass
@@ -223,7 +225,7 @@ def _probe_ranks(run_dir: Path) -> list[psutil.Process]:
 
 
 def _run(
-    row: Row, tmp_path: Path, cache_root: Path, tests: tuple[str, ...] = (str(SMOKE),), contract: Path | None = None
+    row: Row, tmp_path: Path, cache_root: Path, tests: tuple[str, ...] = SMOKE, contract: Path | None = None
 ) -> tuple[int, str, float, Path, list[int]]:
     run_dir = tmp_path / "run"
     env = {**os.environ, "B70LAB_CACHE_DIR": str(cache_root)}
@@ -360,13 +362,13 @@ MINI_PAIRED_TOLERANCE = contract_mod.load("mini-laguna-cpu").reproduction.paired
 SLOWDOWN_PERCENT = 100
 SLOWDOWN = Row("start-2-decodes-slower", f"slow-decode:0:{SLOWDOWN_PERCENT}:2", 240, r"", ci=True)
 SLOWDOWN_PASSES = 1
-REPRODUCTION = REPO / "tests" / "gates" / "test_run_gates.py::test_fresh_start_reproduction"
+REPRODUCTION = (str(GATES), "-k", "test_fresh_start_reproduction")
 
 
 def test_a_slower_second_start_fails_reproduction(tmp_path: Path, b70_cache_root: Path) -> None:
     row = SLOWDOWN
     contract = _fault_contract(tmp_path, row.start_s, schedule="interleaved", passes=SLOWDOWN_PASSES)
-    code, out, wall, run_dir, _ = _run(row, tmp_path, b70_cache_root, tests=(str(REPRODUCTION),), contract=contract)
+    code, out, wall, run_dir, _ = _run(row, tmp_path, b70_cache_root, tests=REPRODUCTION, contract=contract)
     time.sleep(2)
     assert not _engine_processes(run_dir), f"{row.id}: engine processes outlived the session\n{out[-3000:]}"
     assert code == 1, f"{row.id}: exit {code}, expected 1 (a gate failed)\n{out[-3000:]}"

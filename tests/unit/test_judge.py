@@ -17,12 +17,14 @@ from test_gates import MUTATIONS, Run  # tests/unit/test_gates.py: the mutations
 from pytest_b70lab import catalogue, evidence, gates, judge, replay, verdict
 from pytest_b70lab.engine.logs import failure_headline
 from pytest_b70lab.engine.starts import tables_or_why
+from pytest_b70lab.plugin import suite
 from pytest_b70lab.run_folder import TABLES_COPY, read_starts
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLES = REPO / "fixtures" / "evidence"
 GATES = REPO / "tests" / "gates"
 SNAPSHOTS = GATES / "__snapshots__"
+SUITE = Path(suite.__file__).parent
 
 pytest_plugins = ["pytester"]
 
@@ -148,17 +150,17 @@ def test_the_catalogue_is_the_sessions_gate_tests(pytester: pytest.Pytester) -> 
 
 
 def test_the_markers_and_the_documented_table_are_the_catalogues() -> None:
-    """The catalogue is written once: each tests/gates test is marked with the gate the catalogue names for it,
+    """The catalogue is written once: each test of the shipped suite is marked with the gate the catalogue names for it,
     and docs/gates.md lists every gate with its scope, every evidence check by name."""
     import ast
 
     marked = {}
-    for path in GATES.glob("test_*.py"):
-        for node in ast.parse(path.read_text()).body:
+    for collected_as, module in suite.MODULES.items():
+        for node in ast.parse((SUITE / f"{module}.py").read_text()).body:
             if isinstance(node, ast.FunctionDef):
                 for d in node.decorator_list:
                     if isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "b70_gate":
-                        marked[f"{path.name}::{node.name}"] = d.args[0].value
+                        marked[f"{collected_as}::{node.name}"] = d.args[0].value
     assert marked == {g.test: g.name for g in catalogue.CATALOGUE}
     page = (REPO / "docs" / "gates.md").read_text()
     for g in catalogue.CATALOGUE:

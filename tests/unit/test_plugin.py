@@ -203,6 +203,7 @@ def pytest_runtest_setup(item):
 def test_a_worker_that_dies_leaves_the_run_not_promotable(pytester: pytest.Pytester) -> None:
     gates_copy = pytester.path / "gates"
     shutil.copytree(GATES, gates_copy, ignore=shutil.ignore_patterns("__pycache__"))
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nb70_gates_dir = "gates"\n')  # the suite is collected there
     victim = f"test_cold_prompt[start-2-{_first_prompt_id()}]"
     (gates_copy / "conftest.py").write_text(f"""
 import os

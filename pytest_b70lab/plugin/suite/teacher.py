@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_b70lab import teacher
+from ... import teacher
 
 pytestmark = pytest.mark.teacher
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pytest_b70lab import compare
-from pytest_b70lab.run_folder import Run, kind_dir
+from ... import compare
+from ...run_folder import Run, kind_dir
 
 pytestmark = [pytest.mark.gates, pytest.mark.b70_report_only]
 
