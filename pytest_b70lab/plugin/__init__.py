@@ -325,13 +325,13 @@ def pytest_collection(session: pytest.Session) -> None:
     config = session.config
     if not config.getoption("--b70-dry-run") or hasattr(config, "workerinput"):
         return
-    from ..contract import ContractError
     from ..engine.starts import describe
+    from ..errors import LabError
 
     state = config.stash[STATE]
     try:
         text = describe(state.contract, state.cache_root)
-    except ContractError as e:
+    except LabError as e:
         raise pytest.UsageError(str(e)) from e
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     for line in text.splitlines():

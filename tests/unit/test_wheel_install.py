@@ -4,10 +4,10 @@ run from the lab's repository, finds the repository's contracts, prompt sets and
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -20,11 +20,44 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _pinned_dependencies(wheel: Path) -> list[str]:
+    """The wheel's declared dependencies and theirs, each at the version requirements/lock.txt pins: what a
+    lab installing the wheel from the lock gets, resolved here without an index (the closure is read from the
+    project venv's installed metadata, the versions from the lock)."""
+    import email
+    import importlib.metadata as md
+    import re
+    import zipfile
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = email.message_from_bytes(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))))
+    pins = {
+        canonicalize_name(m[1]): m[2]
+        for line in (REPO / "requirements" / "lock.txt").read_text().splitlines()
+        if (m := re.match(r"([A-Za-z0-9_.\-]+)==([^\s;#]+)", line.strip()))
+    }
+    todo = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+    seen: set[str] = set()
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        todo += [Requirement(r) for r in md.requires(req.name) or []]
+    unpinned = sorted(seen - set(pins))
+    assert not unpinned, f"declared dependencies the lock does not pin: {unpinned} (make lock)"
+    return [f"{name}=={pins[name]}" for name in sorted(seen)]
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv holding the wheel built from a copy of the sources. Its other dependencies (pytest, pydantic,
-    vllm, torch: gigabytes) are the project venv's, reached through a .pth line: that adds the folder to
-    sys.path without running its own .pth files, so the checkout's editable hook stays out."""
+    """A fresh venv holding the wheel built from a copy of the sources and its declared dependencies, at the
+    lock's versions (pip's cache serves them after `make setup`): nothing of the project venv, so a
+    dependency used but not declared fails here. No engine: vllm and torch are the `cpu` extra's."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     src.mkdir()
@@ -52,10 +85,6 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     made = _run([sys.executable, "-m", "venv", "--without-pip", str(env)], cwd=tmp)
     assert made.returncode == 0, made.stderr
     python = env / "bin" / "python"
-    site = Path(
-        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).stdout.strip()
-    )
-    (site / "b70lab_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     put = _run(
         [
             sys.executable,
@@ -66,12 +95,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "install",
             "--quiet",
             "--no-deps",
-            "--no-index",
             str(wheel),
+            *_pinned_dependencies(wheel),
         ],
         cwd=tmp,
+        timeout=600,
     )
-    assert put.returncode == 0, put.stderr
+    assert put.returncode == 0, put.stderr[-3000:]
     return env
 
 
@@ -102,11 +132,8 @@ def test_contract_list_reads_the_repository_it_is_run_from(installed: Path, tmp_
     assert "Traceback" not in elsewhere.stderr
 
 
-@pytest.mark.parametrize("contract", ["laguna-s-2.1-int4-fp8kv-b70", "mini-laguna-cpu"])
-def test_a_dry_run_from_the_repository(installed: Path, contract: str) -> None:
-    """The production contract (hub models) and the embedded default (whose mini is found from its trained
-    weights under fixtures/mini/)."""
-    ran = _run(
+def _dry_run(installed: Path, contract: str) -> subprocess.CompletedProcess:
+    return _run(
         [
             str(installed / "bin" / "python"),
             "-P",
@@ -114,16 +141,79 @@ def test_a_dry_run_from_the_repository(installed: Path, contract: str) -> None:
             "pytest",
             "-p",
             "no:cacheprovider",
+            "--noconftest",  # the repository's own conftest wants its test tools (hypothesis), not the plugin's
             "--b70-dry-run",
             "--b70-contract",
             contract,
         ],
         cwd=REPO,
     )
+
+
+def test_a_dry_run_of_the_production_contract_from_the_repository(installed: Path) -> None:
+    contract = "laguna-s-2.1-int4-fp8kv-b70"
+    ran = _dry_run(installed, contract)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert f"contract {contract} (candidate)" in ran.stdout
     assert f"{installed}/bin/python -m pytest_b70lab.vllm_entry serve" in ran.stdout, (
         "the command must run the installed package's entry"
     )
     assert "b70lab dry run: nothing launched" in ran.stdout
-    assert "plugins: b70lab-0.1.0" in ran.stdout
+    assert re.search(r"^plugins: .*\bb70lab-0\.1\.0\b", ran.stdout, re.M), ran.stdout[:2000]
+
+
+def test_the_embedded_default_without_the_engine_says_what_to_install(installed: Path) -> None:
+    """The mini is named by its libraries' versions: the plugin alone (no `cpu` extra) cannot find it, and
+    says so in one line instead of a traceback."""
+    ran = _dry_run(installed, "mini-laguna-cpu")
+    assert ran.returncode == pytest.ExitCode.USAGE_ERROR, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "is not installed here: install the engine (the `cpu` extra" in ran.stderr
+    assert "Traceback" not in ran.stdout + ran.stderr and "INTERNALERROR" not in ran.stdout
+
+
+def _lab(root: Path) -> Path:
+    """A lab repository that only installs the plugin: a pyproject naming its contract, the contract and its
+    prompt set, the teacher snapshots, a copy of the committed bundle, and the B70 contract with its sets. No
+    test file: the gates are the wheel's."""
+    fixtures = REPO / "fixtures"
+    (root / "contracts").mkdir(parents=True)
+    shutil.copy(fixtures / "contracts" / "mini-laguna-cpu.toml", root / "contracts" / "candidate.toml")
+    shutil.copy(fixtures / "contracts" / "laguna-s-2.1-int4-fp8kv-b70.toml", root / "contracts" / "b70.toml")
+    for named in (
+        "prompts/mini-v3.jsonl",
+        "prompts/laguna-s-2.1-b70-v1.jsonl",
+        "quality/laguna-s-2.1-b70-quality-v1.jsonl",
+    ):
+        (root / "fixtures" / named).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(fixtures / named, root / "fixtures" / named)
+    shutil.copytree(REPO / "tests" / "gates" / "__snapshots__", root / "tests" / "gates" / "__snapshots__")
+    shutil.copytree(fixtures / "evidence" / "mini-laguna-cpu", root / "bundle")
+    (root / "pyproject.toml").write_text('[tool.pytest.ini_options]\nb70_contract = "contracts/candidate.toml"\n')
+    assert not list(root.rglob("*.py"))
+    return root
+
+
+def test_a_lab_folder_with_no_test_file_replays_the_bundle_and_dry_runs_the_b70_contract(
+    installed: Path, tmp_path: Path
+) -> None:
+    """Issue 36's lab: the same verdict line as this checkout's replay of the bundle, and the B70 launch."""
+    lab = _lab(tmp_path / "lab")
+    python = str(installed / "bin" / "python")
+    replay = _run(
+        [python, "-P", "-m", "pytest", "-m", "gates", "--b70-evidence=bundle", "-p", "no:cacheprovider"], cwd=lab
+    )
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
+    assert (
+        "PROMOTABLE at 125.75 / 143.36 tok/s median (start-1 / start-2) - contract mini-laguna-cpu "
+        "(79/79 required gate subjects passed)" in replay.stdout
+    )
+    assert "tests/gates/test_rank_gates.py" in replay.stdout, "the suite is collected in the lab's gates folder"
+    b70lab = str(installed / "bin" / "b70lab")
+    shown = _run([b70lab, "evidence", "show", "bundle"], cwd=lab)
+    assert shown.returncode == 0 and "verdict   PROMOTABLE at 125.75 / 143.36" in shown.stdout, shown.stderr[-2000:]
+    page = _run([b70lab, "report", "bundle"], cwd=lab)
+    assert page.returncode == 0 and (lab / "bundle" / "report.html").is_file(), page.stderr[-2000:]
+    dry = _run([python, "-P", "-m", "pytest", "--b70-dry-run", "--b70-contract", "contracts/b70.toml"], cwd=lab)
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    assert f"{installed}/bin/python -m pytest_b70lab.vllm_entry serve poolside/Laguna-S-2.1-INT4" in dry.stdout
+    assert "xpu profile: 4 ranks" in dry.stdout
