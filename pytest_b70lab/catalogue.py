@@ -64,14 +64,17 @@ class Gate:
     reads: tuple[str, ...]
     test: str  # its test in the shipped suite, <file>::<function> as collected in the gates folder: the node ids a session keeps
     rule: Rule
+    # A gate another plugin adds (hookspecs.pytest_b70lab_catalogue) says its scope here and applies to every
+    # contract; the catalogue's own take theirs from gates.SCOPES and gates.inapplicable.
+    declared_scope: str | None = None
 
     @property
     def scope(self) -> str:
-        return gates.SCOPES[self.name]
+        return self.declared_scope or gates.SCOPES[self.name]
 
     def inapplicable(self, contract: Contract) -> str | None:
         """Why the contract does not need this gate (its tests skip with it), or None."""
-        return gates.inapplicable(self.name, contract)
+        return None if self.declared_scope is not None else gates.inapplicable(self.name, contract)
 
     def check(self, inputs: Inputs, subject: Subject) -> Verdict:
         return self.rule(inputs, subject)
@@ -224,13 +227,14 @@ CATALOGUE: tuple[Gate, ...] = (
 BY_NAME: dict[str, Gate] = {g.name: g for g in CATALOGUE}
 
 
-def gate(name: str) -> Gate:
-    return BY_NAME[name]
+def gate(name: str, added: Mapping[str, Gate] | None = None) -> Gate:
+    """A gate of the catalogue, or of those other plugins `added`."""
+    return BY_NAME[name] if name in BY_NAME else (added or {})[name]
 
 
-def check(name: str, inputs: Inputs, subject: Subject) -> Verdict:
+def check(name: str, inputs: Inputs, subject: Subject, added: Mapping[str, Gate] | None = None) -> Verdict:
     """One gate on one subject; a check that cannot be judged is a failed verdict saying why."""
     try:
-        return gate(name).check(inputs, subject)
+        return gate(name, added).check(inputs, subject)
     except NotJudgeable as e:
         return Verdict(name, subject.name, False, [str(e)])

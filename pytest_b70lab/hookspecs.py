@@ -8,13 +8,14 @@ tests/unit/test_hooks.py is a worked example.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
+    from .catalogue import Gate
     from .verdict import Decision, QualityDecision
 
 
@@ -24,6 +25,15 @@ def pytest_b70lab_gates(config: pytest.Config) -> Mapping[str, str] | None:
     requires (name, subject) for every subject of that scope (each start's ranks or prompts, each start, or
     the run once), and `b70_gate(name)` accepts the name. A name of the catalogue, an unknown scope, or a
     name two plugins declare with different scopes is a usage error."""
+
+
+@pytest.hookspec
+def pytest_b70lab_catalogue(config: pytest.Config) -> Sequence[Gate] | None:
+    """Gates this plugin adds as catalogue entries, declared the way the catalogue's own are:
+    `catalogue.Gate(name, reads, test, rule, declared_scope=...)`, the rule a pure function of
+    `catalogue.Inputs` and `catalogue.Subject`. The verdict requires them as it requires a
+    pytest_b70lab_gates entry (the same usage errors); their tests call `b70_gate_check` like the suite's, and
+    `judge.judge(..., added=...)` judges them in-process with the same rule."""
 
 
 @pytest.hookspec

@@ -70,10 +70,14 @@ def _missing_start(inputs: catalogue.Inputs, index: int) -> str:
     )
 
 
-def outcomes(inputs: catalogue.Inputs, blocked: str | None = None) -> list[GateOutcome]:
-    """Every check of every applicable gate, as a session's reports would give them."""
+def outcomes(
+    inputs: catalogue.Inputs, blocked: str | None = None, added: Sequence[catalogue.Gate] = ()
+) -> list[GateOutcome]:
+    """Every check of every applicable gate (the catalogue's, then those other plugins `added`), as a
+    session's reports would give them."""
     found = []
-    for gate in catalogue.CATALOGUE:
+    extra = {g.name: g for g in added}
+    for gate in (*catalogue.CATALOGUE, *added):
         skip = gate.inapplicable(inputs.contract)
         for params, subject in subjects(gate, inputs.starts, inputs.contract, inputs.prompt_ids):
             test = f"{GATE_TESTS}/{gate.test}" + (f"[{params}]" if params else "")
@@ -91,7 +95,7 @@ def outcomes(inputs: catalogue.Inputs, blocked: str | None = None) -> list[GateO
             if skip is not None:
                 found.append(GateOutcome(test, gate.name, subject.name, "skipped", f"skipped: {skip}"))
                 continue
-            v = catalogue.check(gate.name, inputs, subject)
+            v = catalogue.check(gate.name, inputs, subject, extra)
             observed = {"b70_passed": v.passed, **v.observed}
             reasons = "" if v.passed else " | ".join(v.reasons)
             found.append(GateOutcome(test, v.gate, v.subject, "passed" if v.passed else "failed", reasons, observed))
@@ -113,11 +117,12 @@ def judge(
     prompt_ids: Sequence[str] | None = None,
     problems: Sequence[str] = (),
     headline: Callable[[Failure], str] = _first_line,
+    added: Sequence[catalogue.Gate] = (),
 ) -> Decision:
     """The Decision a gates session replaying `run_dir` under `contract` would reach. `tables` are the
     checkpoint tables (or why they cannot be read), `prompt_ids` the judged subset (--b70-prompts; the
     required pairs always come from the whole set), `problems` why the verdict cannot promote whatever the
-    gates say (replay.judged_contract's)."""
+    gates say (replay.judged_contract's), `added` the gates other plugins add (pytest_b70lab_catalogue)."""
     prompts = load_prompts(contract, fallback=run_dir / run_folder.PROMPTS_COPY)
     every = [p.id for p in prompts]
     judged = [p.id for p in select_prompts(prompts, list(prompt_ids), "prompts")] if prompt_ids else every
@@ -126,8 +131,8 @@ def judge(
     return Decision(
         contract.name,
         contract.digest,
-        gates.required_subjects(contract, every),
-        outcomes(inputs, blocked),
+        gates.required_subjects(contract, every, {g.name: g.scope for g in added}),
+        outcomes(inputs, blocked, added),
         list(problems),
         [blocked] if blocked else [],
     )

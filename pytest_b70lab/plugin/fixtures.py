@@ -332,14 +332,16 @@ def b70_gate_check(
     from .. import catalogue
 
     mark = request.node.get_closest_marker("b70_gate")
-    gate = catalogue.gate(mark.args[0]) if mark is not None and mark.args else None
+    added = request.config.stash[STATE].added_catalogue
+    name = mark.args[0] if mark is not None and mark.args else None
+    gate = catalogue.gate(name, added) if name in catalogue.BY_NAME or name in added else None
 
     def check(start: evidence_mod.Evidence | None = None, rank: int | None = None, prompt: str | None = None) -> None:
         if gate is None:
             pytest.fail(f"{request.node.nodeid}: b70_gate_check needs a b70_gate(NAME) of the catalogue", pytrace=False)
         if (why := gate.inapplicable(b70_gate_inputs.contract)) is not None:
             pytest.skip(why)
-        b70_verdict(catalogue.check(gate.name, b70_gate_inputs, catalogue.Subject(start, rank, prompt)))
+        b70_verdict(catalogue.check(gate.name, b70_gate_inputs, catalogue.Subject(start, rank, prompt), added))
 
     return check
 

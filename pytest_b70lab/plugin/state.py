@@ -3,10 +3,11 @@ first use, and the prompt and quality sets the gates are parametrized by."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -57,16 +58,34 @@ class LabState:
     blocked_reported: bool = False
     block_mark: Path | None = None  # on an xdist worker: the session's marker of who reported the block
     _extra_gates: dict[str, str] | None = None
+    _added_catalogue: dict[str, Any] | None = None
     # Why a replay cannot be promoted whatever its gates say (replay.judged_contract, a bundle recorded before
     # starts had an identity): the verdict's problems.
     contract_problems: list[str] = field(default_factory=list)
 
     @property
     def extra_gates(self) -> dict[str, str]:
-        """The gates other plugins add ({name: scope}, hookspec pytest_b70lab_gates), asked once."""
+        """The gates other plugins add ({name: scope}: hookspecs pytest_b70lab_gates and
+        pytest_b70lab_catalogue), asked once."""
         if self._extra_gates is None:
-            self._extra_gates = declared_gates(self.config)
+            self._extra_gates = declared_gates(self.config, self.added_catalogue)
         return self._extra_gates
+
+    @property
+    def added_catalogue(self) -> dict[str, Any]:
+        """The catalogue entries (catalogue.Gate) other plugins add (pytest_b70lab_catalogue), by name."""
+        if self._added_catalogue is None:
+            self._added_catalogue = {}
+            for answer in self.config.hook.pytest_b70lab_catalogue(config=self.config):
+                for gate in answer or ():
+                    if gate.declared_scope is None:
+                        pytest.exit(
+                            f"b70lab: a plugin's pytest_b70lab_catalogue: gate {gate.name!r} declares no scope "
+                            "(catalogue.Gate(..., declared_scope='rank' | 'prompt' | 'start' | 'run'))",
+                            returncode=pytest.ExitCode.USAGE_ERROR,
+                        )
+                    self._added_catalogue[gate.name] = gate
+        return self._added_catalogue
 
     @property
     def cache_root(self) -> Path:
@@ -155,11 +174,12 @@ def contract_setting(config: pytest.Config) -> str | None:
     return value or None
 
 
-def declared_gates(config: pytest.Config) -> dict[str, str]:
+def declared_gates(config: pytest.Config, catalogued: Mapping[str, Any] | None = None) -> dict[str, str]:
     from .. import gates
 
     declared: dict[str, str] = {}
-    for answer in config.hook.pytest_b70lab_gates(config=config):
+    answers = [*config.hook.pytest_b70lab_gates(config=config), {n: g.scope for n, g in (catalogued or {}).items()}]
+    for answer in answers:
         for name, scope in dict(answer or {}).items():
             if name in gates.SCOPES:
                 problem = f"{name!r} is a gate of the catalogue already"

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy  # noqa: F401  (loaded once here: pytester's in-process runs would import it anew in every run)
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,3 +142,76 @@ def test_a_gate_nobody_declared_is_refused_naming_the_declared_ones(pytester) ->
     result = pytester.runpytest("-p", "no:cacheprovider", "-m", "gates")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stdout.fnmatch_lines(["*b70_gate('first-token-latency') is not a gate of the catalogue*"])
+
+
+# The same gate declared the catalogue's way (pytest_b70lab_catalogue): its rule a pure function of the run's
+# inputs, its test one call of b70_gate_check, and the in-process judge takes the same entry.
+CATALOGUED_PLUGIN = """
+import os
+from pytest_b70lab import catalogue, gates
+
+def first_token_latency(inputs, subject):
+    limit = float(os.environ["FIRST_TOKEN_LIMIT_S"])
+    slowest = max(r.chunk_times[0] for r in subject.start.requests)
+    reasons = [] if slowest <= limit else [f"slowest first token {slowest:.3f} s > {limit} s"]
+    return gates.Verdict("first-token-latency", subject.name, not reasons, reasons, {"slowest_first_token_s": slowest})
+
+FIRST_TOKEN = catalogue.Gate(
+    "first-token-latency", (catalogue.START,), "test_latency.py::test_first_token_latency", first_token_latency,
+    declared_scope="start",
+)
+
+def pytest_b70lab_catalogue(config):
+    return [FIRST_TOKEN]
+"""
+
+CATALOGUED_TEST = """
+import pytest
+
+pytestmark = pytest.mark.gates
+
+@pytest.mark.b70_gate("first-token-latency")
+def test_first_token_latency(b70_start_evidence, b70_gate_check):
+    b70_gate_check(b70_start_evidence)
+"""
+
+
+def test_a_catalogued_plugin_gate_is_judged_alike_by_the_session_and_the_in_process_judge(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    from pytest_b70lab import judge, replay
+    from pytest_b70lab.engine.starts import tables_or_why
+    from pytest_b70lab.run_folder import read_starts
+
+    firsts = sorted(_first_tokens(start) for start in ("start-1", "start-2"))
+    pytester.makepyfile(catalogued_plugin=CATALOGUED_PLUGIN, test_latency=CATALOGUED_TEST)
+    pytester.syspathinsert()
+    monkeypatch.setenv("FIRST_TOKEN_LIMIT_S", str(sum(firsts) / 2))  # one start passes, the other fails
+    run = pytester.path / "run"
+    shutil.copytree(BUNDLE, run)
+    result = pytester.runpytest(
+        str(GATES), str(pytester.path / "test_latency.py"), "-m", "gates", f"--b70-evidence={run}",
+        "-p", "catalogued_plugin", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    session = json.loads((run / "promotion.json").read_text())
+    assert session["failed_gates"] == ["first-token-latency"]
+    assert ["first-token-latency", "start-2"] in session["required"]
+
+    plugin = importlib.import_module("catalogued_plugin")  # the plugin's own entry, as the sweep would import it
+    starts = read_starts(run)
+    contract, problems = replay.judged_contract(starts, run, None)
+    decision = judge.judge(
+        run,
+        contract,
+        starts,
+        tables=tables_or_why(run, contract, run / "no-cache"),
+        teacher_snapshots=GATES / "__snapshots__",
+        problems=problems,
+        added=[plugin.FIRST_TOKEN],
+    )
+    assert decision.failed_gates == session["failed_gates"]
+    assert sorted(map(list, decision.required)) == sorted(session["required"])
+    assert decision.promotable is session["promotable"] is False
