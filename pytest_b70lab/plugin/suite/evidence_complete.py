@@ -10,49 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+from ... import catalogue
+from .from_catalogue import gate_tests
+
 pytestmark = pytest.mark.gates
 
-
-@pytest.fixture
-def start(b70_start_evidence):
-    return b70_start_evidence
-
-
-@pytest.mark.b70_gate("evidence-start")
-def test_the_start_succeeded(start, b70_gate_check) -> None:
-    b70_gate_check(start)
-
-
-@pytest.mark.b70_gate("evidence-ranks")
-def test_every_rank_was_audited_and_logged(start, b70_gate_check) -> None:
-    b70_gate_check(start)  # a replayed bundle may carry the evidence without the logs: then only the evidence
-
-
-@pytest.mark.b70_gate("evidence-metrics")
-def test_metrics_were_scraped_before_and_after(start, b70_gate_check) -> None:
-    b70_gate_check(start)
-
-
-@pytest.mark.b70_gate("evidence-prompts")
-def test_every_prompt_produced_the_contract_token_count(start, b70_gate_check) -> None:
-    b70_gate_check(start)
-
-
-@pytest.mark.b70_gate("evidence-teardown")
-def test_teardown_left_no_process(start, b70_gate_check) -> None:
-    b70_gate_check(start)
-
-
-@pytest.mark.b70_gate("evidence-exposure")
-def test_only_its_owner_could_reach_the_engine(start, b70_gate_check) -> None:
-    b70_gate_check(start)
-
-
-@pytest.mark.b70_gate("evidence-probe")
-def test_the_collective_probe_passed_before_the_first_start(start, b70_gate_check) -> None:
-    b70_gate_check(start)
-
-
-@pytest.mark.b70_gate("evidence-logs")
-def test_nothing_the_launcher_found_in_the_logs_is_ignored(start, b70_gate_check) -> None:
-    b70_gate_check(start)
+# One test per gate of the catalogue held in this file (catalogue.EVIDENCE), made by from_catalogue.
+globals().update(gate_tests(catalogue.EVIDENCE))

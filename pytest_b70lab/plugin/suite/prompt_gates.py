@@ -1,23 +1,14 @@
 """Gates judged per fresh start and per prompt, from the streamed requests (teacher-exactness also from the
-teacher snapshot in __snapshots__/ beside this file, or --b70-teacher-snapshots), through the catalogue."""
+teacher snapshot in the gates folder's __snapshots__/, or --b70-teacher-snapshots), through the catalogue."""
 
 from __future__ import annotations
 
 import pytest
 
+from ... import catalogue
+from .from_catalogue import gate_tests
+
 pytestmark = pytest.mark.gates
 
-
-@pytest.mark.b70_gate("teacher-exactness")
-def test_teacher_exactness(b70_start_evidence, b70_prompt, b70_gate_check) -> None:
-    b70_gate_check(b70_start_evidence, prompt=b70_prompt)
-
-
-@pytest.mark.b70_gate("cold-prompt")
-def test_cold_prompt(b70_start_evidence, b70_prompt, b70_gate_check) -> None:
-    b70_gate_check(b70_start_evidence, prompt=b70_prompt)
-
-
-@pytest.mark.b70_gate("token-count")
-def test_token_count(b70_start_evidence, b70_prompt, b70_gate_check) -> None:
-    b70_gate_check(b70_start_evidence, prompt=b70_prompt)
+# One test per gate of the catalogue held in this file (catalogue.PROMPT_GATES), made by from_catalogue.
+globals().update(gate_tests(catalogue.PROMPT_GATES))
