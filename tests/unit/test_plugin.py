@@ -205,11 +205,16 @@ def test_a_worker_that_dies_leaves_the_run_not_promotable(pytester: pytest.Pytes
     shutil.copytree(GATES, gates_copy, ignore=shutil.ignore_patterns("__pycache__"))
     pytester.makepyprojecttoml('[tool.pytest.ini_options]\nb70_gates_dir = "gates"\n')  # the suite is collected there
     victim = f"test_cold_prompt[start-2-{_first_prompt_id()}]"
+    # The pause before dying lets the controller hand this worker its next tests while it still listens:
+    # xdist's load scheduler writes to a worker whose process has just gone, and ends in an INTERNALERROR
+    # (BrokenPipeError in its send_runtest_some), when the two cross (seen once in CI).
     (gates_copy / "conftest.py").write_text(f"""
 import os
+import time
 
 def pytest_runtest_call(item):
     if {victim!r} in item.nodeid:
+        time.sleep(1.0)
         os._exit(3)  # the worker dies mid-test, as an OOM kill or a native crash would end it
 """)
     run = pytester.path / "run"
