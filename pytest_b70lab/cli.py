@@ -283,7 +283,23 @@ def _probe_capability(args: argparse.Namespace) -> int:
         print(problem)
     if not problems:
         print(f"capability: nothing this machine would refuse for {c.name}")
+    print(_sandbox_capability())
     return 1 if problems else 0
+
+
+def _sandbox_capability() -> str:
+    """Which isolation gate 8's generated code gets here, and why any layer is missing (reported, not a
+    problem of the engine's: the quality lane refuses by itself where there is none)."""
+    from .quality import sandbox
+
+    layers = sandbox.os_layers()
+    missing = "; ".join(f"{layer}: {why}" for layer, why in sandbox.PROBE_FAILURES.items())
+    if not sandbox.has_os_layer(layers):
+        return (
+            "sandbox: NO OS isolation for generated code here; gate 8 refuses to run it unless "
+            f"--b70-allow-unisolated-code is given ({missing})"
+        )
+    return f"sandbox: generated code runs in {', '.join(layers)}" + (f"; not available: {missing}" if missing else "")
 
 
 def _evidence_show(args: argparse.Namespace) -> int:

@@ -64,6 +64,7 @@ class ProcStat:
     state: str  # R, S, D, Z (zombie), X (dead), ...
     pgid: int
     session: int
+    ppid: int = 0
 
     @property
     def live(self) -> bool:
@@ -90,9 +91,40 @@ def proc_stats() -> list[ProcStat]:
                 fields[0].decode(),
                 int(fields[2]),
                 int(fields[3]),
+                int(fields[1]),
             )
         )
     return rows
+
+
+def descendants(pid: int) -> list[ProcStat]:
+    """The live processes below `pid` (children, their children, ...), found by parent links in one listing."""
+    children: dict[int, list[ProcStat]] = {}
+    for p in proc_stats():
+        children.setdefault(p.ppid, []).append(p)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child.pid != pid and child.live:
+                found.append(child)
+            todo.append(child.pid)
+    return found
+
+
+def threads_of_user(uid: int) -> int:
+    """How many threads processes whose real user is `uid` have (what RLIMIT_NPROC counts)."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", encoding="ascii", errors="replace") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                count += int(fields["Threads"])
+        except (OSError, KeyError, ValueError, IndexError):
+            continue
+    return count
 
 
 def group_members(pgid: int) -> list[ProcStat]:

@@ -291,6 +291,10 @@ class QualityDecision:
     required: list[str]  # the figures of the contract's quality set
     outcomes: list[QualityOutcome]
     problems: list[str] = field(default_factory=list)
+    # the sandbox layers every run of generated code had (None: no code ran in this session), and whether
+    # running it with no OS layer was allowed (--b70-allow-unisolated-code)
+    sandbox_layers: list[str] | None = None
+    unisolated_allowed: bool = False
 
     @property
     def missing(self) -> list[str]:
@@ -345,7 +349,20 @@ def quality_summary(q: QualityDecision) -> list[tuple[str, dict[str, bool]]]:
                 {"yellow": True, "bold": True},
             )
         )
+    if q.sandbox_layers is not None:
+        lines.append(sandbox_line(q.sandbox_layers, q.unisolated_allowed))
     return lines
+
+
+def sandbox_line(layers: list[str], unisolated_allowed: bool) -> tuple[str, dict[str, bool]]:
+    """Which isolation the model-written code had: the OS layers, or a warning that there were none."""
+    from .quality.sandbox import has_os_layer
+
+    shown = ", ".join(layers) or "none"
+    if has_os_layer(layers):
+        return f"  generated code ran sandboxed: {shown}", {}
+    allowed = " (allowed by --b70-allow-unisolated-code)" if unisolated_allowed else ""
+    return f"  generated code ran WITHOUT OS isolation{allowed}: only {shown}", {"yellow": True, "bold": True}
 
 
 def quality_record(q: QualityDecision) -> dict[str, Any]:
@@ -357,6 +374,8 @@ def quality_record(q: QualityDecision) -> dict[str, Any]:
         "regressed": [o.figure for o in q.regressed],
         "not_judged": [o.figure for o in q.not_judged],
         "figures": [asdict(o) for o in sorted(q.outcomes, key=lambda o: o.figure)],
+        "sandbox_layers": q.sandbox_layers,
+        "unisolated_allowed": q.unisolated_allowed,
     }
 
 

@@ -189,6 +189,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="serve and judge only these prompts of the contract's set (a smoke run: the verdict "
         "stays incomplete, since a promotion needs every prompt)",
     )
+    group.addoption(
+        "--b70-allow-unisolated-code",
+        action="store_true",
+        help="let gate 8 run model-written code where this machine gives the sandbox no OS isolation (no "
+        "user, network, mount or PID namespace): rlimits and an audit hook only. Recorded in promotion.json "
+        "and printed in the quality verdict (also $B70LAB_ALLOW_UNISOLATED_CODE=1)",
+    )
     # What a lab pins in its pyproject.toml / pytest.ini; the options above override them. Relative paths
     # are relative to the ini file's folder.
     parser.addini("b70_contract", f"contract name or TOML path the gates judge (default {DEFAULT_CONTRACT})")

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
 from .state import (
     GATE_PROPERTY,
+    SANDBOX_PROPERTY,
     STATE,
     SUBJECT_PROPERTY,
+    UNISOLATED_PROPERTY,
     LabState,
     lab_errors,
     model_errors,
@@ -278,10 +280,25 @@ def b70_quality_scores(
                 )
             answers = scoring.answers_of(evidence.quality)
             cache[key] = (
-                scoring.score_all(b70_quality_samples, answers, scoring.limits_of(b70_contract.quality)),
+                scoring.score_all(b70_quality_samples, answers, scoring.limits_of(b70_contract.quality), run=sandboxed),
                 scoring.texts_of(answers),
             )
         return cache[key]
+
+    def sandboxed(program: str) -> Any:
+        """The sandbox, once it is known to isolate (or the lab allowed it not to); the layers each run used."""
+        from ..quality import sandbox
+
+        allowed = bool(b70_state.config.getoption("--b70-allow-unisolated-code"))
+        try:
+            layers = sandbox.require_isolation(allow_unisolated=allowed)
+        except sandbox.Unisolated as e:
+            pytest.fail(str(e), pytrace=False)
+        b70_state.unisolated_allowed = not sandbox.has_os_layer(layers)
+        result = sandbox.run_python(program)
+        if result.layers not in b70_state.sandbox_layers:
+            b70_state.sandbox_layers.append(result.layers)
+        return result
 
     return scores
 
@@ -294,6 +311,11 @@ def b70_quality_verdict(request: pytest.FixtureRequest) -> Callable[[object], No
     def judge(verdict) -> None:
         for key, value in verdict.observed.items():
             request.node.user_properties.append((key, value))
+        state = request.config.stash[STATE]
+        if state.sandbox_layers:  # this process ran generated code: the layers every run had
+            common = [layer for layer in state.sandbox_layers[0] if all(layer in s for s in state.sandbox_layers)]
+            request.node.user_properties.append((SANDBOX_PROPERTY, " ".join(common)))
+            request.node.user_properties.append((UNISOLATED_PROPERTY, state.unisolated_allowed))
         request.node.user_properties.append(("b70_quality_passed", verdict.passed))
         if not verdict.passed:
             request.node.user_properties.append(("b70_reasons", " | ".join(verdict.reasons)))

@@ -17,8 +17,10 @@ from .state import (
     GATE_PROPERTY,
     GATE_TEST_PROPERTY,
     QUALITY_PROPERTY,
+    SANDBOX_PROPERTY,
     SPEEDUP_PROPERTY,
     SUBJECT_PROPERTY,
+    UNISOLATED_PROPERTY,
     LabState,
     NoQuality,
     lab_errors,
@@ -99,6 +101,8 @@ class VerdictReporter:
         self.blocked: list[str] = []
         self.outcomes: dict[str, GateOutcome] = {}
         self.quality_outcomes: dict[str, QualityOutcome] = {}
+        self.sandbox_layers: list[list[str]] = []  # what each report that ran generated code said
+        self.unisolated_allowed = False
         self._decision: Decision | None = None
         self._quality: QualityDecision | None = None
         self.baseline_lines: list[str] = []
@@ -148,6 +152,9 @@ class VerdictReporter:
             self.findings.append(str(props[FINDING_PROPERTY]))
         if report.failed and BLOCKED_PROPERTY in props and str(props[BLOCKED_PROPERTY]) not in self.blocked:
             self.blocked.append(str(props[BLOCKED_PROPERTY]))
+        if report.when == "call" and SANDBOX_PROPERTY in props:
+            self.sandbox_layers.append(str(props[SANDBOX_PROPERTY]).split())
+            self.unisolated_allowed |= props.get(UNISOLATED_PROPERTY) in (True, "True")
         if report.when == "call" and report.passed and SPEEDUP_PROPERTY in props:
             import json
 
@@ -215,7 +222,14 @@ class VerdictReporter:
                 required = list(judge.keys_by_figure(quality_set(self.state.contract)))
             except unknowable as e:
                 problems.append(f"the required quality figures cannot be known: {e}")
-            self._quality = verdict.QualityDecision(required, list(self.quality_outcomes.values()), problems)
+            layers = (
+                [layer for layer in self.sandbox_layers[0] if all(layer in seen for seen in self.sandbox_layers)]
+                if self.sandbox_layers
+                else None
+            )
+            self._quality = verdict.QualityDecision(
+                required, list(self.quality_outcomes.values()), problems, layers, self.unisolated_allowed
+            )
         return self._quality
 
     @pytest.hookimpl(tryfirst=True)

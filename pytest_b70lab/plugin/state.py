@@ -29,6 +29,9 @@ WORKER_RUN_DIR = "b70lab_run_dir"
 WORKER_BLOCK_MARK = "b70lab_block_mark"
 # A quality test names the figure it judges (e.g. "long_context/near-max"): the quality verdict needs all.
 QUALITY_PROPERTY = "b70_quality_figure"
+# The sandbox layers the figure's generated code ran in (space-separated), and whether running it with no OS
+# layer was allowed: the quality verdict prints them, promotion.json keeps them.
+SANDBOX_PROPERTY, UNISOLATED_PROPERTY = "b70_sandbox_layers", "b70_sandbox_unisolated_allowed"
 NO_QUALITY = "not-judgeable"
 # Set on the report of the test that found the session cannot go on (a start that could not begin or
 # failed): the verdict, also on the xdist controller, then reads as that one cause.
@@ -52,6 +55,9 @@ class LabState:
     wants_quality: bool = False
     # quality (scores, texts) by evidence digest (coding runs code once)
     _scores: dict[str, tuple[dict, dict]] | None = None
+    # the sandbox layers generated code ran in this process (each distinct set once), and the allowance used
+    sandbox_layers: list[tuple[str, ...]] = field(default_factory=list)
+    unisolated_allowed: bool = False
     _tables: dict | str | None = None  # the checkpoint tables the gates read, or why they cannot be read
     blocked: str | None = None  # why no test that needs an engine's evidence can run (see block_session)
     stop_reason: str | None = None  # why the session stopped before it could judge (promotion.json says it)

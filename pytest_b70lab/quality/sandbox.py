@@ -9,13 +9,19 @@ may outlive its run. So the code runs in layers, each enough to stop the obvious
   (CPU, address space, file size, process count, no core); no-new-privileges; output kept to a tail; a
   wall-clock timeout; a Python audit hook that ends the program at the first write outside its folder,
   network use, process creation, signal to another process or ctypes use, with a marker on stderr;
-- as root, where the machine allows it (probed once, see `os_layers()`): a new network namespace (no
-  network at all), a new mount namespace with fresh tmpfs over /tmp, /var/tmp, /dev/shm and the folder
-  itself, a new PID namespace (the kernel kills and reaps everything when its first process ends), a pids
-  cgroup (bounds the process count, lists every process to kill), and the user `nobody`.
+- where the machine allows it (probed once, see `os_layers()`): a new network namespace (no network at
+  all), a new mount namespace in which every inherited mount is read-only and fresh tmpfs lie over /tmp,
+  /var/tmp, /dev/shm and the folder itself, a new PID namespace (the kernel kills and reaps everything when
+  its first process ends), and a pids cgroup where one is writable (bounds the process count, lists every
+  process to kill). As root the program then runs as the user `nobody`; as an ordinary user the namespaces
+  come from an unprivileged user namespace that maps only the user's own id, so the program holds no
+  capability and, the file system being read-only, cannot touch the user's files either.
 
-The audit hook is not a security boundary (CPython documents it so); as root the OS layers are, and the hook
-is what makes a blocked attempt show up as "blocked: ..." rather than as some OSError.
+The audit hook is not a security boundary (CPython documents it so); the OS layers are, and the hook is what
+makes a blocked attempt show up as "blocked: ..." rather than as some OSError. Why our own namespaces and not
+bubblewrap: without its setuid bit (Debian's default) bubblewrap asks the kernel for the same unprivileged
+user namespace, so it adds nothing where that is refused, and it would be one more program to install.
+Where no OS layer works, `require_isolation` refuses to run generated code unless told otherwise.
 
 A small launcher runs between this process and the program (this file run as a script, not a `preexec_fn`,
 which is unsafe with threads and cannot stay behind to reap): it unshares, mounts, becomes the child subreaper, forks the
@@ -41,20 +47,41 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-__all__ = ["SandboxResult", "run_python", "os_layers", "PROBE_FAILURES", "BASE_LAYERS", "OS_LAYERS"]
+__all__ = [
+    "SandboxResult",
+    "run_python",
+    "os_layers",
+    "require_isolation",
+    "Unisolated",
+    "PROBE_FAILURES",
+    "BASE_LAYERS",
+    "OS_LAYERS",
+    "USER_OS_LAYERS",
+    "ALLOW_UNISOLATED_ENV",
+]
 
 BLOCKED_STATUS = 97  # the audit hook's exit status; with the marker on stderr it means "blocked: ..."
 SETUP_STATUS = 125  # the launcher could not set up a layer it was asked for
 MARKER = "[b70lab-sandbox] "
 BASE_LAYERS = ("tempdir", "rlimits", "no-new-privs")
-OS_LAYERS = ("pids-cgroup", "netns", "mountns-tmpfs", "pidns", "unprivileged-user")
+# As root, in the order they are probed (each kept only if it works with the ones before it).
+OS_LAYERS = ("pids-cgroup", "netns", "mountns-tmpfs", "readonly-root", "pidns", "unprivileged-user")
+# As an ordinary user: the user namespace first, since the others need it.
+USER_OS_LAYERS = ("userns", "netns", "mountns-tmpfs", "readonly-root", "pidns", "pids-cgroup")
 PROBE_FAILURES: dict[str, str] = {}  # filled by os_layers(): why a layer is not used on this machine
+ALLOW_UNISOLATED_ENV = "B70LAB_ALLOW_UNISOLATED_CODE"  # "1": run generated code with no OS layer (recorded)
 
 # Linux constants the stdlib does not export (os.unshare and its CLONE_* arrive in Python 3.12).
-_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET, _CLONE_NEWUSER = 0x00020000, 0x20000000, 0x40000000, 0x10000000
+# mount_setattr(2) (Linux 5.12; one number on every architecture), to make every inherited mount read-only.
+_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 38, 36
 _THROWAWAY = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # world-writable places, tmpfs in the mount ns
+
+
+class Unisolated(Exception):
+    """No OS layer works here and running generated code without one was not allowed."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +251,27 @@ def run_python(
         )
 
 
+def require_isolation(allow_unisolated: bool = False) -> tuple[str, ...]:
+    """The OS layers generated code will run in; `Unisolated` when there are none and that was not allowed
+    (by the caller's option or ALLOW_UNISOLATED_ENV=1), saying what is missing and how to allow it."""
+    layers = os_layers()
+    if layers or allow_unisolated or os.environ.get(ALLOW_UNISOLATED_ENV) == "1":
+        return layers
+    why = "; ".join(f"{layer}: {reason}" for layer, reason in PROBE_FAILURES.items()) or "not Linux"
+    raise Unisolated(
+        "refusing to run model-written code with no OS isolation: this machine gave none of the user, network, "
+        f"mount and PID namespaces ({why}). Allow unprivileged user namespaces (sysctl "
+        "user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 or "
+        "kernel.apparmor_restrict_unprivileged_userns=0 where those exist) or run as root; or accept the risk "
+        f"with --b70-allow-unisolated-code (or {ALLOW_UNISOLATED_ENV}=1): the code then runs with rlimits and an "
+        "audit hook only, and the verdict says so"
+    )
+
+
+def has_os_layer(layers: tuple[str, ...] | list[str]) -> bool:
+    return bool(set(layers) & (set(OS_LAYERS) | set(USER_OS_LAYERS)))
+
+
 @functools.cache
 def os_layers() -> tuple[str, ...]:
     """The OS layers that work together on this machine, found once by a trivial run under each in turn.
@@ -231,16 +279,23 @@ def os_layers() -> tuple[str, ...]:
     A layer is kept only if a run with it and every layer kept before it passes, so a run never asks for a
     combination that was not seen working; why a layer was left out is in PROBE_FAILURES.
     """
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        PROBE_FAILURES["all"] = "not running as root on Linux: only " + ", ".join(BASE_LAYERS + ("audit-hook",))
+    if not sys.platform.startswith("linux"):
+        PROBE_FAILURES["all"] = "not Linux: only " + ", ".join(BASE_LAYERS + ("audit-hook",))
         return ()
+    root = os.geteuid() == 0
     kept: list[str] = []
-    for layer in OS_LAYERS:
+    for layer in OS_LAYERS if root else USER_OS_LAYERS:
         if layer == "pids-cgroup" and _pids_cgroup_parent() is None:
             PROBE_FAILURES[layer] = "no writable pids cgroup (v1 /sys/fs/cgroup/pids or v2 with +pids)"
             continue
         if layer == "unprivileged-user" and (_nobody() is None or _interpreter(for_others=True) is None):
             PROBE_FAILURES[layer] = "no user nobody, or no Python interpreter that nobody may run"
+            continue
+        if not root and layer != "userns" and "userns" not in kept:
+            PROBE_FAILURES[layer] = "needs the user namespace, which this machine refused to an ordinary user"
+            continue
+        if layer == "readonly-root" and "mountns-tmpfs" not in kept:
+            PROBE_FAILURES[layer] = "needs the mount namespace"
             continue
         trial = BASE_LAYERS + ("audit-hook",) + tuple(kept) + (layer,)
         try:
@@ -397,18 +452,23 @@ def _launch_config(
         "cgroup_procs": cgroup.procs_file if cgroup else None,
         "netns": "netns" in layers,
         "mountns": "mountns-tmpfs" in layers,
+        "readonly_root": "readonly-root" in layers,
         "pidns": "pidns" in layers,
+        "userns": "userns" in layers,
+        "real_ids": [os.getuid(), os.getgid()],
         "tmpfs_mb": file_mb,
         "rlimits": _rlimits(cpu_s, memory_mb, file_mb, max_pids, unprivileged=user is not None),
     }
 
 
 def _rlimits(cpu_s: int, memory_mb: int, file_mb: int, max_pids: int, *, unprivileged: bool) -> dict[str, list[int]]:
+    from .. import processes  # parent side only
+
     nproc = max_pids
     if not unprivileged and os.geteuid() != 0:
         # RLIMIT_NPROC counts every thread of the real user, not of this run: leave room for the ones the
         # user already has, or a developer's desktop session would use the whole allowance.
-        nproc += _threads_of_user(os.getuid())
+        nproc += processes.threads_of_user(os.getuid())
     mib = 1024 * 1024
     return {
         "RLIMIT_CORE": [0, 0],
@@ -469,22 +529,18 @@ def _teardown(proc: subprocess.Popen[bytes], cgroup: _PidsCgroup | None) -> int:
     orphan would go to this machine's init, which reaps only now and then), and with a PID namespace it is
     the namespace init's parent.
     """
-    import psutil  # not at module level: the launcher runs this file with -S, without site-packages
-
-    from .. import processes
+    from .. import processes  # parent side only: the launcher runs this file isolated, without the package
 
     if cgroup is not None:
         cgroup.kill()
     deadline = time.monotonic() + 5.0
     while True:
         victims: set[int] = set()
-        try:
-            launcher = psutil.Process(proc.pid)
-            for child in launcher.children():
+        below = processes.descendants(proc.pid)
+        for child in below:
+            if child.ppid == proc.pid:
                 processes.signal_group(child.pid)  # the program's own process group, in one atomic step
-            victims.update(p.pid for p in launcher.children(recursive=True))
-        except psutil.Error:
-            pass
+        victims.update(p.pid for p in below)
         if cgroup is not None:
             victims.update(cgroup.pids())
         victims.discard(proc.pid)
@@ -526,17 +582,6 @@ def _kill_session(sid: int) -> int:
             processes.signal_process(pid)
         time.sleep(0.02)
     return left
-
-
-def _threads_of_user(uid: int) -> int:
-    import psutil
-
-    count = 0
-    for p in psutil.process_iter(["uids", "num_threads"]):
-        uids, threads = p.info.get("uids"), p.info.get("num_threads")
-        if uids is not None and uids.real == uid and threads:
-            count += threads
-    return count
 
 
 def _reason(
@@ -791,6 +836,8 @@ def _private_tmp(libc: Any, config: dict[str, Any]) -> None:
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     size = f"size={config['tmpfs_mb']}m"
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE, None)  # nothing below propagates back to the host
+    if config["readonly_root"]:  # before the tmpfs: they are the only places left writable
+        _readonly_everything(libc)
     for place in _THROWAWAY:
         if os.path.isdir(place) and not os.path.islink(place):
             _mount(libc, "tmpfs", place, "tmpfs", flags, f"{size},mode=1777")
@@ -807,6 +854,61 @@ def _private_tmp(libc: Any, config: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _readonly_everything(libc: Any) -> None:
+    """Every mount of this namespace read-only, in one call (mount_setattr with AT_RECURSIVE)."""
+    import ctypes
+    import struct
+
+    attr = ctypes.create_string_buffer(struct.pack("QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0))  # struct mount_attr
+    libc.syscall.restype = ctypes.c_long
+    result = libc.syscall(
+        ctypes.c_long(_SYS_MOUNT_SETATTR),
+        ctypes.c_int(_AT_FDCWD),
+        b"/",
+        ctypes.c_uint(_AT_RECURSIVE),
+        attr,
+        ctypes.c_size_t(32),
+    )
+    _check(0 if result == 0 else -1, "mount_setattr(/, read-only, recursive)")
+
+
+def _map_own_ids(uid: int, gid: int) -> None:
+    """In a new user namespace: map only our own ids (all an ordinary user may map), no supplementary groups."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+class _SetupFailed(Exception):
+    """A layer could not be set up; the message names it."""
+
+
+def _isolate(libc: Any, config: dict[str, Any]) -> None:
+    """The namespaces, the user namespace's id maps and the mounts, in that order."""
+    stage = "namespaces"
+    try:
+        flags = (
+            (_CLONE_NEWUSER if config["userns"] else 0)
+            | (_CLONE_NEWNET if config["netns"] else 0)
+            | (_CLONE_NEWNS if config["mountns"] else 0)
+            | (_CLONE_NEWPID if config["pidns"] else 0)
+        )
+        if flags:
+            _check(libc.unshare(flags), "unshare")
+        if config["userns"]:
+            stage = "userns"
+            _map_own_ids(*config["real_ids"])
+        if config["mountns"]:
+            stage = "mountns-tmpfs"
+            _private_tmp(libc, config)
+        elif config["uid"] is not None:
+            stage = "unprivileged-user"
+            os.chown(config["box"], config["uid"], config["gid"])
+            os.chown(config["program"], config["uid"], config["gid"])
+    except BaseException as e:
+        raise _SetupFailed(f"{stage}: {e}") from e
+
+
 def _launch(config: dict[str, Any]) -> NoReturn:
     """The launcher's main: set up the layers, fork the program, reap everything, report its status."""
     status_fd: int = config["status_fd"]
@@ -816,39 +918,30 @@ def _launch(config: dict[str, Any]) -> NoReturn:
         os.write(status_fd, (json.dumps(message) + "\n").encode())
 
     stage = "launcher"
+    procs_fd = -1
     try:
         libc = _libc()
-        flags = (
-            (_CLONE_NEWNET if config["netns"] else 0)
-            | (_CLONE_NEWNS if config["mountns"] else 0)
-            | (_CLONE_NEWPID if config["pidns"] else 0)
-        )
-        if flags:
-            stage = "namespaces"
-            _check(libc.unshare(flags), "unshare")
-        if config["mountns"]:
-            stage = "mountns-tmpfs"
-            _private_tmp(libc, config)
-        elif config["uid"] is not None:
-            stage = "unprivileged-user"
-            os.chown(config["box"], config["uid"], config["gid"])
-            os.chown(config["program"], config["uid"], config["gid"])
+        if config["cgroup_procs"]:
+            # Opened now: the read-only root below would refuse the child's open. Not inherited by the program.
+            stage = "pids-cgroup"
+            procs_fd = os.open(config["cgroup_procs"], os.O_WRONLY)
+        _isolate(libc, config)
         stage = "subreaper"
         _check(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
         stage = "fork"
         child = os.fork()
     except BaseException as e:
-        report({"error": f"{stage}: {e}"})
+        report({"error": str(e) if isinstance(e, _SetupFailed) else f"{stage}: {e}"})
         os._exit(SETUP_STATUS)
     if child == 0:
         stage = "program start"
         try:
-            if config["cgroup_procs"]:
+            if procs_fd >= 0:
                 stage = "pids-cgroup"
                 # The child joins, not the launcher: killing everything in the cgroup must leave the launcher,
                 # which reaps what dies (this machine's init, like many container inits, is slow to reap).
-                with open(config["cgroup_procs"], "w") as f:
-                    f.write("0")
+                os.write(procs_fd, b"0")
+                os.close(procs_fd)
             stage = "program start"
             os.setpgid(0, 0)  # the program's own group: one killpg reaches it without the launcher
             if config["pidns"]:

@@ -580,6 +580,12 @@ def _quality(run: Run) -> Raw | None:
         "; ".join(q.get("problems") or []),
     ]
     parts.append(_p(f"QUALITY {status.upper()}" + "".join(f" - {d}" for d in details if d), f"verdict-text {cls}"))
+    layers = q.get("sandbox_layers")
+    if isinstance(layers, list):
+        from ..verdict import sandbox_line
+
+        line, markup = sandbox_line([str(x) for x in layers], bool(q.get("unisolated_allowed")))
+        parts.append(_p(line.strip(), "verdict-text incomplete" if markup else ""))
     rows = []
     for f in q.get("figures") or []:
         o = f.get("observed") or {}

@@ -337,13 +337,18 @@ def test_b70lab_probe_capability_for_the_mini(monkeypatch, capsys) -> None:
         monkeypatch.delenv(variable, raising=False)
     assert cli.main(["probe", "capability", "--contract", MINI]) == 0
     out = capsys.readouterr()
-    assert out.out == f"capability: nothing this machine would refuse for {MINI}\n"
+    capability_line, sandbox_line = out.out.splitlines()
+    assert capability_line == f"capability: nothing this machine would refuse for {MINI}"
+    # gate 8's sandbox: what this machine gives generated code (probed as this user), never an engine problem
+    from pytest_b70lab.quality import sandbox
+
+    assert sandbox_line.startswith("sandbox: ") and ", ".join(sandbox.os_layers()) in sandbox_line
     assert "FP8 attention here: native, the contract accepts either" in out.err
 
 
 def test_b70lab_probe_capability_for_the_production_contract_on_this_machine(capsys) -> None:
     assert cli.main(["probe", "capability", "--contract", PRODUCTION]) == 1
-    lines = capsys.readouterr().out.splitlines()
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("sandbox: ")]
     assert any(line.startswith("page size: needs block_size 32 with FLASH_ATTN on XPU") for line in lines), lines
     assert all(": needs " in line and "; fix: " in line for line in lines), lines
 

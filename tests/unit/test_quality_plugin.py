@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab import contract, evidence
-from pytest_b70lab.quality import baseline
+from pytest_b70lab.quality import baseline, sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
@@ -37,6 +37,7 @@ def _replay(pytester: pytest.Pytester, tests: Path = QUALITY, run: Path | None =
         f"--junitxml={junit}",
         "-p",
         "no:cacheprovider",
+        *extra,
     )
     return result, run, junit
 
@@ -63,6 +64,36 @@ def test_the_recorded_candidate_is_quality_ok(pytester: pytest.Pytester) -> None
     assert quality["status"] == "ok" and quality["missing"] == [] and len(quality["figures"]) == 8
     # Gate 8 never decides a promotion: this session ran no gate test.
     assert json.loads((run / "promotion.json").read_text())["promotable"] is False
+    # The coding samples ran in every OS layer this machine gives (probed again here, as the same user).
+    assert set(sandbox.os_layers()) | {"tempdir", "rlimits", "audit-hook"} <= set(quality["sandbox_layers"])
+    assert sandbox.has_os_layer(quality["sandbox_layers"]) and quality["unisolated_allowed"] is False
+    result.stdout.fnmatch_lines([f"*generated code ran sandboxed: {', '.join(quality['sandbox_layers'])}"])
+
+
+def test_with_no_os_layer_generated_code_runs_only_when_allowed(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine whose kernel refuses the namespaces (simulated by the probe's answer; the runs themselves are
+    real, with only the layers that need no privilege): gate 8 refuses, naming how to allow it; allowed, it
+    judges and the verdict and promotion.json say the code ran without OS isolation."""
+    monkeypatch.setattr(sandbox, "os_layers", lambda: ())
+    monkeypatch.setattr(sandbox, "PROBE_FAILURES", {"userns": "unshare: Operation not permitted"})
+    monkeypatch.delenv(sandbox.ALLOW_UNISOLATED_ENV, raising=False)
+    result, run, _ = _replay(pytester)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*refusing to run model-written code with no OS isolation*"])
+    quality = json.loads((run / "promotion.json").read_text())["quality"]
+    assert quality["status"] == "incomplete" and "coding" in quality["not_judged"], quality
+
+    allowed = pytester.path / "allowed"
+    shutil.copytree(BUNDLE, allowed)
+    result, run, _ = _replay(pytester, QUALITY, allowed, "--b70-allow-unisolated-code")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(
+        ["*QUALITY OK*", "*generated code ran WITHOUT OS isolation (allowed by --b70-allow-unisolated-code)*"]
+    )
+    quality = json.loads((run / "promotion.json").read_text())["quality"]
+    assert quality["unisolated_allowed"] is True and not sandbox.has_os_layer(quality["sandbox_layers"])
 
 
 def _tests_copy(pytester: pytest.Pytester) -> tuple[Path, Path]:
