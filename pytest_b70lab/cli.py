@@ -139,6 +139,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from .report import sweep as sweep_page
     from .sweep import plan, runner, table
 
+    asked = _sweep_arguments(args)
     base = contract.load(args.contract)
     args.rounds = base.reproduction.fresh_starts if args.rounds is None else args.rounds
     if args.rounds < 1:
@@ -155,11 +156,14 @@ def _sweep(args: argparse.Namespace) -> int:
         )
         return 1
     out = args.out.resolve()
+    if args.resume is not None:
+        runner.check_resumable(out, grid, runner.read_plan(out))
 
     def say(msg: str) -> None:
         print(f"b70lab: {msg}", file=sys.stderr, flush=True)
 
-    say(f"sweep of {base.name}: {len(grid)} variants x {args.rounds} rounds into {out}")
+    resuming = "resuming the " if args.resume is not None else ""
+    say(f"{resuming}sweep of {base.name}: {len(grid)} variants x {args.rounds} rounds into {out}")
     try:
         outcome = runner.run(
             base,
@@ -170,10 +174,13 @@ def _sweep(args: argparse.Namespace) -> int:
             say,
             prompt_ids,
             probe=not args.no_probe,
+            asked=asked,
+            resume=args.resume is not None,
         )
     except KeyboardInterrupt:  # the start in flight was torn down (run_start); what ran so far stays on disk
         print(
-            f"b70lab: sweep interrupted; no table was written; the starts so far are under {out / plan.VARIANTS}",
+            f"b70lab: sweep interrupted; no table was written; the starts so far are under {out / plan.VARIANTS}; "
+            f"continue with: b70lab sweep --resume {out}",
             file=sys.stderr,
         )
         return 130
@@ -208,6 +215,28 @@ def _sweep(args: argparse.Namespace) -> int:
     for problem in outcome.problems:
         print(f"b70lab: sweep problem: {problem}", file=sys.stderr)
     return 1 if outcome.problems else 0
+
+
+def _sweep_arguments(args: argparse.Namespace) -> dict:
+    """What the sweep is asked for, as plan.json keeps it; with --resume, read back from there into `args`."""
+    from .errors import LabError
+    from .sweep import runner
+
+    keys = ("contract", "vary", "named", "rounds", "prompts", "no_probe")
+    if args.resume is not None:
+        given = [k for k in ("contract", "vary", "named", "rounds", "prompts", "out") if getattr(args, k)]
+        if given or args.no_probe:
+            raise LabError(
+                f"--resume takes the sweep's arguments from {args.resume / 'plan.json'}: leave out "
+                + ", ".join("--" + k.replace("_", "-") for k in given or ["no-probe"])
+            )
+        record = runner.read_plan(args.resume)
+        for key in keys:
+            setattr(args, key, record.get(key))
+        args.out = args.resume
+    elif args.contract is None or args.out is None:
+        raise LabError("b70lab sweep needs --contract and --out (or --resume DIR to continue a sweep)")
+    return {key: getattr(args, key) for key in keys}
 
 
 def _contract_list(args: argparse.Namespace) -> int:
@@ -470,7 +499,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         "across them (A B C, C B A, ...), each variant gated by a replay; "
         "DIR/sweep.json, sweep.html, sweep-junit.xml",
     )
-    sweep_p.add_argument("--contract", required=True, help="the base contract (name or TOML path)")
+    sweep_p.add_argument("--contract", default=None, help="the base contract (name or TOML path); required")
     sweep_p.add_argument(
         "--vary",
         action="append",
@@ -487,7 +516,15 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         metavar="R",
         help="fresh starts per variant (default: the contract's fresh_starts; fewer leave every verdict incomplete)",
     )
-    sweep_p.add_argument("--out", type=Path, required=True, help="a new folder for the sweep")
+    sweep_p.add_argument("--out", type=Path, default=None, help="a new folder for the sweep; required")
+    sweep_p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="continue the interrupted sweep in DIR with what it was asked for (DIR/plan.json): every start that "
+        "ended is kept, every start cut off is discarded and run again, in the plan's order; nothing else is given",
+    )
     sweep_p.add_argument(
         "--prompts",
         default=None,

@@ -135,6 +135,7 @@ def judge(
         outcomes(inputs, blocked, added),
         list(problems),
         [blocked] if blocked else [],
+        tables_checked=dict(tables.get("checked") or {}) if isinstance(tables, Mapping) else {},
     )
 
 
@@ -148,11 +149,11 @@ def judge_folder(run_dir: Path, teacher_snapshots: Path, named: str | None = Non
     checkpoint tables of the folder's own copy (no checkpoint is read: the surfaces that call this show saved
     runs on any machine)."""
     from .evidence import EvidenceError
-    from .replay import judged_contract, recorded_before_identity
+    from .replay import damaged_copies, judged_contract, recorded_before_identity
 
     starts = run_folder.read_starts(run_dir)
     contract, problems = judged_contract(starts, run_dir, named)
-    problems += recorded_before_identity(starts, run_dir)
+    problems += recorded_before_identity(starts, run_dir) + damaged_copies(run_dir, contract)
     try:
         tables: Mapping[str, Any] | str = run_folder.read_tables(run_dir, contract) or (
             f"{run_dir} holds no copy of the checkpoint tables ({run_folder.TABLES_COPY})"

@@ -156,3 +156,26 @@ def major_faults(pid: int) -> int | None:
     # The command name (field 2) is in parentheses and may hold spaces: count from its closing one.
     fields = stat[stat.rfind(")") + 2 :].split()
     return int(fields[9]) if len(fields) > 9 else None
+
+
+def holding_files_under(folder: str | os.PathLike[str]) -> list[int]:
+    """The processes with a file under `folder` open (an engine's log, say): what is left of a start that was
+    cut off, whatever its process group became. Processes this user may not inspect are not seen."""
+    root = os.path.realpath(folder)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{name}/fd/{fd}")
+            except OSError:
+                continue
+            if target == root or target.startswith(root + "/"):
+                found.append(int(name))
+                break
+    return found

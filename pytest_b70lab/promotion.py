@@ -56,6 +56,8 @@ class Promotion(BaseModel):
     gates: list[dict[str, Any]] = Field(default_factory=list)  # every gate test's outcome, as verdict.GateOutcome
     speedup_over_target_only: dict[str, Any] | None = None
     quality: dict[str, Any] | None = None  # gate 8's own section (verdict.quality_record)
+    # per checkpoint part: "recomputed from ..." or "taken on trust: ..." (verdict.Decision.tables_checked)
+    checkpoint_tables_checked: dict[str, str] = Field(default_factory=dict)
 
     def as_json(self) -> str:
         return json.dumps(self.model_dump(mode="json", by_alias=True), indent=1, sort_keys=True, default=str) + "\n"

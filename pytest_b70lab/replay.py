@@ -15,7 +15,9 @@ from pathlib import Path
 
 from . import project
 from .contract import Contract, ContractError, load, resolve_path
+from .digests import bytes_sha256
 from .evidence import Evidence, EvidenceError
+from .run_folder import KIND_FOLDERS, PROMPTS_COPY, kind_dir
 
 # NAME@DIGEST: the recorded contract by its digest (a prefix of 12 or more hex digits is enough to name it).
 PINNED = re.compile(r"^(?P<name>[^@]+)@(?P<digest>[0-9a-f]{12,64})$")
@@ -88,6 +90,25 @@ def recorded_before_identity(starts: Sequence[Evidence], where: Path) -> list[st
         f"identity (a nonce its ranks echo): nothing shows that {'it was a fresh start' if len(old) == 1 else 'they were fresh starts'}; "
         f"re-record the run"
     ]
+
+
+def damaged_copies(run_dir: Path, contract: Contract) -> list[str]:
+    """Why the verdict cannot promote a run folder whose copy of the prompt set is not the set the contract
+    pins (sha256): the replay reads the repository's file where there is one, but the folder is damaged, and
+    its verdict must say so."""
+    out = []
+    for folder in [Path(run_dir), *(kind_dir(run_dir, kind) for kind in KIND_FOLDERS)]:
+        copy = folder / PROMPTS_COPY
+        if not copy.is_file():
+            continue
+        seen = bytes_sha256(copy.read_bytes())
+        if seen != contract.prompts.sha256:
+            out.append(
+                f"{copy}, the run's copy of the prompt set it was served, has sha256 {seen[:SHOWN_DIGEST]}, "
+                f"but contract {contract.name} pins {contract.prompts.sha256[:SHOWN_DIGEST]} "
+                f"(prompts.sha256): the run folder is damaged (edited after the run, or its copy is another set)"
+            )
+    return out
 
 
 def judged_contract(starts: Sequence[Evidence], where: Path, named: str | None) -> tuple[Contract, list[str]]:

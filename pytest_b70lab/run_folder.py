@@ -118,16 +118,21 @@ def read_starts(folder: Path, kind: str = "candidate") -> list[Evidence]:
     return list(starts)
 
 
+def tables_path(run_dir: Path, contract: Contract) -> Path:
+    """Where a run folder keeps the checkpoint tables of `contract`'s kind: a kind's own folder in a session's
+    run folder; the folder itself where a teacher or reference run is a run folder of its own (a sweep's
+    target-only variant, the recorded teacher bundle)."""
+    paths = [kind_dir(run_dir, contract.kind) / TABLES_COPY, Path(run_dir) / TABLES_COPY]
+    return next((p for p in paths if p.is_file()), paths[0])
+
+
 def read_tables(run_dir: Path, contract: Contract) -> dict[str, Any] | None:
     """The run folder's copy of the checkpoint tables (None when it has none), checked against the contract it
     was written for and against itself: an EvidenceError naming the file otherwise."""
     from . import checkpoint, evidence
 
-    # A kind's own folder in a session's run folder; the folder itself where a teacher or reference run is a
-    # run folder of its own (a sweep's target-only variant, the recorded teacher bundle).
-    paths = [kind_dir(run_dir, contract.kind) / TABLES_COPY, Path(run_dir) / TABLES_COPY]
-    path = next((p for p in paths if p.is_file()), None)
-    if path is None:
+    path = tables_path(run_dir, contract)
+    if not path.is_file():
         return None
     tables = evidence.read_json(path, "checkpoint tables", evidence.EvidenceError)
     if not isinstance(tables, dict) or "target" not in tables:

@@ -57,6 +57,9 @@ class Decision:
     blocked: list[str] = field(default_factory=list)
     # --b70-speedup: the candidate's paired speed-up over its target-only start (compare.speedup_figure).
     speedup: dict[str, Any] | None = None
+    # Per checkpoint part: "recomputed from ..." (the run folder's table copy matched its checkpoint) or
+    # "taken on trust: ..." (the checkpoint is not on this machine).
+    tables_checked: dict[str, str] = field(default_factory=dict)
 
     @property
     def by_pair(self) -> dict[Pair, list[GateOutcome]]:
@@ -228,6 +231,14 @@ def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool
                 )
     if d.speedup and not d.promotable:
         lines.append((f"  speed-up over target-only: {speedup_text(d.speedup)}; reported, not promoted", {}))
+    if trusted := {part: why for part, why in d.tables_checked.items() if why.startswith("taken on trust")}:
+        lines.append(
+            (
+                "  checkpoint tables taken on trust (no checkpoint here to recompute them from): "
+                + "; ".join(f"{part}: {why.removeprefix('taken on trust: ')}" for part, why in trusted.items()),
+                {"yellow": True},
+            )
+        )
     lines.append((f"evidence and promotion.json: {run_dir}", {}))
     return lines
 
@@ -254,6 +265,7 @@ def record(decision: Decision, run_dir: Path) -> dict[str, Any]:
         ],
         "gates": [asdict(o) for o in d.outcomes],
         "speedup_over_target_only": d.speedup,
+        "checkpoint_tables_checked": d.tables_checked,
     }
 
 

@@ -405,12 +405,97 @@ def tables_or_why(run_dir: Path, contract: Contract, cache_root: Path) -> dict[s
         return str(e)
 
 
+# What a table copy must share with its checkpoint's table (not "read": how long reading took, nor "source").
+TABLE_IDENTITY = ("files", "digest", "tensors", "kv_scales", "kv_scale_count", "kv_scale_digest", "quantization")
+
+
 def checkpoint_tables(run_dir: Path, contract: Contract, cache_root: Path) -> dict[str, Any]:
     """The checkpoint tables a run was judged against: the run folder's copy (written before its first
-    start, for this contract: run_folder.read_tables), else read anew from the checkpoints the contract names."""
+    start, for this contract: run_folder.read_tables), held to each checkpoint that is on this machine
+    (`checked` says, per part, whether it was or was taken on trust), else read anew from the checkpoints
+    the contract names."""
     if (tables := run_folder.read_tables(run_dir, contract)) is not None:
-        return tables
+        return _held_to_checkpoints(tables, run_dir, contract, cache_root)
     try:
         return resolve_models(contract, cache_root).tables
     except (contract_mod.ContractError, mini.MiniModelError) as e:
         return {"target": None, "draft": None, "problems": {"target": str(e), "draft": str(e)}}
+
+
+def tables_at_hand(contract: Contract, cache_root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Each part's table recomputed from its checkpoint where that is on this machine, building, exporting
+    and downloading nothing (a replay stays quick: a folder's files are read through the table cache); for
+    each other part, why not."""
+    found: dict[str, dict[str, Any]] = {}
+    missing: dict[str, str] = {}
+    parts = [("target", contract.target)] + ([("draft", contract.draft)] if contract.draft else [])
+    for part, source in parts:
+        try:
+            if source.source == "mini":
+                folder = mini.folder_for(cache_root / "mini")
+                if not (folder / mini.MANIFEST).is_file():
+                    missing[part] = (
+                        f"the mini {folder.name} is not built under {cache_root / 'mini'} (b70lab mini build)"
+                    )
+                    continue
+                manifest = mini.verify(folder)
+                found[part] = (
+                    checkpoint.read_table(folder / "reference", cache_root)
+                    if contract.kind == "reference"
+                    else checkpoint.table_from_mini_manifest(manifest, part)
+                )
+            elif source.source == "path":
+                folder = model_folder(source)
+                if not folder.is_dir():
+                    missing[part] = f"{part}.path {folder} is not on this machine"
+                    continue
+                found[part] = checkpoint.read_table(folder, cache_root)
+            else:
+                assert source.hub_id and source.revision
+                found[part] = checkpoint.read_table(checkpoint.hub_snapshot(source.hub_id, source.revision), cache_root)
+        except (checkpoint.CheckpointError, mini.MiniModelError, contract_mod.ContractError) as e:
+            missing[part] = str(e).splitlines()[0]
+    return found, missing
+
+
+def _held_to_checkpoints(tables: dict[str, Any], run_dir: Path, contract: Contract, cache_root: Path) -> dict[str, Any]:
+    """The copy, once each part whose checkpoint is at hand matches it; an EvidenceError naming the first
+    difference otherwise (a copy edited to agree with edited evidence, or a checkpoint changed since)."""
+    path = run_folder.tables_path(run_dir, contract)
+    found, missing = tables_at_hand(contract, cache_root)
+    checked: dict[str, str] = {}
+    for part in ("target", "draft"):
+        copy = tables.get(part)
+        if not isinstance(copy, dict):
+            continue
+        mine = found.get(part)
+        source = contract.target if part == "target" else contract.draft
+        if (
+            mine is not None
+            and source is not None
+            and source.source == "mini"
+            and mine.get("source") != copy.get("source")
+        ):
+            # another build of the mini (another recipe or library versions): not this run's checkpoint
+            missing[part] = f"the mini at hand is {mine.get('source')}, the run's was {copy.get('source')}"
+            mine = None
+        if mine is None:
+            checked[part] = f"taken on trust: {missing.get(part, 'no checkpoint at hand')}"
+            continue
+        differs = [key for key in TABLE_IDENTITY if copy.get(key) != mine.get(key)]
+        if differs:
+            detail = ""
+            if "tensors" in differs and isinstance(copy.get("tensors"), dict):
+                names = sorted(
+                    n
+                    for n in set(copy["tensors"]) | set(mine["tensors"])
+                    if copy["tensors"].get(n) != mine["tensors"].get(n)
+                )
+                detail = f" (tensor {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "") + ")"
+            raise evidence.EvidenceError(
+                f"checkpoint tables {path}: the {part} table is not its checkpoint's ({mine.get('source')}): "
+                f"{', '.join(differs)} differ{detail}. The copy was edited, or the checkpoint changed after the "
+                f"run; no gate is judged against it"
+            )
+        checked[part] = f"recomputed from {mine.get('source')}"
+    return {**tables, "checked": checked}

@@ -205,7 +205,14 @@ class VerdictReporter:
             except lab_errors() as e:
                 problems.append(f"the required gate subjects cannot be known: {e}")
             self._decision = verdict.Decision(
-                name, digest, required, list(self.outcomes.values()), problems, self.blocked, self.speedup
+                name,
+                digest,
+                required,
+                list(self.outcomes.values()),
+                problems,
+                self.blocked,
+                self.speedup,
+                self.state.tables_checked(),
             )
         return self._decision
 

@@ -108,14 +108,34 @@ class LabState:
 
         if self._contract is None:
             if self.replay_dir is not None:
-                from ..replay import judged_contract, recorded_before_identity
+                from ..replay import damaged_copies, judged_contract, recorded_before_identity
 
                 starts = self.replay_evidence()
                 self._contract, problems = judged_contract(starts, self.replay_dir, contract_setting(self.config))
-                self.contract_problems = problems + recorded_before_identity(starts, self.replay_dir)
+                self.contract_problems = (
+                    problems
+                    + recorded_before_identity(starts, self.replay_dir)
+                    + damaged_copies(self.replay_dir, self._contract)
+                )
             else:
                 self._contract = load(self.contract_name)
         return self._contract
+
+    def tables_checked(self) -> dict[str, str]:
+        """Per checkpoint part, whether the run folder's table copy was held to its checkpoint or taken on
+        trust (the verdict says which); {} where the tables cannot be read (their gates fail saying why)."""
+        try:
+            from ..engine.starts import tables_or_why
+
+            tables = (
+                self._tables
+                if self._tables is not None
+                else tables_or_why(self.run_dir, self.contract, self.cache_root)
+            )
+        except lab_errors():
+            return {}
+        checked = tables.get("checked") if isinstance(tables, dict) else None
+        return dict(checked) if isinstance(checked, dict) else {}
 
     def replay_evidence(self) -> list[evidence_mod.Evidence]:
         from ..run_folder import read_starts

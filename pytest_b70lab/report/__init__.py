@@ -198,6 +198,14 @@ def _identity(run: Run) -> Raw:
         ],
         ["reproduction", ", ".join(f"{k} {v}" for k, v in (canonical.get("reproduction") or {}).items())],
     ]
+    checked = (run.promotion or {}).get("checkpoint_tables_checked") or {}
+    rows.append(
+        [
+            "checkpoint tables",
+            "; ".join(f"{part}: {why}" for part, why in sorted(checked.items()))
+            or "not checked against the checkpoints by the recorded verdict (taken on trust)",
+        ]
+    )
     if other := sorted({s.contract.digest for s in run.starts} - {c.digest}):
         rows.append(["warning", f"the starts were recorded under different contracts: {', '.join(other)}"])
     commands: dict[str, list[str]] = {}

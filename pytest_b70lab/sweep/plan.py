@@ -6,6 +6,7 @@ DIR/variants/<variant>/teacher/  its own target-only teacher, when its target's 
 DIR/teachers/teacher-<digest>/   the snapshots recorded from those teachers (never the repository's)
 DIR/probe/, DIR/launches.log     the collective probe before the first start; one line per engine launched
 DIR/sweep.json, sweep.html, sweep-junit.xml   the table, its page, one JUnit test per variant
+DIR/plan.json                    what the sweep was asked for, written first: `b70lab sweep --resume DIR` reads it
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SWEEP_JSON = "sweep.json"
+PLAN_JSON = "plan.json"
+PLAN_SCHEMA = "b70lab.sweep-plan"
 # Spelled as the evidence's (`b70lab.evidence`, version N); until 2026-12-03 it read "b70lab-sweep/1".
 SWEEP_SCHEMA, SWEEP_VERSION = "b70lab.sweep", 1
 SWEEP_HTML = "sweep.html"

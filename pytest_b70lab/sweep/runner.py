@@ -4,12 +4,16 @@ verdict as `pytest -m gates --b70-evidence` of the folder)."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import contract as contract_mod
-from .. import evidence, project, replay, run_folder, teacher, verdict
+from .. import evidence, processes, project, replay, run_folder, teacher, verdict
 from .. import judge as judge_mod
 from ..contract import Contract
 from ..engine import starts as starts_mod
@@ -18,6 +22,8 @@ from ..errors import LabError
 from ..variants import Variant
 from .plan import (
     JUDGE_LOG,
+    PLAN_JSON,
+    PLAN_SCHEMA,
     SWEEP_JSON,
     VARIANTS,
     PlannedStart,
@@ -55,12 +61,13 @@ def needs_own_teacher(variant: Variant, base: Contract) -> bool:
     return variant.contract.kind == "candidate" and not variant.shares_teacher(base)
 
 
-def prepare(out: Path, variants: list[Variant]) -> None:
-    """A fresh sweep folder (a used one would mix two sweeps' starts) with every variant's contract written
-    as TOML, each read back to the same digest before anything starts."""
+def prepare(out: Path, variants: list[Variant], asked: dict[str, Any] | None = None) -> None:
+    """A fresh sweep folder (a used one would mix two sweeps' starts) with what the sweep was asked for
+    (plan.json: `asked`, and each variant's name and digest) and every variant's contract written as TOML,
+    each read back to the same digest before anything starts."""
     out = Path(out)
-    if (out / SWEEP_JSON).exists() or any((out / VARIANTS).glob("*")):
-        raise SweepError(f"{out} already holds a sweep: give --out a new folder")
+    if (out / SWEEP_JSON).exists() or (out / PLAN_JSON).exists() or any((out / VARIANTS).glob("*")):
+        raise SweepError(f"{out} already holds a sweep: give --out a new folder, or continue it with --resume {out}")
     for v in variants:
         path = contract_file(out, v.name)
         try:
@@ -69,12 +76,89 @@ def prepare(out: Path, variants: list[Variant]) -> None:
             variant_dir(out, v.name).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SweepError(f"cannot write {path}: {e.strerror or e}") from e
+        _check_contract_file(out, v)
+    record = {
+        "schema": PLAN_SCHEMA,
+        "version": 1,
+        **(asked or {}),
+        "variants": [{"name": v.name, "digest": v.contract.digest} for v in variants],
+    }
+    try:
+        (out / PLAN_JSON).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    except OSError as e:
+        raise SweepError(f"cannot write {out / PLAN_JSON}: {e.strerror or e}") from e
+
+
+def _check_contract_file(out: Path, v: Variant) -> None:
+    path = contract_file(out, v.name)
+    try:
         again = contract_mod.load(path)
-        if again.digest != v.contract.digest:
-            raise SweepError(
-                f"{path} reads back as digest {again.digest[:16]}, the variant is "
-                f"{v.contract.digest[:16]}: the contract does not survive TOML"
-            )
+    except contract_mod.ContractError as e:
+        raise SweepError(f"{path}: {str(e).splitlines()[0]}") from e
+    if again.digest != v.contract.digest:
+        raise SweepError(
+            f"{path} reads back as digest {again.digest[:16]}, the variant is "
+            f"{v.contract.digest[:16]}: the contract does not survive TOML, or was edited since the sweep began"
+        )
+
+
+def read_plan(out: Path) -> dict[str, Any]:
+    """What an interrupted sweep was asked for (plan.json), for --resume; a SweepError naming the file."""
+    path = Path(out) / PLAN_JSON
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SweepError(f"{out} holds no sweep to resume (no {PLAN_JSON})") from None
+    except (OSError, ValueError) as e:
+        raise SweepError(f"{path} cannot be read: {e}") from e
+    if not isinstance(record, dict) or record.get("schema") != PLAN_SCHEMA or record.get("version") != 1:
+        raise SweepError(f"{path} is not a sweep plan ({PLAN_SCHEMA}, version 1)")
+    if (Path(out) / SWEEP_JSON).exists():
+        raise SweepError(f"{out} is a finished sweep ({SWEEP_JSON} is written): nothing to resume")
+    return record
+
+
+def check_resumable(out: Path, variants: list[Variant], record: dict[str, Any]) -> None:
+    """The variants made again from the plan are the ones the sweep began with, and so are their files."""
+    planned = [(v.get("name"), v.get("digest")) for v in record.get("variants") or []]
+    now = [(v.name, v.contract.digest) for v in variants]
+    if planned != now:
+        raise SweepError(
+            f"{Path(out) / PLAN_JSON} planned {[n for n, _ in planned]}, the same arguments now make "
+            f"{[n for n, _ in now]} (or other digests): the base contract or the code that varies it changed "
+            f"since the sweep began; start a new sweep"
+        )
+    for v in variants:
+        _check_contract_file(out, v)
+
+
+def _kept(where: Path) -> str | None:
+    """The status of a start that ended before the interruption ("ok", or "failed: ..." for a start that
+    failed by itself), or None for one to run again: no evidence, evidence that does not read back whole,
+    or a start that was itself interrupted."""
+    try:
+        record = evidence.read(where / evidence.FILENAME)
+    except evidence.EvidenceError:
+        return None
+    if record.status == "ok":
+        return "ok"
+    message = record.failure.message if record.failure else "?"
+    return None if message.startswith("interrupted:") else "failed: " + message.splitlines()[0]
+
+
+def _discard(where: Path, say: Progress) -> None:
+    """Remove what an interrupted start left, once no process holds a file of it open (killed if needed)."""
+    if not where.exists():
+        return
+    deadline = time.monotonic() + 10.0
+    while holders := processes.holding_files_under(where):
+        if time.monotonic() > deadline:
+            raise SweepError(f"processes {holders} still hold files of {where} open after SIGKILL: cannot resume")
+        for pid in holders:
+            processes.signal_process(pid)
+        time.sleep(0.2)
+    say(f"sweep: discarding {where} (no complete evidence: it was cut off)")
+    shutil.rmtree(where)
 
 
 def run(
@@ -86,13 +170,18 @@ def run(
     progress: Progress | None = None,
     prompt_ids: list[str] | None = None,
     probe: bool = True,
+    *,
+    asked: dict[str, Any] | None = None,
+    resume: bool = False,
 ) -> Outcome:
     """Every planned start, then every variant judged. A variant whose start failed gets no later start
     (nothing past a failed start can be promoted); the others go on, so one broken variant costs the sweep
-    only its own starts."""
+    only its own starts. `resume`: the folder holds an interrupted sweep of these variants (check_resumable);
+    every start that ended before the interruption is kept, the rest run in the plan's order."""
     say = progress or (lambda _msg: None)
     out = Path(out)
-    prepare(out, variants)
+    if not resume:
+        prepare(out, variants, asked)
     by_name = {v.name: v for v in variants}
     own = [v.name for v in variants if needs_own_teacher(v, base)]
     outcome = Outcome(start_order([v.name for v in variants], rounds, own))
@@ -112,38 +201,63 @@ def run(
     broken: set[str] = set()
     for i, planned in enumerate(outcome.order, 1):
         label = planned.label()
+        v = by_name[planned.variant]
+        folder = variant_dir(out, v.name)
+        where = run_folder.start_dir(folder, "teacher", 1) if planned.own_teacher else folder / f"start-{planned.index}"
         if planned.variant in broken and not planned.own_teacher:
             outcome.status[label] = "not run: an earlier start of this variant failed"
             continue
-        v = by_name[planned.variant]
-        c = v.contract.teacher() if planned.own_teacher else v.contract
-        folder = variant_dir(out, v.name)
-        where = run_folder.start_dir(folder, "teacher", 1) if planned.own_teacher else folder / f"start-{planned.index}"
-        say(f"sweep: start {i} of {len(outcome.order)} (round {planned.round}): {label}")
-        record = starts_mod.run_start(
-            c,
-            teacher_models[v.name] if planned.own_teacher else models[v.name],
-            where,
-            cache_root / "engine-state",
-            planned.index,
-            say,
-            out / run_folder.LAUNCHES_LOG,
-            None,
-            probe_result,
-            prompt_ids,
-        )
-        if record.status == "ok":
-            outcome.status[label] = "ok"
+        kept = _kept(where) if resume else None
+        if kept is not None:
+            say(f"sweep: start {i} of {len(outcome.order)}: {label} kept from the interrupted sweep ({kept})")
+            outcome.status[label] = kept
         else:
-            outcome.status[label] = "failed: " + (record.failure.message.splitlines()[0] if record.failure else "?")
-            say(f"sweep: {label} {outcome.status[label]} (evidence: {where / evidence.FILENAME})")
-            if not planned.own_teacher:  # a failed teacher leaves its candidate unjudgeable, not unmeasured
-                broken.add(v.name)
+            if resume:
+                _discard(where, say)
+            say(f"sweep: start {i} of {len(outcome.order)} (round {planned.round}): {label}")
+            c = v.contract.teacher() if planned.own_teacher else v.contract
+            chosen = teacher_models[v.name] if planned.own_teacher else models[v.name]
+            outcome.status[label] = _one_start(
+                c, chosen, where, planned, out, cache_root, say, probe_result, prompt_ids
+            )
+        if outcome.status[label] != "ok" and not planned.own_teacher:
+            broken.add(v.name)  # a failed teacher leaves its candidate unjudgeable, not unmeasured
     for name in own:
         outcome.teachers[name] = _record_teacher(by_name[name], out, prompt_ids)
     for v in variants:
         outcome.judged[v.name] = judge(v, out, prompt_ids, v.name in own, cache_root, progress=say)
     return outcome
+
+
+def _one_start(
+    c: Contract,
+    models: starts_mod.ResolvedModels,
+    where: Path,
+    planned: PlannedStart,
+    out: Path,
+    cache_root: Path,
+    say: Progress,
+    probe_result: dict,
+    prompt_ids: list[str] | None,
+) -> str:
+    """One planned start, run; its status ("ok", or "failed: ...")."""
+    record = starts_mod.run_start(
+        c,
+        models,
+        where,
+        cache_root / "engine-state",
+        planned.index,
+        say,
+        out / run_folder.LAUNCHES_LOG,
+        None,
+        probe_result,
+        prompt_ids,
+    )
+    if record.status == "ok":
+        return "ok"
+    status = "failed: " + (record.failure.message.splitlines()[0] if record.failure else "?")
+    say(f"sweep: {planned.label()} {status} (evidence: {where / evidence.FILENAME})")
+    return status
 
 
 def _record_teacher(v: Variant, out: Path, prompt_ids: list[str] | None) -> list[str]:
@@ -178,7 +292,7 @@ def judge(
     try:
         starts = run_folder.read_starts(folder)
         contract, problems = replay.judged_contract(starts, folder, str(contract_file(out, v.name)))
-        problems += replay.recorded_before_identity(starts, folder)
+        problems += replay.recorded_before_identity(starts, folder) + replay.damaged_copies(folder, contract)
         decision = judge_mod.judge(
             folder,
             contract,

@@ -1,14 +1,17 @@
 """`b70lab sweep` end to end on the embedded default, as short as a sweep can be: the base and one variant that
-differs only in speculation (DFlash depth 3 instead of 11), one round, the two shortest prompts. One fresh start
-of the two the contract asks for, so every verdict must say incomplete; the files, the interleaved order, the
-replays' verdicts and the page opened in headless Chromium are checked against the evidence the starts wrote."""
+differs only in speculation (DFlash depth 3 instead of 11), one round, the two shortest prompts, interrupted by
+Ctrl-C during its second start and continued with `--resume`. One fresh start of the two the contract asks
+for, so every verdict must say incomplete; the files, the interleaved order, the replays' verdicts and the page
+opened in headless Chromium are checked against the evidence the starts wrote, as for an uninterrupted sweep."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -25,15 +28,18 @@ DEPTH = 3
 SHORTEST = ["code-publish-ladder", "prose-3"]  # 57 and 64 characters: the set's two shortest prompts
 
 
+def _sweep_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest_b70lab.cli", "sweep", *args]
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory, b70_cache_root: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """The smoke sweep as a lab meets it: Ctrl-C once its first start has ended and the second is starting,
+    then `b70lab sweep --resume`; every test below checks the resumed sweep as it would an uninterrupted one."""
     out = tmp_path_factory.mktemp("sweep") / "s"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_b70lab.cli",
-            "sweep",
+    env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}
+    first = subprocess.Popen(
+        _sweep_command(
             "--contract",
             BASE,
             "--out",
@@ -44,13 +50,29 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, b70_cache_root: Path) -> tup
             "1",
             "--prompts",
             ",".join(SHORTEST),
-            "--no-probe",
-        ],  # the probe is the gates lane's to test
+            "--no-probe",  # the probe is the gates lane's to test
+        ),
         cwd=REPO,
-        env={**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)},
-        capture_output=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=1200,
+    )
+    try:
+        deadline = time.monotonic() + 900
+        launches = out / "launches.log"
+        while not (launches.is_file() and len(launches.read_text().splitlines()) >= 2):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-4000:]
+            time.sleep(0.2)
+        first.send_signal(signal.SIGINT)
+        _, interrupted = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, interrupted[-4000:]
+    assert f"continue with: b70lab sweep --resume {out}" in interrupted
+    done = subprocess.run(
+        _sweep_command("--resume", str(out)), cwd=REPO, env=env, capture_output=True, text=True, timeout=1200
     )
     return out, done
 
@@ -62,7 +84,12 @@ def test_the_smoke_sweep_runs_every_start_and_writes_its_files(sweep) -> None:
     data = json.loads((out / plan.SWEEP_JSON).read_text())
     assert data["order"] == [f"{BASE} start-1", f"{variant} start-1"] and data["problems"] == []
     assert (out / plan.SWEEP_HTML).is_file() and (out / plan.JUNIT).is_file()
-    assert len((out / "launches.log").read_text().splitlines()) == 2, "one engine per planned start"
+    launched = (out / "launches.log").read_text().splitlines()
+    assert len(launched) == 3, "one engine per planned start, and the one cut off by Ctrl-C"
+    variant_start = f"{variant} start-1"
+    assert f"{BASE} start-1 kept from the interrupted sweep (ok)" in done.stderr, done.stderr[-3000:]
+    assert f"discarding {plan.variant_dir(out, variant) / 'start-1'}" in done.stderr
+    assert f"start 2 of 2 (round 1): {variant_start}" in done.stderr
     for name in (BASE, variant):
         folder = plan.variant_dir(out, name)
         assert [p.name for p in sorted(folder.glob("start-*"))] == ["start-1"]

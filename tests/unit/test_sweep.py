@@ -216,3 +216,50 @@ def test_a_sweep_it_cannot_run_is_refused_before_any_start(
     assert cli.main(["sweep", "--contract", "mini-laguna-cpu", "--out", str(tmp_path / "s"), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "s").exists(), "nothing was written"
+
+
+# --- resuming an interrupted sweep (the whole path, Ctrl-C and --resume: tests/engine/test_sweep_smoke.py) ---
+
+
+def test_resume_keeps_what_ended_and_runs_again_what_was_cut_off(tmp_path: Path) -> None:
+    """A start that ended (ok, or failed by itself) is kept; one with no evidence, damaged evidence, or
+    interrupted by Ctrl-C is run again."""
+    base = contract.load("mini-laguna-cpu")
+    grid = variants.grid(base, [])
+    runner.prepare(tmp_path, grid, {"contract": "mini-laguna-cpu", "rounds": 2})
+    assert runner.read_plan(tmp_path)["variants"] == [{"name": base.name, "digest": base.digest}]
+    runner.check_resumable(tmp_path, grid, runner.read_plan(tmp_path))
+    folder = plan.variant_dir(tmp_path, base.name)
+    shutil.copytree(BUNDLES / "mini-laguna-cpu", folder, dirs_exist_ok=True)
+    assert runner._kept(folder / "start-1") == "ok"
+    assert runner._kept(folder / "start-3") is None, "never ran"
+    cut = evidence.read(folder / "start-2")
+    cut.status, cut.failure = "failed", evidence.Failure(message="interrupted: KeyboardInterrupt: ")
+    evidence.write(cut, folder / "start-2")
+    assert runner._kept(folder / "start-2") is None
+    cut.failure = evidence.Failure(message="engine not ready after 5 s (deadline)")
+    evidence.write(cut, folder / "start-2")
+    assert runner._kept(folder / "start-2") == "failed: engine not ready after 5 s (deadline)"
+    (folder / "start-2" / evidence.FILENAME).write_text("{ torn")
+    assert runner._kept(folder / "start-2") is None
+    runner._discard(folder / "start-2", lambda _msg: None)
+    assert not (folder / "start-2").exists()
+
+
+def test_resume_refuses_what_it_cannot_continue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sweep", "--resume", str(tmp_path)]) == 2
+    assert "holds no sweep to resume (no plan.json)" in capsys.readouterr().err
+    assert cli.main(["sweep", "--resume", str(tmp_path), "--contract", "mini-laguna-cpu"]) == 2
+    assert "leave out --contract" in capsys.readouterr().err
+    assert cli.main(["sweep", "--out", str(tmp_path / "s")]) == 2
+    assert "needs --contract and --out (or --resume DIR" in capsys.readouterr().err
+    base = contract.load("mini-laguna-cpu")
+    runner.prepare(tmp_path / "s", variants.grid(base, []), {"contract": "mini-laguna-cpu"})
+    with pytest.raises(runner.SweepError, match="continue it with --resume"):
+        runner.prepare(tmp_path / "s", variants.grid(base, []))
+    other = variants.grid(base, ["speculative.num_speculative_tokens=3"])
+    with pytest.raises(runner.SweepError, match="planned"):
+        runner.check_resumable(tmp_path / "s", other, runner.read_plan(tmp_path / "s"))
+    (tmp_path / "s" / plan.SWEEP_JSON).write_text("{}")
+    with pytest.raises(runner.SweepError, match="is a finished sweep"):
+        runner.read_plan(tmp_path / "s")
