@@ -296,8 +296,7 @@ def b70_quality_scores(
             pytest.fail(str(e), pytrace=False)
         b70_state.unisolated_allowed = not sandbox.has_os_layer(layers)
         result = sandbox.run_python(program)
-        if result.layers not in b70_state.sandbox_layers:
-            b70_state.sandbox_layers.append(result.layers)
+        b70_state.sandbox_layers = sandbox.common_layers(b70_state.sandbox_layers, result.layers)
         return result
 
     return scores
@@ -312,9 +311,8 @@ def b70_quality_verdict(request: pytest.FixtureRequest) -> Callable[[object], No
         for key, value in verdict.observed.items():
             request.node.user_properties.append((key, value))
         state = request.config.stash[STATE]
-        if state.sandbox_layers:  # this process ran generated code: the layers every run had
-            common = [layer for layer in state.sandbox_layers[0] if all(layer in s for s in state.sandbox_layers)]
-            request.node.user_properties.append((SANDBOX_PROPERTY, " ".join(common)))
+        if state.sandbox_layers is not None:  # this process ran generated code: the layers every run had
+            request.node.user_properties.append((SANDBOX_PROPERTY, " ".join(state.sandbox_layers)))
             request.node.user_properties.append((UNISOLATED_PROPERTY, state.unisolated_allowed))
         request.node.user_properties.append(("b70_quality_passed", verdict.passed))
         if not verdict.passed:

@@ -101,7 +101,7 @@ class VerdictReporter:
         self.blocked: list[str] = []
         self.outcomes: dict[str, GateOutcome] = {}
         self.quality_outcomes: dict[str, QualityOutcome] = {}
-        self.sandbox_layers: list[list[str]] = []  # what each report that ran generated code said
+        self.sandbox_layers: list[str] | None = None  # the layers every report that ran generated code named
         self.unisolated_allowed = False
         self._decision: Decision | None = None
         self._quality: QualityDecision | None = None
@@ -153,7 +153,9 @@ class VerdictReporter:
         if report.failed and BLOCKED_PROPERTY in props and str(props[BLOCKED_PROPERTY]) not in self.blocked:
             self.blocked.append(str(props[BLOCKED_PROPERTY]))
         if report.when == "call" and SANDBOX_PROPERTY in props:
-            self.sandbox_layers.append(str(props[SANDBOX_PROPERTY]).split())
+            from ..quality.sandbox import common_layers
+
+            self.sandbox_layers = common_layers(self.sandbox_layers, str(props[SANDBOX_PROPERTY]).split())
             self.unisolated_allowed |= props.get(UNISOLATED_PROPERTY) in (True, "True")
         if report.when == "call" and report.passed and SPEEDUP_PROPERTY in props:
             import json
@@ -229,13 +231,8 @@ class VerdictReporter:
                 required = list(judge.keys_by_figure(quality_set(self.state.contract)))
             except unknowable as e:
                 problems.append(f"the required quality figures cannot be known: {e}")
-            layers = (
-                [layer for layer in self.sandbox_layers[0] if all(layer in seen for seen in self.sandbox_layers)]
-                if self.sandbox_layers
-                else None
-            )
             self._quality = verdict.QualityDecision(
-                required, list(self.quality_outcomes.values()), problems, layers, self.unisolated_allowed
+                required, list(self.quality_outcomes.values()), problems, self.sandbox_layers, self.unisolated_allowed
             )
         return self._quality
 

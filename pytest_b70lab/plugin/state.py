@@ -55,8 +55,8 @@ class LabState:
     wants_quality: bool = False
     # quality (scores, texts) by evidence digest (coding runs code once)
     _scores: dict[str, tuple[dict, dict]] | None = None
-    # the sandbox layers generated code ran in this process (each distinct set once), and the allowance used
-    sandbox_layers: list[tuple[str, ...]] = field(default_factory=list)
+    # the sandbox layers every run of generated code had in this process (None: none ran), and the allowance
+    sandbox_layers: list[str] | None = None
     unisolated_allowed: bool = False
     _tables: dict | str | None = None  # the checkpoint tables the gates read, or why they cannot be read
     blocked: str | None = None  # why no test that needs an engine's evidence can run (see block_session)

@@ -272,6 +272,11 @@ def has_os_layer(layers: tuple[str, ...] | list[str]) -> bool:
     return bool(set(layers) & (set(OS_LAYERS) | set(USER_OS_LAYERS)))
 
 
+def common_layers(seen: list[str] | None, layers: tuple[str, ...] | list[str]) -> list[str]:
+    """The layers every run had: `seen` (None before the first run) narrowed by one more run's `layers`."""
+    return list(layers) if seen is None else [layer for layer in seen if layer in layers]
+
+
 @functools.cache
 def os_layers() -> tuple[str, ...]:
     """The OS layers that work together on this machine, found once by a trivial run under each in turn.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy  # noqa: F401  (loaded once here: pytester's in-process runs would import it anew in every run)
 import pytest
+import torch  # noqa: F401  (likewise: a replay imports it, and a second import after pytester drops it crashes)
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
