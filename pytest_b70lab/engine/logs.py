@@ -64,8 +64,8 @@ class TracebackEnds:
 
     def feed(self, line: str) -> str | None:
         tag, body = split_line(line)
-        if UNRAISABLE in body:
-            self._ignored[tag] = self._ignored.get(tag, 0) + 1
+        if notices := body.count(UNRAISABLE):  # two ranks' notices can land on one line, each its own traceback
+            self._ignored[tag] = self._ignored.get(tag, 0) + notices
         if body.startswith(TRACEBACK):
             pending = self._ignored.get(tag, 0)
             self._open[tag] = not pending

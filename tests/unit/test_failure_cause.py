@@ -144,6 +144,23 @@ def test_a_chained_exception_names_the_first_one_raised() -> None:
     assert root_cause(lines) == ("Worker_TP0", "KeyError: 'kv_cache'")
 
 
+def test_two_ignored_notices_on_one_line_ignore_both_tracebacks() -> None:
+    """Two ranks' unraisable notices written onto one line (seen in a TP4 start's log while it compiled:
+    `Exception ignored in: Exception ignored in: <function CPUDNNLGEMMHandler.__del__ ...>`), then their two
+    tracebacks: neither RecursionError is an exception a process raised."""
+    lines = [
+        "Exception ignored in: Exception ignored in: <function CPUDNNLGEMMHandler.__del__ at 0x7fa1bcc00040>",
+        "Traceback (most recent call last):",
+        '  File "vllm/_custom_ops.py", line 1, in __del__',
+        "Traceback (most recent call last):",
+        '  File "vllm/_custom_ops.py", line 1, in __del__',
+        "RecursionError: maximum recursion depth exceeded in comparison",
+        "RecursionError: maximum recursion depth exceeded in comparison",
+    ]
+    ends = TracebackEnds()
+    assert [ends.feed(line) for line in lines] == [None, ends.IGNORED, None, ends.IGNORED, None, None, None]
+
+
 @pytest.mark.parametrize(
     ("errors", "cause"),
     [
