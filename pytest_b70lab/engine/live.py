@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract as contract_mod
-from .. import evidence, host
+from .. import disk, evidence, host
 from ..contract import Contract
 from ..quality.samples import QualitySample
 from .client import EngineRequestError, audit, metrics_text, quality_answer, served_model, stream_completion
@@ -183,6 +183,7 @@ class LiveStart:
         """One gate prompt, streamed; the caller decides where the evidence keeps it. The harness's own garbage
         collector is off while the tokens are timed: a full collection here takes ~0.1 s once torch is imported
         (it is: the mini build), long enough to hold back a chunk and bunch the next ones."""
+        self.server.check_writes()
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -293,4 +294,27 @@ def _finish(server: EngineServer, record: evidence.Evidence, start_dir: Path) ->
             message="engine processes outlived teardown: "
             + ", ".join(f"pid {p.pid} {p.name}" for p in report.survivors())
         )
-    evidence.write(record, start_dir)
+    _write_evidence(record, start_dir, disk_full=server.write_error is not None)
+
+
+def _write_evidence(record: evidence.Evidence, start_dir: Path, disk_full: bool) -> None:
+    """The evidence, written whole or not at all (evidence.write is atomic). On a full disk the run's reserve
+    (disk.hold_reserve) is given back first, so that the failed start's evidence says why."""
+    if disk_full:
+        disk.release_reserve(start_dir)
+    try:
+        evidence.write(record, start_dir)
+        return
+    except OSError as e:
+        if not disk.is_full(e):
+            raise
+        first = e
+    if disk.release_reserve(start_dir):
+        with contextlib.suppress(OSError):
+            evidence.write(record, start_dir)
+            return
+    why = record.failure.first_line if record.failure else f"start-{record.start_index} was {record.status}"
+    raise disk.DiskFullError(
+        f"start-{record.start_index}'s evidence could not be written ({why}): "
+        f"{disk.full_message(start_dir / evidence.FILENAME, first, start_dir.parent)}"
+    )

@@ -78,10 +78,16 @@ class TracebackEnds:
         return None
 
 
+# What the launcher writes before a line of its own about a process the kernel's OOM killer killed (oom.PREFIX).
+OUT_OF_MEMORY = "out of memory: "
+
+
 def root_cause(errors: list[str]) -> tuple[str | None, str] | None:
     """Which of a failed start's error lines (EngineServer.first_errors, in the order they were written) says
     why it failed, as (process tag or None, what the line says):
 
+    0. a process the kernel's OOM killer killed (the launcher's line, from the kernel log: the process itself
+       wrote nothing, and the executor's "died unexpectedly" names no cause);
     1. the first exception a rank raised: the last line of its first traceback
        (`NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.`);
     2. else a line naming a process that died (`Worker proc VllmWorker-1 died unexpectedly (exit code: 0)`):
@@ -90,12 +96,13 @@ def root_cause(errors: list[str]) -> tuple[str | None, str] | None:
        its cause last (vLLM's `... See root cause above.`);
     4. else the first other error line. A bare `Traceback (most recent call last):` names nothing: never."""
     lines = [split_line(e) for e in errors]
+    killed = [(tag, body) for tag, body in lines if body.startswith(OUT_OF_MEMORY)]
     exceptions = [(tag, body) for tag, body in lines if is_exception_line(body)]
     ranks = [(tag, body) for tag, body in exceptions if tag and RANK_PROCESS.match(tag)]
     died = [(tag, body) for tag, body in lines if "died unexpectedly" in body]
     others = sorted(exceptions, key=lambda e: "root cause" in e[1].lower())  # stable: in order otherwise
     rest = [(tag, body.strip()) for tag, body in lines if body.strip() and not body.strip().startswith(TRACEBACK)]
-    return next((found[0] for found in (ranks, died, others, rest) if found), None)
+    return next((found[0] for found in (killed, ranks, died, others, rest) if found), None)
 
 
 def failure_headline(failure: Failure) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -21,12 +22,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 import psutil
 
-from .. import processes
+from .. import disk, processes
 from ..errors import LabError
+from . import oom
 from .command import ServeConfig, TcpListen, vllm_serve_command
 from .environment import engine_environment
 from .logs import ANSI, FATAL, RANK_TAG, TracebackEnds, is_exception_line, split_line
@@ -44,6 +47,10 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
 # Inside a long phase (compiling took 65 s on the mini; loading weights takes minutes on the B70), a progress
 # line this often: the elapsed time and what the ranks' logs last said.
 HEARTBEAT_S = 10.0
+# vLLM's line when an artifact of its AOT compile cache does not load (truncated, garbled: any exception of the
+# loader, vllm/compilation/decorators.py): it compiles again and saves over it
+# (notes/2026-12-04-faults-the-machine-causes.md). Relayed as progress: the start takes a compile longer.
+CACHE_REJECTED = re.compile(r"Compiling model again due to a load failure from (?P<path>\S+), reason: (?P<reason>.*)")
 
 
 class EngineStartError(LabError, RuntimeError):
@@ -178,6 +185,10 @@ class EngineServer:
         self._last_said: tuple[str | None, str] | None = None  # (rank tag, what it said) of the last log line
         self._last_progress = 0.0
         self.teardown: TeardownReport | None = None
+        self._pid_tags: dict[int, str] = {}  # pid -> the tag vLLM writes before its lines ("Worker_TP1")
+        self._oom_kills_before: int | None = None
+        self._oom_lines: list[str] = []
+        self.write_error: str | None = None  # why a log of this start could not be written (the disk is full)
 
     # --- start-up -----------------------------------------------------------------------------------
 
@@ -186,6 +197,7 @@ class EngineServer:
         (self.log_dir / "ranks").mkdir(exist_ok=True)
         (self.log_dir / "command.txt").write_text(" ".join(self.command) + "\n")
         self.started_at = self._last_progress = time.monotonic()
+        self._oom_kills_before = oom.kill_count()
         self.proc = subprocess.Popen(
             self.command,
             env=self.env,
@@ -201,36 +213,74 @@ class EngineServer:
         self._reader.start()
 
     def _read_output(self) -> None:
+        """Drain the engine's output into server.log and a file per rank. A write that fails (the disk is full)
+        stops the writing, never the draining: an undrained pipe would block vLLM mid-line, and the start's
+        failure must come from the launcher, naming the file (write_error), not from a deadline."""
         assert self.proc is not None and self.proc.stdout is not None
-        rank_files: dict[str, object] = {}
-        with open(self.log_dir / "server.log", "w", encoding="utf-8") as server_log:
-            for raw in self.proc.stdout:
-                line = ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\n")
-                server_log.write(line + "\n")
-                server_log.flush()
-                self._lines_read += 1
-                m = RANK_TAG.match(line)
-                tag = m.group("tag") if m else "main"
-                self._tails[tag].append(line)
-                if said := split_line(line)[1].strip():
-                    self._last_said = (m.group("tag") if m else None, said)
-                f = rank_files.get(tag)
-                if f is None:
-                    f = rank_files[tag] = open(self.log_dir / "ranks" / f"{tag}.log", "w", encoding="utf-8")
-                f.write(line + "\n")  # type: ignore[attr-defined]
-                # A traceback's exception line is an error line whatever its class (root_cause reads it); the
-                # traceback of an exception Python ignored is none.
-                seen = self._traceback_ends.feed(line)
-                ends = seen == TracebackEnds.END
-                if (
-                    (FATAL.search(line) or ends)
-                    and seen != TracebackEnds.IGNORED
-                    and len(self.fatal_lines) < (40 if ends else 20)
-                ):
-                    self.fatal_lines.append(line)
-                self._advance_phase(line)
-        for f in rank_files.values():
-            f.close()  # type: ignore[attr-defined]
+        rank_files: dict[str, TextIO] = {}
+        server_log: TextIO | None = self._open_log(self.log_dir / "server.log")
+        for raw in self.proc.stdout:
+            line = ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\n")
+            self._lines_read += 1
+            m = RANK_TAG.match(line)
+            tag = m.group("tag") if m else "main"
+            if m:  # the last tag wins: vLLM renames "VllmWorker-1" to "Worker_TP1_EP1" once it has its ranks
+                self._pid_tags[int(m.group("pid"))] = tag
+            self._tails[tag].append(line)
+            if said := split_line(line)[1].strip():
+                self._last_said = (m.group("tag") if m else None, said)
+            if self.write_error is None and server_log is not None:
+                if tag not in rank_files and (opened := self._open_log(self.log_dir / "ranks" / f"{tag}.log")):
+                    rank_files[tag] = opened
+                self._write(server_log, line)
+                if tag in rank_files:
+                    self._write(rank_files[tag], line)
+            # A traceback's exception line is an error line whatever its class (root_cause reads it); the
+            # traceback of an exception Python ignored is none.
+            seen = self._traceback_ends.feed(line)
+            ends = seen == TracebackEnds.END
+            if (
+                (FATAL.search(line) or ends)
+                and seen != TracebackEnds.IGNORED
+                and len(self.fatal_lines) < (40 if ends else 20)
+            ):
+                self.fatal_lines.append(line)
+            self._advance_phase(line)
+            if rejected := CACHE_REJECTED.search(line):
+                self._progress(
+                    f"compile cache artifact {rejected['path']} did not load ({rejected['reason'][:120]}): "
+                    f"vLLM compiles again"
+                )
+        for f in (server_log, *rank_files.values()):
+            with contextlib.suppress(OSError):
+                if f is not None:
+                    f.close()
+
+    def _open_log(self, path: Path) -> TextIO | None:
+        try:
+            return open(path, "w", encoding="utf-8")
+        except OSError as e:
+            self._write_failed(path, e)
+            return None
+
+    def _write(self, f: TextIO, line: str) -> None:
+        try:
+            f.write(line + "\n")
+            f.flush()
+        except OSError as e:
+            self._write_failed(Path(f.name), e)
+
+    def _write_failed(self, path: Path, error: OSError) -> None:
+        if self.write_error is None:
+            folder = self.log_dir.parent
+            self.write_error = (
+                disk.full_message(path, error, folder) if disk.is_full(error) else (f"could not write {path}: {error}")
+            )
+
+    def check_writes(self) -> None:
+        """Raise EngineStartError once a log of this start could not be written (see _read_output)."""
+        if self.write_error is not None:
+            raise EngineStartError(self.failure_report(self.write_error))
 
     def _advance_phase(self, line: str) -> None:
         names = [name for name, _ in PHASES]
@@ -281,6 +331,7 @@ class EngineServer:
                             f"(phase: {self.phase}, {self.elapsed():.0f} s)"
                         )
                     )
+                self.check_writes()
                 if self.elapsed() > deadline_s:
                     raise EngineStartError(
                         self.failure_report(
@@ -311,13 +362,31 @@ class EngineServer:
 
     def first_errors(self) -> list[str]:
         """The first few error lines of the engine's output, and any later line that says which process died
-        or what a traceback raised (it can come after many ranks' tracebacks): what root_cause chooses from."""
+        or what a traceback raised (it can come after many ranks' tracebacks): what root_cause chooses from.
+        First, what the kernel's OOM killer did to the start's processes: a killed rank writes nothing."""
         later = [
             line
             for line in self.fatal_lines[8:]
             if "died unexpectedly" in line or is_exception_line(split_line(line)[1])
         ]
-        return self.fatal_lines[:8] + later[:4]
+        return self.oom_kills() + self.fatal_lines[:8] + later[:4]
+
+    def oom_kills(self) -> list[str]:
+        """A line per process of this start the kernel's OOM killer killed, tagged as vLLM tags that process's
+        lines (`(Worker_TP1 pid=123) out of memory: ...`); once found, kept."""
+        if self._oom_lines or self.proc is None:
+            return self._oom_lines
+        messages = oom.kernel_log(self.started_at - 1.0)
+        if messages is None:
+            counted = oom.counted_only(self._oom_kills_before, oom.kill_count())
+            return [counted] if counted else []
+        ours = set(self._seen) | set(self._pid_tags)
+        for kill in oom.parse_kills(messages):
+            if kill.pid in ours:
+                tag = self._pid_tags.get(kill.pid)
+                line = oom.describe(kill, oom.memcg_limit(kill.memcg) if kill.memcg else None)
+                self._oom_lines.append(f"({tag} pid={kill.pid}) {line}" if tag else line)
+        return self._oom_lines
 
     def failure_report(self, headline: str) -> str:
         parts = [headline, f"logs: {self.log_dir / 'server.log'} (per rank: {self.log_dir / 'ranks'})"]

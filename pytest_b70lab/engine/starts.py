@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint, evidence, host, mini, run_folder
+from .. import checkpoint, disk, evidence, host, mini, run_folder
 from .. import contract as contract_mod
 from ..contract import Contract
 from ..defaults import PROBE_DEADLINE_S
@@ -314,7 +314,37 @@ def run_starts(
     else:
         assert probe is not None
         probe_result = preflight_probe(contract, run_dir, cache_root, progress, probe.stall_rank, probe.deadline_s)
-    write_run_files(run_folder.kind_dir(run_dir, contract.kind), contract, models)
+    # The evidence of a start that fills the disk still has room (disk.py); one reserve per kind, in the
+    # kind's folder: xdist workers can collect the candidate and its teacher at once.
+    reserve_dir = run_folder.kind_dir(run_dir, contract.kind)
+    disk.hold_reserve(reserve_dir)
+    try:
+        return _launch_starts(
+            contract, run_dir, cache_root, models, probe_result, progress, starts, quality, prompt_ids
+        )
+    finally:
+        disk.drop_reserve(reserve_dir)
+
+
+def _launch_starts(
+    contract: Contract,
+    run_dir: Path,
+    cache_root: Path,
+    models: ResolvedModels,
+    probe_result: dict,
+    progress: Progress | None,
+    starts: int | None,
+    quality: list[QualitySample] | None,
+    prompt_ids: list[str] | None,
+) -> list[evidence.Evidence]:
+    try:
+        write_run_files(run_folder.kind_dir(run_dir, contract.kind), contract, models)
+    except OSError as e:
+        if not disk.is_full(e):
+            raise
+        raise disk.DiskFullError(
+            f"no start was launched: {disk.full_message(run_dir / run_folder.TABLES_COPY, e, run_dir)}"
+        ) from None
     if contract.reproduction.schedule == "interleaved" and (starts or 2) >= 2:
         from .interleave import run_interleaved
 

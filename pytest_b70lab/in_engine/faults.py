@@ -11,6 +11,9 @@ nothing unless `B70LAB_FAULT` names a fault.
   die-decode:R[:N]       rank R is SIGKILLed at its N-th model step after the engine is serving (default 20)
   engine-core-exit[:N]   the engine core process exits (code 3) at its N-th busy step (default 20)
   stream-cut[:N]         the API server exits after sending N chunks of a streamed completion (default 10)
+  memory-cgroup:R        rank R moves itself into the memory cgroup named by B70LAB_FAULT_CGROUP (a folder the
+                         test made, with its limit) as it begins to load its weights: what it allocates from
+                         then on counts against that limit, and the kernel's OOM killer kills it there
   slow-decode:R:P[:S]    rank R sleeps P % of each model step's own time after the step, in start S only
                          (every start without S): a real slowdown to factor 1 + P/100 of every step, since the
                          other ranks wait for R in the step's collectives
@@ -34,7 +37,9 @@ import time
 from dataclasses import dataclass
 
 ENV = "B70LAB_FAULT"
+CGROUP_ENV = "B70LAB_FAULT_CGROUP"
 FAULTS = (
+    "memory-cgroup",
     "collective-stall",
     "die-loading",
     "raise-loading",
@@ -152,6 +157,26 @@ def _raise_loading(fault: Fault) -> None:
     Worker.load_model = load_model
 
 
+def _memory_cgroup(fault: Fault) -> None:
+    """Charges made after the move count against the cgroup's limit (neither cgroup v1 nor v2 moves what the
+    process held before by default): the weights and the KV cache allocated next are what exhaust it."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    folder = os.environ.get(CGROUP_ENV)
+    if not folder:
+        raise ValueError(f"{ENV}=memory-cgroup needs {CGROUP_ENV}, the memory cgroup's folder")
+    original = Worker.load_model
+
+    def load_model(self, *args, **kwargs):
+        if getattr(self, "rank", None) == fault.rank:
+            with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            _fired(f"rank {fault.rank} moved into memory cgroup {folder} before loading its weights")
+        return original(self, *args, **kwargs)
+
+    Worker.load_model = load_model
+
+
 def _raise_kv_cache(fault: Fault) -> None:
     """Rank R raises where the real refusal is raised: the CPU attention's ISA choice, made as each attention
     group's metadata builder is built while the worker allocates its KV cache."""
@@ -256,6 +281,7 @@ INSTALL = {
     "die-loading": _die_loading,
     "raise-loading": _raise_loading,
     "raise-kv-cache": _raise_kv_cache,
+    "memory-cgroup": _memory_cgroup,
     "die-decode": _die_decode,
     "engine-core-exit": _engine_core_exit,
     "stream-cut": _stream_cut,

@@ -7,18 +7,27 @@ evidence.json has status failed with every rank's last lines; and no process of 
 by working directory, pid and process group. Rows marked `ci` run in `make test`; `pytest -m faults` runs
 them all (notes/2026-11-30-fault-matrix.md has the table).
 
+Four rows are faults the machine causes (at the end: the kernel's OOM killer, a full disk under the run folder,
+a /dev/shm too small, a corrupted compile cache), made with what the kernel offers; each skips naming why where
+this machine refuses it (notes/2026-12-04-faults-the-machine-causes.md).
+
 One row of another kind fails no start: it slows start-2 alone, and fresh-start reproduction must catch it
 (test_a_slower_second_start_fails_reproduction, in `make test`)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +35,7 @@ import psutil
 import pytest
 
 from pytest_b70lab import contract as contract_mod
+from pytest_b70lab import disk
 from pytest_b70lab.engine import probe
 
 pytestmark = pytest.mark.faults
@@ -82,7 +92,6 @@ ROWS = [
         240,
         r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server exited with code \d+ during start-up.*; "
         r"cause( on [\w\-]+)?: .+",
-        ci=True,
     ),
     # A rank's exception names the failure, whatever its class: not the engine core's "WorkerProc initialization
     # failed ... See stack trace for root cause", nor a bare "Traceback" line.
@@ -123,7 +132,6 @@ ROWS = [
         "stream-cut:10",
         240,
         r"NOT PROMOTABLE: start-1 failed while serving the gate prompts: .*",
-        ci=True,
     ),
     Row(
         "never-ready",
@@ -225,15 +233,25 @@ def _probe_ranks(run_dir: Path) -> list[psutil.Process]:
 
 
 def _run(
-    row: Row, tmp_path: Path, cache_root: Path, tests: tuple[str, ...] = SMOKE, contract: Path | None = None
+    row: Row,
+    tmp_path: Path,
+    cache_root: Path,
+    tests: tuple[str, ...] = SMOKE,
+    contract: Path | None = None,
+    env_extra: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+    watch: Callable[[Path], None] | None = None,
 ) -> tuple[int, str, float, Path, list[int]]:
+    """The row's gates session as a user runs it; `prefix` wraps its command (a private mount namespace),
+    `watch` is called with the run folder every half second while it runs (to fill its disk, ...)."""
     run_dir = tmp_path / "run"
-    env = {**os.environ, "B70LAB_CACHE_DIR": str(cache_root)}
+    env = {**os.environ, "B70LAB_CACHE_DIR": str(cache_root), **(env_extra or {})}
     env.pop("B70LAB_FAULT", None)
     if row.fault:
         env["B70LAB_FAULT"] = row.fault
     contract = contract or _fault_contract(tmp_path, row.start_s)
     cmd = [
+        *prefix,
         sys.executable,
         "-m",
         "pytest",
@@ -283,6 +301,8 @@ def _run(
                 session.send_signal(row.signal)
         while session.poll() is None and time.monotonic() - t0 < limit:
             seen_pids |= {p.pid for p in _engine_processes(run_dir)} | {p.pid for p in _probe_ranks(run_dir)}
+            if watch is not None:
+                watch(run_dir)
             time.sleep(0.5)
         out = session.communicate(timeout=max(1.0, limit - (time.monotonic() - t0)))[0]
     except subprocess.TimeoutExpired:
@@ -296,17 +316,29 @@ def _verdict_line(out: str) -> str:
     return next((line for line in lines if line.startswith("NOT PROMOTABLE") or line.startswith("PROMOTABLE")), "")
 
 
+def _in_budget(row: Row, request: pytest.FixtureRequest) -> None:
+    if not row.ci and (request.config.getoption("-m") or "").strip() != "faults":
+        pytest.skip("not in make test's budget: run `pytest -m faults` for the whole matrix")
+
+
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_fault(row: Row, request: pytest.FixtureRequest, tmp_path: Path, b70_cache_root: Path) -> None:
-    markexpr = (request.config.getoption("-m") or "").strip()
-    if not row.ci and markexpr != "faults":
-        pytest.skip("not in make test's budget: run `pytest -m faults` for the whole matrix")
+    _in_budget(row, request)
     code, out, wall, run_dir, pids = _run(row, tmp_path, b70_cache_root)
+    _check_ended(row, code, out, wall, run_dir, pids)
+
+
+def _check_no_orphans(row: Row, out: str, run_dir: Path, pids: list[int]) -> None:
     time.sleep(2)
     left = [(p.pid, p.name()) for p in _engine_processes(run_dir)]
     assert not left, f"{row.id}: engine processes outlived the session: {left}\n{out[-3000:]}"
     still = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not still, f"{row.id}: pids seen during the run are still alive: {still}"
+
+
+def _check_ended(row: Row, code: int, out: str, wall: float, run_dir: Path, pids: list[int]) -> None:
+    """What every row of the matrix asserts (the module's docstring)."""
+    _check_no_orphans(row, out, run_dir, pids)
     assert code != 0, out[-3000:]
     limit = row.start_s + 30 + 120
     assert wall < limit, f"{row.id}: {wall:.0f} s"
@@ -392,3 +424,245 @@ def test_a_slower_second_start_fails_reproduction(tmp_path: Path, b70_cache_root
         f"{row.id}: exit {code}, {wall:.0f} s, paired figure {ratio}, endpoint medians "
         f"{test['observed'].get('endpoint_medians')}"
     )
+
+
+# --- faults the machine causes ------------------------------------------------------------------------------
+# A full disk under the run folder, a rank the kernel's OOM killer kills, a /dev/shm too small for the contract,
+# a corrupted compile cache: each real, made with what the kernel offers (a tmpfs, a memory cgroup, a mount
+# namespace, a private cache copy); where this machine refuses it, the row skips saying why.
+
+
+def _mount_tmpfs(where: Path, size: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip(f"mounting a {size} tmpfs as the run folder needs root here (uid {os.geteuid()})")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "b70lab-disk", str(where)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"this machine refuses a tmpfs at {where}: {done.stderr.decode().strip()}")
+
+
+def _fill(folder: Path) -> int:
+    """Write zeros into folder/filler until the disk says no space; the bytes written."""
+    written = 0
+    with open(folder / "filler", "wb", buffering=0) as f:
+        chunk = b"\0" * 2**20
+        while True:
+            try:
+                written += f.write(chunk) or 0
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                return written
+
+
+DISK_FULL = Row(
+    "run-folder-disk-fills-during-start-up",
+    None,
+    240,
+    r"NOT PROMOTABLE: start-1 failed while [\w ]+: the disk under the run folder is full: could not write "
+    r"\S+/start-1/(server\.log|ranks/\S+\.log) \(No space left on device\); tmpfs at \S+ has [\d.]+ \w+ free of "
+    r"64\.0 MiB; largest files under \S+: \S+/filler",
+    ci=True,
+)
+
+
+def test_the_run_folders_disk_fills_during_a_start(
+    request: pytest.FixtureRequest, tmp_path: Path, b70_cache_root: Path
+) -> None:
+    """The disk fills while start-1 loads its weights (another job's file takes every byte left): the start
+    fails naming the disk, the file it could not write and what fills it, and its evidence is whole (the run's
+    reserve is given back for it); nothing half-written is left, and a replay gives the same verdict."""
+    _in_budget(DISK_FULL, request)
+    row, run_dir = DISK_FULL, tmp_path / "run"
+    run_dir.mkdir()
+    _mount_tmpfs(run_dir, "64m")
+    filled: list[int] = []
+
+    def fill_once_loading(folder: Path) -> None:
+        log = folder / "start-1" / "server.log"
+        if not filled and log.is_file() and WHEN["loading weights"][1].search(log.read_text(errors="replace")):
+            filled.append(_fill(folder))
+
+    try:
+        code, out, wall, _, pids = _run(row, tmp_path, b70_cache_root, watch=fill_once_loading)
+        assert filled, f"{row.id}: the session ended before start-1 loaded weights\n{out[-3000:]}"
+        _check_ended(row, code, out, wall, run_dir, pids)
+        record = json.loads((run_dir / "start-1" / "evidence.json").read_text())
+        assert "the disk under the run folder is full" in record["failure"]["message"], record["failure"]
+        torn = [p.name for p in run_dir.rglob("*") if p.name.startswith(".evidence-") or p.name == disk.RESERVE]
+        assert not torn, f"{row.id}: half-written evidence or the reserve left behind: {torn}"
+        replay = subprocess.run(
+            [sys.executable, "-m", "pytest", "-m", "gates", *SMOKE, "-p", "no:cacheprovider", "-q"]
+            + [f"--b70-contract={tmp_path / 'mini-laguna-cpu-fault.toml'}", f"--b70-evidence={run_dir}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert _verdict_line(replay.stdout) == _verdict_line(out), (
+            f"{row.id}: the replay's verdict differs:\n{_verdict_line(replay.stdout)}\n{_verdict_line(out)}"
+        )
+        print(f"{row.id}: filled {filled[0] / 2**20:.1f} MiB; {wall:.0f} s; verdict: {_verdict_line(out)[:300]}")
+    finally:
+        subprocess.run(["umount", "-l", str(run_dir)], check=False)
+
+
+@contextlib.contextmanager
+def _memory_cgroup(limit: int) -> Iterator[Path]:
+    """A child of this process's memory cgroup (cgroup v1's memory hierarchy, or v2 where the parent delegates
+    its memory controller) with `limit` bytes and no swap; skips naming why where the machine refuses it."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = [line.split(":", 2)[2] for line in lines if "memory" in line.split(":", 2)[1].split(",")]
+    v2 = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
+    v2_root = next((p.mountpoint for p in psutil.disk_partitions(all=True) if p.fstype == "cgroup2"), None)
+    if v1:
+        parent, limit_file, swap = Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/"), "memory.limit_in_bytes", None
+    elif v2 and v2_root:
+        parent, limit_file, swap = Path(v2_root) / v2[0].lstrip("/"), "memory.max", "memory.swap.max"
+        controllers = (parent / "cgroup.subtree_control").read_text().split()
+        if "memory" not in controllers:
+            pytest.skip(f"cgroup {parent} does not delegate the memory controller (subtree_control: {controllers})")
+    else:
+        pytest.skip("no memory cgroup here: neither a cgroup v1 memory hierarchy nor cgroup v2")
+    folder = parent / f"b70lab-oom-{os.getpid()}"
+    try:
+        folder.mkdir()
+        (folder / limit_file).write_text(str(limit))
+        with contextlib.suppress(OSError):
+            (folder / (swap or "memory.swappiness")).write_text("0")
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        pytest.skip(f"this machine refuses a memory cgroup under {parent}: {e}")
+    try:
+        yield folder
+    finally:
+        for _ in range(20):  # the killed rank leaves it as its zombie is reaped
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.5)
+
+
+OOM_LIMIT = 256 * 2**20
+OOM = Row(
+    "rank-killed-by-the-oom-killer",
+    "memory-cgroup:1",
+    240,
+    r"NOT PROMOTABLE: start-1 failed while [\w ]+: the server exited with code \d+ during start-up.*; "
+    r"cause on Worker_TP1[\w\-]*: out of memory: the kernel's OOM killer killed pid \d+ \(.*\) at the limit of "
+    r"memory cgroup \S+b70lab-oom-\d+ \(limit 256 MiB\); its anonymous resident memory was \d+ MiB",
+    ci=True,
+)
+
+
+def test_a_rank_killed_by_the_oom_killer(request: pytest.FixtureRequest, tmp_path: Path, b70_cache_root: Path) -> None:
+    """Rank 1 moves into a memory cgroup of 256 MiB as it loads its weights (faults.py, memory-cgroup); its KV
+    cache does not fit and the kernel kills it: the root cause says out of memory, naming the rank, the cgroup
+    and its limit, where vLLM's own lines say only that a worker died."""
+    _in_budget(OOM, request)
+    from pytest_b70lab.in_engine import faults
+
+    with _memory_cgroup(OOM_LIMIT) as folder:
+        code, out, wall, run_dir, pids = _run(OOM, tmp_path, b70_cache_root, env_extra={faults.CGROUP_ENV: str(folder)})
+    _check_ended(OOM, code, out, wall, run_dir, pids)
+
+
+SHM_SIZE = "32m"
+SMALL_SHM = Row(
+    "dev-shm-too-small",
+    None,
+    240,
+    r"NOT PROMOTABLE: start-1 could not begin: .*/dev/shm.*32 MiB free",
+    ci=True,
+    engine_starts=False,
+    probe=True,
+)
+
+
+def _private_mount(fstype: str, where: str, options: str) -> tuple[str, ...]:
+    """A command prefix that runs the session in a mount namespace of its own with `fstype` mounted at
+    `where` (root, or an unprivileged user namespace mapping this user to root); skips where refused."""
+    user = () if os.geteuid() == 0 else ("--map-root-user",)
+    prefix = ("unshare", "--mount", "--propagation", "private", *user, "sh", "-c")
+    script = f'mount -t {fstype} -o {options} b70lab-{fstype} {where} && exec "$@"'
+    tried = subprocess.run([*prefix, script, "sh", "true"], capture_output=True, text=True)
+    if tried.returncode != 0:
+        pytest.skip(f"this machine refuses a private mount namespace with {fstype} at {where}: {tried.stderr.strip()}")
+    return (*prefix, script, "sh")
+
+
+def test_a_dev_shm_too_small_stops_the_session_before_any_start(
+    request: pytest.FixtureRequest, tmp_path: Path, b70_cache_root: Path
+) -> None:
+    """/dev/shm of 32 MiB in the session's own mount namespace (Docker's default is 64 MiB): the capability
+    preflight stops the session with its /dev/shm line before the probe or any engine process."""
+    _in_budget(SMALL_SHM, request)
+    row = SMALL_SHM
+    prefix = _private_mount("tmpfs", "/dev/shm", f"size={SHM_SIZE}")
+    code, out, wall, run_dir, pids = _run(row, tmp_path, b70_cache_root, prefix=prefix)
+    assert code != 0 and not pids, f"{row.id}: exit {code}, processes seen {pids}\n{out[-3000:]}"
+    assert not (run_dir / "start-1").exists() and not (run_dir / "probe").exists(), f"{row.id}: something started"
+    line = _verdict_line(out)
+    assert re.match(row.verdict, line), f"{row.id}: verdict {line!r}\n{out[-3000:]}"
+    print(f"{row.id}: exit {code}, {wall:.0f} s, verdict: {line[:300]}")
+
+
+AOT_CACHE = Path("engine-state") / "vllm" / "torch_compile_cache" / "torch_aot_compile"
+# Every gate but fresh-start reproduction: run sequentially, the two starts' speeds drift too far for its
+# tolerance (the row is about what start-2 serves, not how fast).
+CACHE_GATES = (str(GATES), "-k", "not test_fresh_start_reproduction")
+CORRUPT_CACHE = Row("compile-cache-corrupted-between-starts", None, 240, r"", ci=True)
+
+
+def _corrupt(folder: Path) -> list[tuple[Path, str]]:
+    """Truncate one AOT artifact (rank 0's of the largest compiled graph) to half, garble another (rank 1's:
+    4 KiB of random bytes in its middle); what was done to which file."""
+    models = sorted(folder.glob("*/rank_*/model"), key=lambda p: (-p.stat().st_size, str(p)))
+    ranks = {p.parent.name: p for p in models if p.parent.parent == models[0].parent.parent}
+    truncated, garbled = ranks["rank_0_0"], ranks["rank_1_0"]
+    size = truncated.stat().st_size
+    os.truncate(truncated, size // 2)
+    with open(garbled, "r+b") as f:
+        f.seek(garbled.stat().st_size // 2)
+        f.write(os.urandom(4096))
+    return [(truncated, f"truncated to {size // 2} of {size} bytes"), (garbled, "4 KiB in its middle garbled")]
+
+
+def test_a_corrupted_compile_cache_is_compiled_again(
+    request: pytest.FixtureRequest, tmp_path: Path, b70_cache_root: Path
+) -> None:
+    """A private cache (the shared one's models, an engine state of its own: never the compile cache that later
+    sessions load): start-1 compiles and saves its graphs; between the starts one artifact is truncated and
+    another garbled. Start-2 must not serve what it cannot load: vLLM compiles again (each artifact named in
+    its log and in the session's progress), and the compile topology and the teacher still hold."""
+    _in_budget(CORRUPT_CACHE, request)
+    row = CORRUPT_CACHE
+    # A short path: vLLM's IPC sockets live under it, and an AF_UNIX path holds at most 107 bytes (under
+    # tmp_path, zmq refused one: "ipc path ... is longer than 107 characters").
+    cache = Path(tempfile.mkdtemp(prefix="b70lab-cache-"))
+    request.addfinalizer(lambda: shutil.rmtree(cache, ignore_errors=True))
+    (cache / "engine-state").mkdir(parents=True)
+    for shared in ("mini", "checkpoint-tables"):
+        if (b70_cache_root / shared).exists():
+            (cache / shared).symlink_to(b70_cache_root / shared)
+    done: list[tuple[Path, str]] = []
+
+    def corrupt_between_starts(run_dir: Path) -> None:
+        if not done and (run_dir / "start-1" / "evidence.json").is_file():
+            done.extend(_corrupt(cache / AOT_CACHE))
+
+    code, out, wall, run_dir, pids = _run(row, tmp_path, cache, tests=CACHE_GATES, watch=corrupt_between_starts)
+    _check_no_orphans(row, out, run_dir, pids)
+    assert done, f"{row.id}: start-1 never finished, nothing was corrupted\n{out[-3000:]}"
+    summary = out.strip().splitlines()[-1]
+    line = _verdict_line(out)
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, f"{row.id}: {summary}"
+    assert line.startswith("NOT PROMOTABLE (incomplete)") and "1 of " in line, f"{row.id}: {line}"
+    assert "did not run (deselected, not collected, or lost with a worker): fresh-start-reproduction" in line, line
+    log = (run_dir / "start-2" / "server.log").read_text(errors="replace")
+    for artifact, what in done:
+        assert f"Compiling model again due to a load failure from {artifact}" in log, f"{row.id}: {artifact} {what}"
+        assert f"compile cache artifact {artifact} did not load" in out, f"{row.id}: {artifact}: not in the progress"
+    print(f"{row.id}: {'; '.join(f'{p}: {w}' for p, w in done)}; {wall:.0f} s; start-2 compiled again; gates held")
