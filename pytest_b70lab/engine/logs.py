@@ -16,8 +16,13 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 FATAL = re.compile(
     r"Segfault encountered|Traceback \(most recent call last\)|died unexpectedly|"
-    r"RuntimeError|EngineCore failed to start"
+    r"RuntimeError|EngineCore failed to start|Fatal Python error"
 )
+# A process the interpreter aborted (written by CPython to the process's stderr, untagged).
+ABORTED = "Fatal Python error: "
+# A rank's exception that only reports a peer gone (gloo's "Connection closed by peer ... typically caused by a
+# remote worker crashing"): the effect of another rank's death, whatever order the logs interleave in.
+PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|remote worker crash|Broken pipe", re.IGNORECASE)
 TRACEBACK = "Traceback (most recent call last):"
 # vLLM's log-record header after the rank tag ("ERROR 12-01 10:00:00 [multiproc_executor.py:953] "): vLLM
 # repeats tag and header on every line of a multi-line record, a logged traceback's lines included.
@@ -87,22 +92,27 @@ def root_cause(errors: list[str]) -> tuple[str | None, str] | None:
     why it failed, as (process tag or None, what the line says):
 
     0. a process the kernel's OOM killer killed (the launcher's line, from the kernel log: the process itself
-       wrote nothing, and the executor's "died unexpectedly" names no cause);
+       wrote nothing, and the executor's "died unexpectedly" names no cause), then a process the interpreter
+       aborted (`Fatal Python error: ...`);
     1. the first exception a rank raised: the last line of its first traceback
        (`NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.`);
     2. else a line naming a process that died (`Worker proc VllmWorker-1 died unexpectedly (exit code: 0)`):
-       the executor writes it after a rank raised or was killed, which makes it the effect when 1 exists;
+       the executor writes it after a rank raised or was killed, which makes it the effect when 1 exists; a
+       rank's exception that only says a peer is gone (PEER_LOST) is the effect of that death and comes after;
     3. else the first exception of another process (engine core, API server), one that points elsewhere for
        its cause last (vLLM's `... See root cause above.`);
     4. else the first other error line. A bare `Traceback (most recent call last):` names nothing: never."""
     lines = [split_line(e) for e in errors]
     killed = [(tag, body) for tag, body in lines if body.startswith(OUT_OF_MEMORY)]
+    aborted = [(tag, body) for tag, body in lines if body.startswith(ABORTED)]
     exceptions = [(tag, body) for tag, body in lines if is_exception_line(body)]
     ranks = [(tag, body) for tag, body in exceptions if tag and RANK_PROCESS.match(tag)]
+    raised, peer_lost = [r for r in ranks if not PEER_LOST.search(r[1])], [r for r in ranks if PEER_LOST.search(r[1])]
     died = [(tag, body) for tag, body in lines if "died unexpectedly" in body]
     others = sorted(exceptions, key=lambda e: "root cause" in e[1].lower())  # stable: in order otherwise
     rest = [(tag, body.strip()) for tag, body in lines if body.strip() and not body.strip().startswith(TRACEBACK)]
-    return next((found[0] for found in (killed, ranks, died, others, rest) if found), None)
+    order = (killed, aborted, raised, died, peer_lost, others, rest)
+    return next((found[0] for found in order if found), None)
 
 
 def failure_headline(failure: Failure) -> str:

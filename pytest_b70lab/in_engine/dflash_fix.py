@@ -95,6 +95,11 @@ def apply() -> list[str]:
     return patched
 
 
+def registered() -> str | None:
+    """What register() decided in this process, or None where vLLM has not loaded the plugin."""
+    return _status
+
+
 def register() -> str:
     """Apply the fix where the defect is present; one log line per process. Returns what happened."""
     global _status

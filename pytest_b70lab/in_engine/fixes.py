@@ -283,6 +283,68 @@ def _fix_cpu_fp8_portable_attention() -> None:
     )
 
 
+# --- 7. CPU oneDNN GEMM: a handler's __del__ calls .item(), also while a graph is traced ---------------------
+# vLLM 0.32's `CPUDNNLGEMMHandler.__del__` (vllm/_custom_ops.py) releases its oneDNN handle with
+# `self.dtor(self.handler_tensor.item())`. When the garbage collector runs it while Dynamo or AOT autograd
+# trace, `.item()` goes through the tracing mode: on a fake copy of the handle it raises
+# DataDependentOutputException, on the real one "Please convert all Tensors to FakeTensors", and under Dynamo
+# the error's message formats the tensor, which calls `.item()` again: a RecursionError every compiling start
+# prints, and twice now a fatal stack overflow that aborted the rank
+# (notes/2026-12-03-fatal-recursion-while-compiling.md). The handle is read from the tensor's memory (no
+# tensor operation, so no mode sees it); a tensor without memory of its own (a fake copy) owns no handle;
+# while a mode is active the release waits for the next one outside it.
+_DNNL_ITEM_CALL = "handler_tensor.item()"
+_deferred_dnnl_handles: list[int] = []
+
+
+def _dnnl_release_reads_item() -> bool:
+    from vllm import _custom_ops
+
+    handler = getattr(_custom_ops, "CPUDNNLGEMMHandler", None)
+    return handler is not None and _DNNL_ITEM_CALL in inspect.getsource(handler.__del__)
+
+
+def _tracing() -> bool:
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None or torch.compiler.is_compiling()
+
+
+def release_dnnl_handler(self) -> None:
+    """CPUDNNLGEMMHandler.__del__ without a tensor operation (see above)."""
+    import ctypes
+
+    import torch
+
+    tensor = self.handler_tensor
+    if tensor is None or tensor.dtype != torch.int64 or tensor.numel() != 1 or tensor.device.type != "cpu":
+        return
+    from torch._subclasses.fake_tensor import is_fake
+
+    try:  # a fake tensor (made while tracing) has no memory of its own: it owns no handle
+        address = 0 if is_fake(tensor) else tensor.data_ptr()
+    except Exception:
+        address = 0
+    if not address:
+        return
+    pointer = ctypes.c_int64.from_address(address).value
+    self.handler_tensor = None
+    if _tracing():
+        _deferred_dnnl_handles.append(pointer)
+        return
+    while _deferred_dnnl_handles:
+        self.dtor(_deferred_dnnl_handles.pop())
+    self.dtor(pointer)
+
+
+def _fix_dnnl_handler_release() -> None:
+    from vllm import _custom_ops
+
+    setattr(release_dnnl_handler, PATCHED_MARK, True)
+    _custom_ops.CPUDNNLGEMMHandler.__del__ = release_dnnl_handler
+
+
 FIXES: tuple[Fix, ...] = (
     Fix(
         "cpu_router_sigmoid",
@@ -320,6 +382,12 @@ FIXES: tuple[Fix, ...] = (
         _native_fp8_attention_unavailable,
         _fix_cpu_fp8_portable_attention,
     ),
+    Fix(
+        "cpu_dnnl_handler_release",
+        "a oneDNN GEMM handler is released without a tensor operation, never while a graph is traced",
+        _dnnl_release_reads_item,
+        _fix_dnnl_handler_release,
+    ),
 )
 FIX_NAMES = tuple(f.name for f in FIXES)
 
@@ -340,6 +408,11 @@ def selected_fixes(spec: str | None) -> tuple[Fix, ...]:
 
 
 _registered: dict[str, str] | None = None
+
+
+def registered() -> dict[str, str] | None:
+    """What register() decided in this process, or None where vLLM has not loaded the plugin."""
+    return _registered
 
 
 def register() -> dict[str, str]:

@@ -218,3 +218,31 @@ def test_the_log_findings_keep_raised_exceptions_and_error_records_not_ignored_t
     assert any(REAL in line or INJECTED in line for line in found["exception"]), found["exception"]
     assert DIED in found["error_record"]
     assert all(" ERROR " in line for line in found["error_record"])
+
+
+# A rank aborted by the interpreter while it compiled (the __del__ recursion's fatal form, before the
+# cpu_dnnl_handler_release fix), as the fault matrix's rank-raises-allocating-kv-cache row met it on
+# 2026-12-04: the other rank's gloo error came first in the log, and was the cause line then.
+ABORTED_RANK = [
+    "(EngineCore pid=11847) ERROR 12-04 02:55:42 [multiproc_executor.py:315] Worker proc VllmWorker-1 died "
+    "unexpectedly (exit code: -6), shutting down executor.",
+    "(Worker_TP0_EP0 pid=11924) ERROR 12-04 02:55:42 [multiproc_executor.py:1063] Traceback (most recent call last):",
+    "(Worker_TP0_EP0 pid=11924) ERROR 12-04 02:55:42 [multiproc_executor.py:1063] RuntimeError: [../gloo/transport/"
+    "tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:44177. This is typically caused by a remote worker "
+    "crashing. Check the logs of the remote worker before reporting an error. GLHF!",
+    "(EngineCore pid=11847) ERROR 12-04 02:55:42 [core.py:1510] EngineCore failed to start.",
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+]
+FATAL_LINE = "Fatal Python error: _Py_CheckRecursiveCall: Cannot recover from stack overflow."
+
+
+def test_an_aborted_process_is_the_cause_and_a_lost_peer_is_an_effect() -> None:
+    assert root_cause([*ABORTED_RANK, FATAL_LINE]) == (None, FATAL_LINE)
+    # Without CPython's line, the dead process is named, not the rank that only lost its peer.
+    assert root_cause(ABORTED_RANK) == (
+        "EngineCore",
+        "Worker proc VllmWorker-1 died unexpectedly (exit code: -6), shutting down executor.",
+    )
+    # A rank's own exception still comes first.
+    raised = "(Worker_TP1_EP1 pid=11925) ERROR 12-04 02:55:41 [x.py:1] NotImplementedError: refused"
+    assert root_cause([*ABORTED_RANK, raised]) == ("Worker_TP1_EP1", "NotImplementedError: refused")

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
+from vllm import _custom_ops  # noqa: E402
 from vllm.compilation import decorators  # noqa: E402
 from vllm.distributed.device_communicators import cpu_communicator  # noqa: E402
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation  # noqa: E402
@@ -38,6 +39,8 @@ def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
         cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name,
     )
     monkeypatch.setattr(decorators, "_try_load_aot_compiled_fn", decorators._try_load_aot_compiled_fn)
+    monkeypatch.setattr(_custom_ops.CPUDNNLGEMMHandler, "__del__", _custom_ops.CPUDNNLGEMMHandler.__del__)
+    monkeypatch.setattr(fixes, "_deferred_dnnl_handles", [])
     monkeypatch.setattr(fixes, "_registered", None)
     monkeypatch.setattr(cpu_attn, "_get_attn_isa", cpu_attn._get_attn_isa)
     monkeypatch.setattr(cpu_attn, "ops", cpu_attn.ops)
@@ -226,13 +229,14 @@ def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog)
         "cpu_shm_allreduce_switch": "disabled",
         "aot_load_plain_function": "disabled",
         "cpu_fp8_portable_attention": "disabled",
+        "cpu_dnnl_handler_release": "disabled",
     }
     assert getattr(cpu_router.CPURouter._compute_routing, fixes.PATCHED_MARK, False)
     assert not getattr(cpu_moe.CPUUnquantizedExperts.apply, fixes.PATCHED_MARK, False)
     lines = [r.getMessage() for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]
     assert len(lines) == 1 and "cpu_router_sigmoid applied" in lines[0]
-    # a second call in the same process changes nothing and logs nothing
-    assert fixes.register() is status
+    # a second call in the same process changes nothing and logs nothing; the rank's audit reads what it decided
+    assert fixes.register() is status and fixes.registered() is status
     assert len([r for r in caplog.records if "b70lab vLLM CPU fixes" in r.getMessage()]) == 1
 
     monkeypatch.setattr(fixes, "_registered", None)
@@ -258,6 +262,7 @@ def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -
         "cpu_shm_allreduce_switch": "not needed",
         "aot_load_plain_function": "disabled",
         "cpu_fp8_portable_attention": "disabled",
+        "cpu_dnnl_handler_release": "disabled",
     }
     assert not getattr(
         cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name, fixes.PATCHED_MARK, False
@@ -348,3 +353,65 @@ def test_portable_path_stays_out_where_the_native_one_runs(monkeypatch) -> None:
     monkeypatch.setenv(portable_fp8.ENV_FORCE, "portable")
     assert fixes.register()["cpu_fp8_portable_attention"] == "applied"
     assert portable_fp8.state()["reason"] == f"{portable_fp8.ENV_FORCE}=portable"
+
+
+# --- 7. a oneDNN GEMM handler released while a graph is traced -----------------------------------------------
+
+
+def _handlers_dying_while_traced() -> tuple[list[int], list[str]]:
+    """Three handlers die inside a FakeTensorMode, as the garbage collector runs them while Dynamo traces: a
+    fake copy of a real handle, a real handler, and (after the mode) the fake copy again; what was released
+    (their dtor recorded) and what Python reported as an exception it ignored."""
+    import gc
+    import sys
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    released: list[int] = []
+    ignored: list[str] = []
+    weight = torch.randn(64, 32)
+    real = _custom_ops.create_onednn_mm(weight, 16)
+    handle = int(real.handler_tensor.item())
+    mode = FakeTensorMode()
+    copies = []
+    for _ in range(2):
+        copy = _custom_ops.CPUDNNLGEMMHandler()
+        copy.handler_tensor, copy.dtor = mode.from_tensor(real.handler_tensor), released.append
+        copies.append(copy)
+    real.dtor = released.append
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: ignored.append(f"{u.exc_type.__name__}: {u.exc_value}")
+    try:
+        with mode:
+            del copy
+            copies.pop(0)
+            gc.collect()
+            del real
+            gc.collect()
+        copies.clear()
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    return [handle, *released], ignored
+
+
+@pytest.mark.skipif(not _custom_ops._supports_onednn, reason="this vLLM build has no oneDNN GEMM handler")
+def test_a_handler_released_while_a_graph_is_traced_raises_nothing_and_frees_its_handle_once(monkeypatch) -> None:
+    monkeypatch.setenv(fixes.ENV_SELECT, "none")
+    _, ignored = _handlers_dying_while_traced()
+    assert any(i.startswith("DataDependentOutputException") for i in ignored), ignored  # vLLM as installed
+    assert any("Please convert all Tensors to FakeTensors" in i for i in ignored), ignored
+
+    monkeypatch.setattr(fixes, "_registered", None)
+    monkeypatch.setenv(fixes.ENV_SELECT, "cpu_dnnl_handler_release")
+    assert fixes.register()["cpu_dnnl_handler_release"] == "applied"
+    (handle, *released), ignored = _handlers_dying_while_traced()
+    assert ignored == []
+    assert released == [] and fixes._deferred_dnnl_handles == [handle], "released inside the tracing mode"
+    survivor = _custom_ops.create_onednn_mm(torch.randn(64, 32), 16)
+    own = int(survivor.handler_tensor.item())
+    survivor.dtor = released.append
+    del survivor
+    import gc
+
+    gc.collect()
+    assert released == [handle, own] and fixes._deferred_dnnl_handles == []
