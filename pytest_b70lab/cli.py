@@ -341,8 +341,10 @@ def _evidence_show(args: argparse.Namespace) -> int:
 def _evidence_diff(args: argparse.Namespace) -> int:
     """Exit 0 when only the speed changed (or nothing), 1 when anything else did: usable from a script."""
     from . import compare
+    from .records import store
 
-    c = compare.compare_runs(compare.load_run(args.run_a), compare.load_run(args.run_b))
+    run_a, run_b = store.run_or_seal(args.run_a), store.run_or_seal(args.run_b)
+    c = compare.compare_runs(compare.load_run(run_a), compare.load_run(run_b))
     print(json.dumps(c.to_dict(), indent=1, sort_keys=True) if args.json else compare.format_comparison(c))
     return 0 if c.only_speed_changed else 1
 
@@ -386,6 +388,8 @@ EXAMPLES = {
     "report": ["b70lab report data/runs/20261203-101503", "b70lab report RUN --out /tmp/run.html"],
     "evidence": ["b70lab evidence show data/runs/20261203-101503", "b70lab evidence diff RUN_A RUN_B --json"],
     "schema": ["b70lab schema promotion", "b70lab schema evidence"],
+    "seal": ["b70lab seal data/runs/20261204-101503 --name mini-laguna-cpu-20261204"],
+    "records": ["b70lab records", "b70lab records verify", "b70lab records verify mini-laguna-cpu-20261204"],
 }
 
 
@@ -408,7 +412,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"b70lab {_version()}")
     _with_examples(parser, "b70lab")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_mini, _add_contract, _add_sweep, _add_bench, _add_probe, _add_report, _add_evidence, _add_schema):
+    for add in (
+        _add_mini,
+        _add_contract,
+        _add_sweep,
+        _add_bench,
+        _add_probe,
+        _add_report,
+        _add_evidence,
+        _add_records,
+        _add_schema,
+    ):
         add(sub)
     for name, command in sub.choices.items():
         _with_examples(command, name)
@@ -672,10 +686,94 @@ def _add_evidence(sub: argparse._SubParsersAction) -> None:
         "speed ratio B/A with a bootstrap interval. Exit 0 when only "
         "the speed changed, 1 when anything else did",
     )
-    diff_p.add_argument("run_a", type=Path, help="the baseline run folder")
-    diff_p.add_argument("run_b", type=Path, help="the run folder compared with it")
+    diff_p.add_argument("run_a", type=Path, help="the baseline run folder, or a sealed record (its name or folder)")
+    diff_p.add_argument("run_b", type=Path, help="the run folder (or sealed record) compared with it")
     diff_p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     diff_p.set_defaults(func=_evidence_diff)
+
+
+def _add_records(sub: argparse._SubParsersAction) -> None:
+    seal_p = sub.add_parser(
+        "seal",
+        help="seal a promoted run folder as repro/NAME/: contract, launcher, source state, models, the teacher "
+        "snapshots that judged it, evidence and promotion.json, every file's sha256 in SEAL.json",
+    )
+    seal_p.add_argument("run_dir", type=Path, help="a run folder that replays PROMOTABLE and complete")
+    seal_p.add_argument("--name", required=True, help="the record's name (its folder under repro/)")
+    seal_p.add_argument("--supersedes", default=None, help="the sealed record this one replaces, by name")
+    seal_p.add_argument(
+        "--snapshots",
+        type=Path,
+        default=None,
+        help="the teacher snapshots that judged the run (default: tests/gates/__snapshots__)",
+    )
+    seal_p.add_argument("--root", type=Path, default=None, help="the records folder (default: repro/)")
+    seal_p.set_defaults(func=_seal)
+    records_p = sub.add_parser("records", help="the sealed records under repro/: list them, or verify them")
+    records_p.add_argument("--root", type=Path, default=None, help="the records folder (default: repro/)")
+    records_p.set_defaults(func=_records_list)
+    records_sub = records_p.add_subparsers(dest="records_command")
+    verify_p = records_sub.add_parser(
+        "verify",
+        help="check every file of a seal (or of every seal) against its SEAL.json and judge it again from its own "
+        "files; exit 1 naming each file that differs",
+    )
+    verify_p.add_argument("name", nargs="?", default=None, help="a seal's name or folder (default: every seal)")
+    verify_p.set_defaults(func=_records_verify)
+
+
+def _seal(args: argparse.Namespace) -> int:
+    from . import project
+    from .records.seal import seal
+
+    snapshots = args.snapshots or project.find("tests/gates/__snapshots__")
+    folder = seal(args.run_dir.resolve(), args.name, snapshots, args.root, args.supersedes)
+    from .records import store
+
+    document = store.read(folder).document
+    print(
+        f"sealed {folder}: {len(document['files'])} files, {document['bytes'] / 1e6:.2f} MB, digest {document['digest']}"
+    )
+    print(document["headline"])
+    return 0
+
+
+def _records_list(args: argparse.Namespace) -> int:
+    from .records import store
+
+    seals = store.listing(args.root)
+    if not seals:
+        print(f"no sealed records in {args.root or store.records_root()}")
+        return 0
+    for s in seals:
+        d = s.document
+        if "error" in d:
+            print(f"{s.name}: unreadable: {d['error']}")
+            continue
+        superseded = f"; supersedes {d['supersedes']}" if d.get("supersedes") else ""
+        print(f"{s.name}: contract {d['contract']['name']}, sealed {d['sealed_at']}{superseded}\n  {d['headline']}")
+    return 0
+
+
+def _records_verify(args: argparse.Namespace) -> int:
+    """Exit 0 when every seal asked for holds; 1 naming each file that differs or a verdict that moved."""
+    from . import judge
+    from .records import store
+
+    folders = [store.resolve(args.name)] if args.name else [s.folder for s in store.listing(args.root)]
+    failed = 0
+    for folder in folders:
+        problems = store.verify(folder)
+        if not problems:
+            decision = judge.judge_folder(folder, folder / store.SNAPSHOTS)
+            line = judge.headline_line(decision, folder)
+            if not decision.promotable:
+                problems.append(f"judged again from its own files, the seal is not promotable: {line}")
+        failed += bool(problems)
+        print(f"{folder.name}: " + ("FAILS\n  " + "\n  ".join(problems) if problems else f"holds; {line}"))
+    if not folders:
+        print("no sealed records to verify")
+    return 1 if failed else 0
 
 
 SCHEMAS = ("promotion", "evidence")

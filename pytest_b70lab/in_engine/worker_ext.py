@@ -150,6 +150,17 @@ def _backend_name(backend) -> str | None:
     return None if backend is None else getattr(backend, "name", str(backend))
 
 
+def _runtime_fixes() -> dict[str, str]:
+    """What each of the package's runtime fixes of vLLM did in this process ("applied", "not needed",
+    "disabled"): recorded at start time, so that a sealed record says which were active, not what the checkout
+    holds when it is sealed. Read, never applied here: a fix registered this late would change the engine."""
+    from . import dflash_fix, fixes
+
+    found = dict(fixes.registered() or {})
+    found[dflash_fix.FIX_NAME] = dflash_fix.registered() or "not registered"
+    return found
+
+
 def _fp8_attention() -> dict[str, Any]:
     """Which FP8 attention ran on this rank: vLLM's own ops or the portable path, the op library this process
     mapped (`_C`, `_C_AVX512`, `_C_AVX2`: the ISA name alone reads `vec` on both kinds of CPU), and the CPU
@@ -278,4 +289,5 @@ def _resolved_config(cfg, model, draft_model) -> dict[str, Any]:
     out["device_type"] = _call(lambda: str(cfg.device_config.device_type))
     out["attention_config"] = _call(lambda: {"backend": _backend_name(cfg.attention_config.backend)})
     out["fp8_attention"] = _call(_fp8_attention)
+    out["runtime_fixes"] = _call(_runtime_fixes)
     return out

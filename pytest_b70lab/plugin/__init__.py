@@ -35,6 +35,7 @@ from .fixtures import (
     b70_verdict,
 )
 from .reporter import VerdictReporter
+from .reproduction import refuse_drift, use_sealed_contract
 from .state import (
     BLOCKED_PROPERTY,
     ENGINE_EVIDENCE,
@@ -154,10 +155,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--b70-baseline",
         default=None,
-        metavar="RUN_DIR|last",
-        help="beside the verdict, compare this run with RUN_DIR (or `last`: the newest promoted run "
-        "in the runs folder): what differs besides the speed, and the speed ratio with its "
-        "interval (as `b70lab evidence diff`)",
+        metavar="RUN_DIR|SEAL|last",
+        help="beside the verdict, compare this run with RUN_DIR, a sealed record (its name under repro/ or "
+        "its folder, verified first) or `last` (the newest promoted run in the runs folder): what differs "
+        "besides the speed, and the speed ratio with its interval (as `b70lab evidence diff`)",
+    )
+    group.addoption(
+        "--b70-reproduce",
+        default=None,
+        metavar="SEAL",
+        help="reproduce a sealed record (its name under repro/ or its folder): launch its contract after checking "
+        "that this machine's vLLM, patches, runtime fixes, models and FP8 path are the sealed ones, judge every gate, "
+        "then compare with the sealed result (tokens on every prompt, speed within throughput_tolerance): "
+        "REPRODUCED or NOT REPRODUCED, the latter failing the session",
+    )
+    group.addoption(
+        "--b70-accept-drift",
+        action="store_true",
+        default=False,
+        help="with --b70-reproduce: reproduce on a machine that differs from the sealed one (each difference is "
+        "printed with the verdict) instead of refusing the session",
     )
     group.addoption(
         "--b70-teacher-snapshots",
@@ -238,6 +255,8 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         chosen = config.getoption("--b70-run-dir")
         run_dir = (chosen or runs_root(config) / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    if config.getoption("--b70-reproduce") is not None:
+        use_sealed_contract(config)
     config.stash[STATE] = LabState(
         config=config,
         run_dir=run_dir,
@@ -260,6 +279,8 @@ def pytest_configure(config: pytest.Config) -> None:
         reporter.begin()  # before anything here can stop the session
     if contract_setting(config) is not None or replay is not None:
         contract_or_usage_error(config)  # named explicitly: a bad contract or evidence is a usage error now
+    if config.getoption("--b70-reproduce") is not None and worker_input is None and replay is None:
+        refuse_drift(config, config.stash[STATE])
 
 
 def _guard_snapshot_update(config: pytest.Config) -> None:

@@ -68,6 +68,7 @@ def baseline_comparison(config: pytest.Config, state: LabState) -> list[str]:
     import json
 
     from .. import compare
+    from ..records import store
 
     wanted = str(config.getoption("--b70-baseline"))
     root = runs_root(config)
@@ -77,10 +78,12 @@ def baseline_comparison(config: pytest.Config, state: LabState) -> list[str]:
             return [f"no promoted run in {root} to compare with (--b70-baseline last)"]
         baseline = found
     else:
-        baseline = Path(wanted).expanduser().resolve()
+        baseline = Path(wanted).expanduser()
     try:
+        if wanted != "last":
+            baseline = store.run_or_seal(baseline)
         comparison = compare.compare_runs(compare.load_run(baseline), compare.load_run(state.run_dir))
-    except compare.CompareError as e:
+    except (compare.CompareError, store.SealError) as e:
         return [f"cannot compare with the baseline {baseline}: {e}"]
     out = state.run_dir / "baseline-comparison.json"
     out.write_text(
@@ -106,6 +109,7 @@ class VerdictReporter:
         self._decision: Decision | None = None
         self._quality: QualityDecision | None = None
         self.baseline_lines: list[str] = []
+        self.reproduction_lines: list[str] = []
         self.report_line: str | None = None  # --b70-report: where the page went, or why it did not
         self.speedup: dict | None = None
         self.written = False
@@ -252,6 +256,12 @@ class VerdictReporter:
         )
         if decision is not None and session.config.getoption("--b70-baseline"):
             self.baseline_lines = baseline_comparison(session.config, self.state)
+        if decision is not None and self.written:
+            from .reproduction import reproduction_lines
+
+            self.reproduction_lines, not_reproduced = reproduction_lines(session.config, self.state)
+            if not_reproduced and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if (page := session.config.getoption("--b70-report")) is not None and self.written:
             self.report_line = report_page(self.state.run_dir, page)
         if decision is not None and not decision.promotable and session.exitstatus == pytest.ExitCode.OK:
@@ -282,6 +292,10 @@ class VerdictReporter:
             terminalreporter.write_line(line, **markup)
         if self.report_line is None:
             terminalreporter.write_line(f"the run as one page: b70lab report {self.state.run_dir}")
+        if self.reproduction_lines:
+            terminalreporter.section("b70lab reproduction of a sealed record")
+            for line in self.reproduction_lines:
+                terminalreporter.write_line(line, bold=True, red=line.startswith("NOT"), green=line.startswith("REPRO"))
         if self.baseline_lines:
             terminalreporter.section("b70lab comparison with the baseline")
             for line in self.baseline_lines:

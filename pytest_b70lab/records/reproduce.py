@@ -1,0 +1,183 @@
+"""Reproducing a sealed record. Before any start: is this machine the sealed one (vLLM and torch, the patch
+series, the runtime-fix selection, the models, the CPU's ISA and FP8 attention path)? Each difference is named;
+the plugin refuses the session unless the drift is accepted. After the gates: does the new run reproduce the
+sealed result? Tokens identical to the sealed evidence on every prompt, the same runtime fixes on every rank,
+and the speed against the sealed starts (the ratio of medians, with its interval, compare.compare_runs) within
+the contract's throughput_tolerance: a comparison across days, never the side-by-side tolerance."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import host, project, run_folder
+from ..contract import Contract
+from . import store
+from .seal import PATCHES, isa, patch_series
+
+REPORT_FILE = "reproduction.json"
+# The environment variables that select the runtime fixes (in_engine/fixes.py, in_engine/dflash_fix.py).
+FIX_SELECTION = ("B70LAB_VLLM_FIXES", "B70LAB_DFLASH_CPU_FIX")
+
+
+def _installed(name: str) -> str | None:
+    for dist in (name, f"{name}-cpu"):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def host_class(record: Mapping[str, Any]) -> str:
+    machine = record.get("machine") or {}
+    return f"{machine.get('isa')}, FP8 attention {machine.get('fp8_attention_path')}"
+
+
+def this_host_class(contract: Contract, environ: Mapping[str, str] = os.environ) -> str:
+    identity = host.cpu_identity(environ=environ)
+    path = host.fp8_path(contract.engine.device, contract.engine.kv_cache_dtype, identity, environ)[0]
+    return f"{isa(identity)}, FP8 attention {path}"
+
+
+def _patch_drift(sealed: list[dict[str, str]], here: list[dict[str, str]]) -> list[str]:
+    a, b = {p["name"]: p["sha256"] for p in sealed}, {p["name"]: p["sha256"] for p in here}
+    out = [f"patch {n}: sealed, absent from this checkout's {PATCHES}/" for n in sorted(set(a) - set(b))]
+    out += [f"patch {n}: in this checkout, not in the seal" for n in sorted(set(b) - set(a))]
+    out += [
+        f"patch {n}: changed (sha256 {b[n][:16]}... here, sealed {a[n][:16]}...)"
+        for n in sorted(set(a) & set(b))
+        if a[n] != b[n]
+    ]
+    return out
+
+
+def _model_drift(sealed: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:
+    out = []
+    for part in ("target", "draft"):
+        a, b = sealed.get(part) or {}, here.get(part) or {}
+        for key in ("digest", "manifest_digest", "revision"):
+            if a.get(key) != b.get(key):
+                out.append(f"{part} model {key}: {b.get(key)} here, sealed {a.get(key)}")
+    return out
+
+
+def machine_drift(
+    seal: store.Seal, contract: Contract, models: Mapping[str, Any], environ: Mapping[str, str] = os.environ
+) -> list[str]:
+    """What differs between this machine and checkout and the sealed ones, one line each; [] when nothing
+    does. `models`: {"target": ModelRef as a dict, "draft": ...} as this machine resolves the contract."""
+    record = seal.record()
+    source = record.get("source") or {}
+    drift = []
+    for name, sealed in (("vllm", source.get("vllm")), ("torch", source.get("torch"))):
+        if _installed(name) != sealed:
+            drift.append(f"{name} {_installed(name)} here, sealed {sealed}")
+    drift += _patch_drift(source.get("patches") or [], patch_series(project.find(PATCHES)))
+    sealed_env = (record.get("launcher") or {}).get("environment") or {}
+    for name in FIX_SELECTION:
+        if environ.get(name) != sealed_env.get(name):
+            drift.append(f"runtime fixes: {name}={environ.get(name)!r} here, sealed {sealed_env.get(name)!r}")
+    drift += _model_drift(record.get("models") or {}, models)
+    if (here := this_host_class(contract, environ)) != (sealed_class := host_class(record)):
+        drift.append(f"host class: {here} here, sealed on {sealed_class}")
+    return drift
+
+
+@dataclass
+class Reproduction:
+    seal: str
+    reproduced: bool
+    reasons: list[str]
+    figures: dict[str, Any] = field(default_factory=dict)
+    drift: list[str] = field(default_factory=list)  # accepted with --b70-accept-drift
+
+    def line(self) -> str:
+        figures = self.figures
+        speed = (
+            f"speed {figures['ratio']:.3f} [{figures['low']:.3f}, {figures['high']:.3f}] of the sealed "
+            f"(tolerance {figures['tolerance']:g})"
+            if figures.get("ratio") is not None
+            else "speed: not comparable"
+        )
+        outputs = f"tokens identical on {figures.get('identical', 0)}/{figures.get('prompts', 0)} prompts"
+        head = f"REPRODUCED {self.seal}" if self.reproduced else f"NOT REPRODUCED {self.seal}"
+        why = "" if self.reproduced else ": " + "; ".join(self.reasons)
+        drift = f" (drift accepted: {'; '.join(self.drift)})" if self.drift else ""
+        return f"{head}{why} - {outputs}; {speed}{drift}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seal": self.seal,
+            "reproduced": self.reproduced,
+            "reasons": self.reasons,
+            "figures": self.figures,
+            "drift_accepted": self.drift,
+            "line": self.line(),
+        }
+
+
+def _fix_drift(sealed: Mapping[str, Any], run: list) -> list[str]:
+    out = []
+    for e in run:
+        for audit in e.audits:
+            where = f"start-{e.start_index} rank {audit.get('global_rank')}"
+            want = ((sealed.get("start-1") or {}).get(f"rank-{audit.get('global_rank')}")) or {}
+            if audit.get("runtime_fixes") != want:
+                out.append(f"{where}: runtime fixes {audit.get('runtime_fixes')}, sealed {want}")
+    return out
+
+
+def judge(seal_folder: Path, run_dir: Path, contract: Contract, drift: list[str] | None = None) -> Reproduction:
+    """Whether the run in `run_dir` reproduces the seal (see the module's docstring)."""
+    from ..compare import compare_runs, load_run
+
+    seal = store.read(seal_folder)
+    name = f"{store.REPRO}/{seal.name}"
+    reasons = []
+    if seal.document.get("contract", {}).get("digest") != contract.digest:
+        reasons.append(
+            f"contract digest {contract.digest[:16]}..., sealed {seal.document['contract']['digest'][:16]}..."
+        )
+    comparison = compare_runs(load_run(seal_folder), load_run(run_dir))
+    differing = [p for p in comparison.prompts if not p.identical or not p.starts_agree_b]
+    for p in differing[:5]:
+        reasons.append(
+            f"prompt {p.prompt_id}: "
+            + (
+                f"token {p.position} is {p.token_b}, sealed {p.token_a}"
+                if not p.identical
+                else "this run's starts disagree with each other"
+            )
+        )
+    if len(differing) > 5:
+        reasons.append(f"and {len(differing) - 5} more prompts differ")
+    if comparison.only_in_a or comparison.only_in_b:
+        reasons.append(f"prompts in one run only: {sorted([*comparison.only_in_a, *comparison.only_in_b])}")
+    reasons += _fix_drift(seal.record().get("source", {}).get("runtime_fixes") or {}, run_folder.read_starts(run_dir))[
+        :4
+    ]
+    speed, tolerance = comparison.speed, contract.reproduction.throughput_tolerance
+    figures: dict[str, Any] = {
+        "identical": comparison.identical_outputs,
+        "prompts": len(comparison.prompts),
+        "ratio": speed.ratio,
+        "low": speed.low,
+        "high": speed.high,
+        "paired": speed.paired.ratio if speed.paired else None,
+        "tolerance": tolerance,
+        "sealed_median": speed.median_a,
+        "median": speed.median_b,
+    }
+    if speed.ratio is None:
+        reasons.append("no prompt has a decode rate in both the seal and this run")
+    elif abs(speed.ratio - 1) > tolerance:
+        reasons.append(
+            f"speed {speed.ratio:.3f} of the sealed ({speed.median_b:.1f} vs {speed.median_a:.1f} tok/s median) is "
+            f"outside 1 +/- {tolerance:g} (throughput_tolerance)"
+        )
+    return Reproduction(name, not reasons, reasons, figures, list(drift or []))

@@ -1,0 +1,179 @@
+"""Reading sealed records. A seal is a run folder (start-N/evidence.json, prompts.jsonl, checkpoint-tables.json,
+promotion.json: every reader of run folders reads it as one) plus what makes it self-contained: contract.toml,
+record.json (source state, launcher, machine, models), the teacher snapshots that judged it under
+__snapshots__/, and SEAL.json over all of them.
+
+The file digests are sha256 (hashlib): no library keeps a manifest of a folder the way a seal needs it (one
+digest over name-and-digest lines, every missing, edited or added file named), so the few lines are here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import project
+from ..errors import LabError
+
+REPRO = "repro"  # the lab's folder of sealed records, in its repository
+SEAL_FILE = "SEAL.json"
+RECORD_FILE = "record.json"
+CONTRACT_FILE = "contract.toml"
+SNAPSHOTS = "__snapshots__"
+SCHEMA = "b70lab.seal"
+VERSION = 1
+
+
+class SealError(LabError, ValueError):
+    """A seal that cannot be read, written or trusted: the message names the file and what is wrong."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """Every file under `folder` but SEAL.json, by its relative path (POSIX), with its sha256."""
+    return {
+        p.relative_to(folder).as_posix(): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.relative_to(folder).as_posix() != SEAL_FILE
+    }
+
+
+def overall_digest(files: dict[str, str]) -> str:
+    """One digest over the sealed files: sha256 of `<path> <sha256>` lines, sorted by path."""
+    lines = "".join(f"{path} {files[path]}\n" for path in sorted(files))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def records_root() -> Path:
+    """repro/ in the lab's repository (project.find: the plugin's root folder, the working folder)."""
+    return project.find(REPRO)
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """A seal's folder from its name (repro/NAME) or a path to it; a folder without SEAL.json is an error."""
+    given = Path(name_or_path).expanduser()
+    candidates = [given] if given.is_absolute() or len(given.parts) > 1 else [records_root() / given, given]
+    for folder in candidates:
+        if (folder / SEAL_FILE).is_file():
+            return folder.resolve()
+    raise SealError(
+        f"no sealed record {str(name_or_path)!r}: looked for {' and '.join(str(c / SEAL_FILE) for c in candidates)} "
+        f"(`b70lab records` lists the seals)"
+    )
+
+
+def is_seal(folder: Path) -> bool:
+    return (folder / SEAL_FILE).is_file()
+
+
+@dataclass(frozen=True)
+class Seal:
+    folder: Path
+    document: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.document.get("name") or self.folder.name)
+
+    @property
+    def files(self) -> dict[str, str]:
+        return dict(self.document.get("files") or {})
+
+    def record(self) -> dict[str, Any]:
+        """record.json, read after the seal was verified (verify) or for show."""
+        return _json(self.folder / RECORD_FILE, "the seal's record")
+
+
+def _json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise SealError(f"{what} is missing: {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SealError(f"{what} {path} is not valid JSON ({e}): the file is corrupted") from None
+
+
+def read(folder: Path) -> Seal:
+    """SEAL.json of `folder`, its shape checked (not its files: verify)."""
+    document = _json(folder / SEAL_FILE, "SEAL.json")
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise SealError(f"{folder / SEAL_FILE} is not a b70lab seal (schema {SCHEMA!r} expected)")
+    if document.get("version") != VERSION:
+        raise SealError(f"{folder / SEAL_FILE}: seal version {document.get('version')!r}, this b70lab reads {VERSION}")
+    files = document.get("files")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise SealError(f"{folder / SEAL_FILE}: `files` must map each sealed file to its sha256")
+    return Seal(folder, document)
+
+
+def verify(folder: Path) -> list[str]:
+    """Every way the folder differs from its SEAL.json, one line each naming the file; [] when it holds."""
+    try:
+        seal = read(folder)
+    except SealError as e:
+        return [str(e)]
+    sealed, present = seal.files, file_digests(folder)
+    problems = [
+        f"{folder / p}: missing (sealed with sha256 {sealed[p][:16]}...)" for p in sorted(set(sealed) - set(present))
+    ]
+    problems += [f"{folder / p}: added after sealing (not in {SEAL_FILE})" for p in sorted(set(present) - set(sealed))]
+    problems += [
+        f"{folder / p}: edited (sha256 {present[p][:16]}..., sealed {sealed[p][:16]}...)"
+        for p in sorted(set(sealed) & set(present))
+        if sealed[p] != present[p]
+    ]
+    if overall_digest(sealed) != seal.document.get("digest"):
+        problems.append(
+            f"{folder / SEAL_FILE}: its digest {str(seal.document.get('digest'))[:16]}... is not the digest of the "
+            f"files it lists ({overall_digest(sealed)[:16]}...): SEAL.json itself was edited"
+        )
+    return problems
+
+
+def verified(folder: Path) -> Seal:
+    """The seal of `folder`, or SealError naming every file that differs."""
+    problems = verify(folder)
+    if problems:
+        raise SealError(f"sealed record {folder} does not verify:\n  " + "\n  ".join(problems))
+    return read(folder)
+
+
+def listing(root: Path | None = None) -> list[Seal]:
+    """Every seal under the records root (a folder with SEAL.json), by name; unreadable ones included with
+    what is wrong (verify says it)."""
+    found = []
+    base = root if root is not None else records_root()
+    for folder in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
+        if is_seal(folder):
+            try:
+                found.append(read(folder))
+            except SealError as e:
+                found.append(Seal(folder, {"name": folder.name, "error": str(e)}))
+    return found
+
+
+def run_or_seal(value: str | Path) -> Path:
+    """A run folder as given, or a sealed record by name or folder, verified first: a seal compared with is
+    one whose files still hold."""
+    given = Path(value).expanduser()
+    if given.is_dir() and not is_seal(given):
+        return given.resolve()
+    if given.is_dir() or not given.exists():
+        try:
+            return verified(resolve(value)).folder
+        except SealError:
+            if given.is_dir():
+                raise
+            raise SealError(
+                f"{value}: neither a run folder nor a sealed record (`b70lab records` lists them)"
+            ) from None
+    return given.resolve()

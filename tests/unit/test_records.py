@@ -1,0 +1,205 @@
+"""Sealed records (issue 35): every committed seal verifies and judges PROMOTABLE from its own files; any byte
+edited, a file removed or added fails naming it; the writer refuses what must not be sealed and round-trips a
+seal; reproduction compares a run with a seal (tokens, runtime fixes, speed) and refuses a drifted machine
+before any start. The seal under repro/ is a real promotion of the embedded default (make gates, sealed with
+`b70lab seal`): the fixture these tests edit copies of."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_b70lab import contract as contract_mod
+from pytest_b70lab import evidence, judge, project
+from pytest_b70lab.records import reproduce, store
+from pytest_b70lab.records.seal import seal
+
+REPO = Path(__file__).resolve().parents[2]
+SEALS = store.listing(REPO / store.REPRO)
+BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
+
+
+def _edit_token(folder: Path, start: str, prompt_id: str, at: int) -> tuple[int, int]:
+    """Every request of `prompt_id` in `start` gets token `at` changed, its hash kept consistent (the edit a
+    forger makes); the evidence re-written with its digest. Returns (sealed token, new token)."""
+    record = evidence.read(folder / start / "evidence.json")
+    requests = record.every_request(prompt_id)
+    old = requests[0].token_ids[at]
+    for r in requests:
+        r.token_ids[at] = old + 1
+        r.token_ids_sha256 = evidence.sha256_ids(r.token_ids)
+    evidence.write(record, folder / start)
+    return old, old + 1
+
+
+@pytest.fixture
+def sealed(tmp_path: Path) -> Path:
+    """A copy of the newest committed seal of the embedded default, to edit."""
+    assert SEALS, f"no committed seal under {REPO / store.REPRO}"
+    newest = max(SEALS, key=lambda s: str(s.document.get("sealed_at")))
+    return Path(shutil.copytree(newest.folder, tmp_path / newest.folder.name))
+
+
+def test_every_committed_seal_holds_and_judges_promotable() -> None:
+    assert SEALS, "make test verifies the committed seals: there must be one"
+    for s in SEALS:
+        assert store.verify(s.folder) == [], s.folder
+        decision = judge.judge_folder(s.folder, s.folder / store.SNAPSHOTS)
+        assert decision.promotable, judge.headline_line(decision, s.folder)
+        assert s.document["bytes"] <= 2**20, f"{s.name}: {s.document['bytes']} bytes, over 1 MiB"
+        record = s.record()
+        assert record["contract"]["digest"] == contract_mod.load(s.folder / store.CONTRACT_FILE).digest
+        assert all(isinstance(ranks, dict) and ranks for ranks in record["source"]["runtime_fixes"].values())
+
+
+def test_any_byte_edited_fails_naming_the_file(sealed: Path) -> None:
+    files = sorted(store.read(sealed).files)
+    assert len(files) >= 8, files
+    for relative in files:
+        path = sealed / relative
+        original = path.read_bytes()
+        at = len(original) // 2
+        path.write_bytes(original[:at] + bytes([original[at] ^ 0x01]) + original[at + 1 :])
+        problems = store.verify(sealed)
+        assert problems == [
+            f"{path}: edited (sha256 {store.sha256_file(path)[:16]}..., sealed "
+            f"{store.read(sealed).files[relative][:16]}...)"
+        ], relative
+        path.write_bytes(original)
+    assert store.verify(sealed) == []
+
+
+def test_a_missing_an_added_file_and_an_edited_seal_file_are_named(sealed: Path) -> None:
+    (sealed / "prompts.jsonl").unlink()
+    (sealed / "start-1" / "notes.txt").write_text("added later\n")
+    problems = store.verify(sealed)
+    assert problems[0].startswith(f"{sealed / 'prompts.jsonl'}: missing")
+    assert problems[1] == f"{sealed / 'start-1' / 'notes.txt'}: added after sealing (not in SEAL.json)"
+    document = json.loads((sealed / store.SEAL_FILE).read_text())
+    document["files"]["prompts.jsonl"] = "0" * 64
+    (sealed / store.SEAL_FILE).write_text(json.dumps(document))
+    assert any("SEAL.json itself was edited" in p for p in store.verify(sealed))
+    (sealed / store.SEAL_FILE).write_text("{not json")
+    assert store.verify(sealed)[0].endswith(
+        "is not valid JSON (Expecting property name enclosed in double quotes: "
+        "line 1 column 2 (char 1)): the file is corrupted"
+    )
+
+
+def test_a_seal_reseals_as_itself_and_names_are_never_reused(sealed: Path, tmp_path: Path) -> None:
+    """A seal is a run folder: sealing it again (its own teacher snapshots) gives the same files."""
+    root = tmp_path / "records"
+    again = seal(sealed, "again", sealed / store.SNAPSHOTS, root=root)
+    assert store.verify(again) == []
+    assert store.read(again).files == store.read(sealed).files
+    with pytest.raises(store.SealError, match="exists: a sealed record is never overwritten"):
+        seal(sealed, "again", sealed / store.SNAPSHOTS, root=root)
+    with pytest.raises(store.SealError, match="letters, digits"):
+        seal(sealed, "../up", sealed / store.SNAPSHOTS, root=root)
+
+
+def test_evidence_without_runtime_fixes_and_a_failing_run_are_refused(sealed: Path, tmp_path: Path) -> None:
+    snapshots = REPO / "tests" / "gates" / "__snapshots__"
+    with pytest.raises(store.SealError, match=r"no runtime fixes recorded for start-1 rank 0, start-1 rank 1"):
+        seal(BUNDLE, "old", snapshots, root=tmp_path / "records")
+    _edit_token(sealed, "start-2", "json-2", 5)
+    with pytest.raises(store.SealError, match="is not a promotion to seal: NOT PROMOTABLE"):
+        seal(sealed, "broken", sealed / store.SNAPSHOTS, root=tmp_path / "records")
+    assert not (tmp_path / "records" / "broken").exists() and not list((tmp_path / "records").glob(".sealing-*"))
+
+
+def test_a_run_reproduces_its_own_seal_and_not_an_edited_one(sealed: Path, tmp_path: Path) -> None:
+    contract = contract_mod.load(sealed / store.CONTRACT_FILE)
+    same = reproduce.judge(sealed, sealed, contract)
+    assert same.reproduced and same.figures["ratio"] == 1.0, same.line()
+    assert same.line().startswith(f"REPRODUCED repro/{sealed.name} - tokens identical on 6/6 prompts; speed 1.000")
+    run = Path(shutil.copytree(sealed, tmp_path / "run"))
+    for start in ("start-1", "start-2"):
+        old, new = _edit_token(run, start, "json-2", 3)
+        record = evidence.read(run / start / "evidence.json")
+        record.audits[1]["runtime_fixes"] = {**record.audits[1]["runtime_fixes"], "cpu_router_sigmoid": "disabled"}
+        evidence.write(record, run / start)
+    differs = reproduce.judge(sealed, run, contract)
+    assert not differs.reproduced
+    assert differs.reasons[0] == f"prompt json-2: token 3 is {new}, sealed {old}", differs.reasons
+    assert any(
+        "start-1 rank 1: runtime fixes" in r and "'cpu_router_sigmoid': 'disabled'" in r for r in differs.reasons
+    )
+
+
+def test_a_drifted_checkout_is_named_patch_by_patch(sealed: Path, tmp_path: Path) -> None:
+    shutil.copytree(REPO / "patches", tmp_path / "patches")
+    changed = sorted((tmp_path / "patches").glob("*.patch"))[-1]
+    changed.write_text(changed.read_text() + "\n-- \nedited\n")
+    (tmp_path / "patches" / "9999-extra.patch").write_text("From 0 Mon Sep 17 00:00:00 2001\n")
+    seal_read = store.read(sealed)
+    record = seal_read.record()
+    contract = contract_mod.load(sealed / store.CONTRACT_FILE)
+    project.use_root(tmp_path)
+    try:
+        drift = reproduce.machine_drift(seal_read, contract, record["models"], environ={})
+    finally:
+        project.use_root(REPO)
+    assert f"patch {changed.name}: changed" in " | ".join(drift), drift
+    assert "patch 9999-extra.patch: in this checkout, not in the seal" in drift
+    assert not [d for d in drift if d.startswith(("target model", "draft model"))], drift
+
+
+def _session(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "B70LAB_CACHE_DIR": os.environ.get("B70LAB_CACHE_DIR", str(REPO / "data" / "cache"))}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gates", "-p", "no:cacheprovider", "-q", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_a_replay_reproduces_the_seal_and_not_a_resealed_edit(sealed: Path, tmp_path: Path) -> None:
+    """As a lab engineer runs it: the seal's run replayed against the seal, then against a copy re-sealed after
+    its recorded tokens and teacher were edited (the copy's SEAL.json written again over the edited files)."""
+    gates = str(REPO / "tests" / "gates")
+    ok = _session(gates, f"--b70-evidence={sealed}", f"--b70-reproduce={sealed}")
+    assert ok.returncode == 0 and f"REPRODUCED repro/{sealed.name} - tokens identical on 6/6" in ok.stdout, ok.stdout[
+        -3000:
+    ]
+    edited = Path(shutil.copytree(sealed, tmp_path / "edited"))
+    for start in ("start-1", "start-2"):
+        _edit_token(edited, start, "json-2", 7)
+    files = store.file_digests(edited)
+    document = {**store.read(edited).document, "files": files, "digest": store.overall_digest(files)}
+    (edited / store.SEAL_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    assert store.verify(edited) == []
+    no = _session(gates, f"--b70-evidence={sealed}", f"--b70-reproduce={edited}")
+    assert no.returncode == 1, no.stdout[-3000:]
+    assert f"NOT REPRODUCED repro/{sealed.name}: prompt json-2: token 7 is" in no.stdout, no.stdout[-3000:]
+    assert json.loads((sealed / reproduce.REPORT_FILE).read_text())["reproduced"] is False
+
+
+def test_a_changed_patch_refuses_the_session_before_any_start(sealed: Path, tmp_path: Path) -> None:
+    """A checkout whose patches/ differs from the sealed series (the session's root folder is searched first)."""
+    shutil.copytree(REPO / "patches", tmp_path / "patches")
+    changed = sorted((tmp_path / "patches").glob("*.patch"))[0]
+    changed.write_text(changed.read_text().replace("Subject:", "Subject: [edited]", 1))
+    run_dir = tmp_path / "run"
+    refused = _session(
+        f"--rootdir={tmp_path}",
+        "-c",
+        str(REPO / "pyproject.toml"),
+        str(REPO / "tests" / "gates"),
+        f"--b70-reproduce={sealed}",
+        f"--b70-run-dir={run_dir}",
+    )
+    assert refused.returncode == 4, refused.stdout[-2000:] + refused.stderr[-2000:]
+    said = refused.stderr + refused.stdout
+    assert "this machine is not the sealed one, nothing was started" in said, said[-2000:]
+    assert f"patch {changed.name}: changed" in said and "--b70-accept-drift" in said
+    assert not (run_dir / "start-1").exists()
