@@ -376,7 +376,8 @@ class EngineServer:
         lines (`(Worker_TP1 pid=123) out of memory: ...`); once found, kept."""
         if self._oom_lines or self.proc is None:
             return self._oom_lines
-        messages = oom.kernel_log(self.started_at - 1.0)
+        # printk's clock and CLOCK_MONOTONIC can drift apart in a guest: a margin, the pids decide
+        messages = oom.kernel_log(self.started_at - 60.0)
         if messages is None:
             counted = oom.counted_only(self._oom_kills_before, oom.kill_count())
             return [counted] if counted else []

@@ -132,6 +132,32 @@ def _fix_drift(sealed: Mapping[str, Any], run: list) -> list[str]:
     return out
 
 
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def _oracle_drift(seal_folder: Path, contract: Contract, run: list) -> list[str]:
+    """Every prompt where this run's tokens are not the sealed teacher's (the oracle that judged the seal):
+    a seal whose teacher was changed and re-sealed is not reproduced by a run that agrees with the old one."""
+    from .. import teacher
+
+    out: dict[str, str] = {}
+    for e in run:
+        for r in (*e.requests, *e.repeats):
+            if r.prompt_id in out:
+                continue
+            snapshot = teacher.read(teacher.snapshot_path(seal_folder / store.SNAPSHOTS, contract, r.prompt_id))
+            if snapshot["token_ids_sha256"] != r.token_ids_sha256:
+                ids = list(snapshot.get("token_ids") or [])
+                at = _first_difference(r.token_ids, ids)
+                seen = r.token_ids[at] if at < len(r.token_ids) else None
+                out[r.prompt_id] = (
+                    f"prompt {r.prompt_id}: start-{e.start_index} is not the sealed teacher's output (token {at} is "
+                    f"{seen}, the sealed teacher's {ids[at] if at < len(ids) else None})"
+                )
+    return list(out.values())
+
+
 def judge(seal_folder: Path, run_dir: Path, contract: Contract, drift: list[str] | None = None) -> Reproduction:
     """Whether the run in `run_dir` reproduces the seal (see the module's docstring)."""
     from ..compare import compare_runs, load_run
@@ -158,9 +184,9 @@ def judge(seal_folder: Path, run_dir: Path, contract: Contract, drift: list[str]
         reasons.append(f"and {len(differing) - 5} more prompts differ")
     if comparison.only_in_a or comparison.only_in_b:
         reasons.append(f"prompts in one run only: {sorted([*comparison.only_in_a, *comparison.only_in_b])}")
-    reasons += _fix_drift(seal.record().get("source", {}).get("runtime_fixes") or {}, run_folder.read_starts(run_dir))[
-        :4
-    ]
+    run = run_folder.read_starts(run_dir)
+    reasons += _oracle_drift(seal_folder, contract, run)[:5]
+    reasons += _fix_drift(seal.record().get("source", {}).get("runtime_fixes") or {}, run)[:4]
     speed, tolerance = comparison.speed, contract.reproduction.throughput_tolerance
     figures: dict[str, Any] = {
         "identical": comparison.identical_outputs,

@@ -28,10 +28,13 @@ PATCHES = "patches"
 SIZE_LIMIT = 2**20
 
 
-def anonymize(text: str, repo: Path) -> str:
-    """This machine's paths as placeholders: the repository, the home folder, the virtual environment, the
-    private socket folder of a start."""
-    text = text.replace(sys.prefix, "<venv>").replace(str(repo), "<repo>").replace(str(Path.home()), "<home>")
+def anonymize(text: str, repos: list[Path]) -> str:
+    """This machine's paths as placeholders: the virtual environment, the repository (every folder the lab's
+    files are looked up in: the working folder, the checkout), the home folder, a start's socket folder."""
+    text = text.replace(sys.prefix, "<venv>")
+    for repo in sorted({str(r) for r in repos if len(r.parts) > 1}, key=len, reverse=True):
+        text = text.replace(repo, "<repo>")
+    text = text.replace(str(Path.home()), "<home>")
     return re.sub(re.escape(tempfile.gettempdir()) + r"/b70lab-[A-Za-z0-9_]+", "<socket dir>", text)
 
 
@@ -91,7 +94,7 @@ def record(contract: contract_mod.Contract, starts: list[Evidence], headline: st
     }
 
 
-def _copy_run(run_dir: Path, starts: list[Evidence], into: Path, repo: Path) -> None:
+def _copy_run(run_dir: Path, starts: list[Evidence], into: Path, repo: list[Path]) -> None:
     for e in starts:
         name = f"start-{e.start_index}"
         raw = anonymize((run_dir / name / evidence.FILENAME).read_text(encoding="utf-8"), repo)
@@ -146,7 +149,7 @@ def seal(run_dir: Path, name: str, snapshots: Path, root: Path | None = None, su
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".sealing-{name}-", dir=root))
     try:
-        repo = project.bases()[0]
+        repo = project.bases()
         _copy_run(run_dir, starts, work, repo)
         _copy_teacher(contract, snapshots, work, prompt_ids)
         (work / store.CONTRACT_FILE).write_text(contract_mod.to_toml(contract), encoding="utf-8")

@@ -133,6 +133,29 @@ def test_a_run_reproduces_its_own_seal_and_not_an_edited_one(sealed: Path, tmp_p
     )
 
 
+def test_a_seal_resealed_with_another_teacher_is_not_reproduced(sealed: Path, tmp_path: Path) -> None:
+    """The seal's oracle changed (one token of one teacher snapshot, its hash kept consistent) and SEAL.json
+    written again: the run that was sealed no longer reproduces it, naming the prompt and the token."""
+    from pytest_b70lab import teacher
+
+    contract = contract_mod.load(sealed / store.CONTRACT_FILE)
+    edited = Path(shutil.copytree(sealed, tmp_path / "edited"))
+    path = teacher.snapshot_path(edited / store.SNAPSHOTS, contract, "prose-3")
+    snapshot = json.loads(path.read_text())
+    snapshot["token_ids"][11] += 1
+    snapshot["token_ids_sha256"] = evidence.sha256_ids(snapshot["token_ids"])
+    path.write_text(json.dumps(snapshot, indent=2, sort_keys=True) + "\n")
+    files = store.file_digests(edited)
+    document = {**store.read(edited).document, "files": files, "digest": store.overall_digest(files)}
+    (edited / store.SEAL_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    result = reproduce.judge(edited, sealed, contract)
+    assert not result.reproduced
+    assert result.reasons == [
+        f"prompt prose-3: start-1 is not the sealed teacher's output (token 11 is {snapshot['token_ids'][11] - 1}, "
+        f"the sealed teacher's {snapshot['token_ids'][11]})"
+    ], result.reasons
+
+
 def test_a_drifted_checkout_is_named_patch_by_patch(sealed: Path, tmp_path: Path) -> None:
     shutil.copytree(REPO / "patches", tmp_path / "patches")
     changed = sorted((tmp_path / "patches").glob("*.patch"))[-1]
