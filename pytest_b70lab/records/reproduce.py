@@ -7,7 +7,6 @@ the contract's throughput_tolerance: a comparison across days, never the side-by
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,15 +21,6 @@ from .seal import PATCHES, isa, patch_series
 REPORT_FILE = "reproduction.json"
 # The environment variables that select the runtime fixes (in_engine/fixes.py, in_engine/dflash_fix.py).
 FIX_SELECTION = ("B70LAB_VLLM_FIXES", "B70LAB_DFLASH_CPU_FIX")
-
-
-def _installed(name: str) -> str | None:
-    for dist in (name, f"{name}-cpu"):
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return None
 
 
 def host_class(record: Mapping[str, Any]) -> str:
@@ -75,8 +65,8 @@ def machine_drift(
     source = record.get("source") or {}
     drift = []
     for name, sealed in (("vllm", source.get("vllm")), ("torch", source.get("torch"))):
-        if _installed(name) != sealed:
-            drift.append(f"{name} {_installed(name)} here, sealed {sealed}")
+        if host.library_version(name) != sealed:
+            drift.append(f"{name} {host.library_version(name)} here, sealed {sealed}")
     drift += _patch_drift(source.get("patches") or [], patch_series(project.find(PATCHES)))
     sealed_env = (record.get("launcher") or {}).get("environment") or {}
     for name in FIX_SELECTION:

@@ -9,13 +9,14 @@ digest over name-and-digest lines, every missing, edited or added file named), s
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import project
+from ..digests import file_sha256
 from ..errors import LabError
+from ..evidence import read_json
 
 REPRO = "repro"  # the lab's folder of sealed records, in its repository
 SEAL_FILE = "SEAL.json"
@@ -30,12 +31,7 @@ class SealError(LabError, ValueError):
     """A seal that cannot be read, written or trusted: the message names the file and what is wrong."""
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+sha256_file = file_sha256
 
 
 def file_digests(folder: Path) -> dict[str, str]:
@@ -94,12 +90,7 @@ class Seal:
 
 
 def _json(path: Path, what: str) -> Any:
-    if not path.is_file():
-        raise SealError(f"{what} is missing: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SealError(f"{what} {path} is not valid JSON ({e}): the file is corrupted") from None
+    return read_json(path, what, SealError)
 
 
 def read(folder: Path) -> Seal:
