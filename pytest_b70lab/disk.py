@@ -98,16 +98,15 @@ def hold_reserve(run_dir: Path) -> Path:
     return path
 
 
-def release_reserve(near: Path) -> bool:
-    """Give back the reserve of the run folder holding `near` (a start folder, or the run folder itself):
-    True when space was freed."""
-    for folder in (near, *list(near.parents)[:3]):
-        path = folder / RESERVE
-        if path.is_file():
-            path.unlink()
-            return True
-    return False
+def release_reserve(folder: Path) -> bool:
+    """Give back the reserve held in `folder` (the kind's folder a start folder sits in): True when space was
+    freed. Only that one: another kind's reserve may be serving a start collected beside it."""
+    try:
+        (folder / RESERVE).unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
-def drop_reserve(run_dir: Path) -> None:
-    (run_dir / RESERVE).unlink(missing_ok=True)
+def drop_reserve(folder: Path) -> None:
+    release_reserve(folder)

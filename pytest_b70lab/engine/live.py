@@ -289,9 +289,10 @@ def _finish(server: EngineServer, record: evidence.Evidence, start_dir: Path) ->
 
 def _write_evidence(record: evidence.Evidence, start_dir: Path, disk_full: bool) -> None:
     """The evidence, written whole or not at all (evidence.write is atomic). On a full disk the run's reserve
-    (disk.hold_reserve) is given back first, so that the failed start's evidence says why."""
+    (disk.hold_reserve, in the kind's folder above the start's) is given back first, so that the failed start's
+    evidence says why."""
     if disk_full:
-        disk.release_reserve(start_dir)
+        disk.release_reserve(start_dir.parent)
     try:
         evidence.write(record, start_dir)
         return
@@ -299,7 +300,7 @@ def _write_evidence(record: evidence.Evidence, start_dir: Path, disk_full: bool)
         if not disk.is_full(e):
             raise
         first = e
-    if disk.release_reserve(start_dir):
+    if disk.release_reserve(start_dir.parent):
         with contextlib.suppress(OSError):
             evidence.write(record, start_dir)
             return

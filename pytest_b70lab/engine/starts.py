@@ -320,7 +320,7 @@ def run_starts(
     disk.hold_reserve(reserve_dir)
     try:
         return _launch_starts(
-            contract, run_dir, cache_root, models, probe_result, progress, starts, quality, prompt_ids
+            contract, run_dir, reserve_dir, cache_root, models, probe_result, progress, starts, quality, prompt_ids
         )
     finally:
         disk.drop_reserve(reserve_dir)
@@ -329,6 +329,7 @@ def run_starts(
 def _launch_starts(
     contract: Contract,
     run_dir: Path,
+    kind_dir: Path,
     cache_root: Path,
     models: ResolvedModels,
     probe_result: dict,
@@ -338,13 +339,12 @@ def _launch_starts(
     prompt_ids: list[str] | None,
 ) -> list[evidence.Evidence]:
     try:
-        write_run_files(run_folder.kind_dir(run_dir, contract.kind), contract, models)
+        write_run_files(kind_dir, contract, models)
     except OSError as e:
         if not disk.is_full(e):
             raise
-        raise disk.DiskFullError(
-            f"no start was launched: {disk.full_message(run_dir / run_folder.TABLES_COPY, e, run_dir)}"
-        ) from None
+        failed = Path(e.filename) if e.filename else kind_dir / run_folder.TABLES_COPY
+        raise disk.DiskFullError(f"no start was launched: {disk.full_message(failed, e, run_dir)}") from None
     if contract.reproduction.schedule == "interleaved" and (starts or 2) >= 2:
         from .interleave import run_interleaved
 

@@ -104,8 +104,8 @@ def test_the_reserve_is_set_aside_and_given_back(tmp_path: Path) -> None:
     held = disk.hold_reserve(tmp_path)
     assert held.stat().st_blocks * 512 >= disk.RESERVE_BYTES  # allocated, not a sparse file
     (tmp_path / "start-1").mkdir()
-    assert disk.release_reserve(tmp_path / "start-1") and not held.exists()
-    assert not disk.release_reserve(tmp_path / "start-1")
+    assert disk.release_reserve(tmp_path) and not held.exists()
+    assert not disk.release_reserve(tmp_path)
     disk.drop_reserve(tmp_path)
 
 
