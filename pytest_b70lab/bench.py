@@ -539,12 +539,9 @@ def gates_overhead(contract_name: str, cache_root: Path, out_dir: Path, say: Cal
         "tests/gates",
         "-m",
         "gates",
-        "--b70-contract",
-        contract_name,
-        "--b70-run-dir",
-        str(out_dir / "gates"),
-        "--b70-cache-dir",
-        str(cache_root),
+        f"--b70-contract={contract_name}",
+        f"--b70-run-dir={out_dir / 'gates'}",
+        f"--b70-cache-dir={cache_root}",
         "-q",
         "-p",
         "no:cacheprovider",
@@ -730,9 +727,11 @@ def reproduction_sessions(
 
 
 def _one_session(contract: str, cache_root: Path, run_dir: Path, n: int, say: Callable[[str], None]) -> SessionDrift:
-    cmd = [sys.executable, "-m", "pytest", "-m", "gates", "--b70-contract", contract, "--b70-run-dir", str(run_dir)]
-    cmd += ["--b70-cache-dir", str(cache_root), "-q", "-p", "no:cacheprovider"]
+    # Path values joined with '=': pytest reads a separate value as a test path unless the plugin is loaded first.
+    cmd = [sys.executable, "-m", "pytest", "-m", "gates", f"--b70-contract={contract}", f"--b70-run-dir={run_dir}"]
+    cmd += [f"--b70-cache-dir={cache_root}", "-q", "-p", "no:cacheprovider"]
     seconds, done = _wall(cmd, REPO)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     run_dir.with_suffix(".log").write_text(done.stdout + done.stderr)
     _checked(done, f"gates session {n}", ok=(0, 1))  # a failed gate still has two starts to compare
     drift = session_drift(run_dir)
