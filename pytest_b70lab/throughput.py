@@ -6,9 +6,11 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .metrics import histogram_mean
+
+_T = TypeVar("_T")
 
 
 def token_arrival_times(chunk_times: Sequence[float], chunk_tokens: Sequence[int]) -> list[float]:
@@ -108,10 +110,10 @@ def paired_ratio(
     usable = [k for k in rates_a if k in rates_b and all(math.isfinite(r) and r > 0 for r in (rates_a[k], rates_b[k]))]
     if not usable:
         return None
-    return _geometric([math.log(rates_b[k] / rates_a[k]) for k in usable], confidence, resamples, seed)
+    return geometric_ratio([math.log(rates_b[k] / rates_a[k]) for k in usable], confidence, resamples, seed)
 
 
-def _geometric(logs: Sequence[float], confidence: float, resamples: int, seed: int) -> PairedRatio:
+def geometric_ratio(logs: Sequence[float], confidence: float, resamples: int, seed: int) -> PairedRatio:
     """exp of the mean of per-prompt log ratios, with a percentile bootstrap over the prompts."""
     import numpy as np  # here: the CLI imports this module before it needs numpy
 
@@ -142,12 +144,26 @@ def interleaved_ratio(
         for passes in pairs.values()
         if passes and all(math.isfinite(r) and r > 0 for pair in passes for r in pair)
     ]
-    return _geometric(logs, confidence, resamples, seed) if logs else None
+    return geometric_ratio(logs, confidence, resamples, seed) if logs else None
 
 
 def pass_medians(rates: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """Each prompt's median decode rate over the passes of one start (its endpoint figure's input)."""
     return {k: statistics.median(v) for k, v in rates.items() if v}
+
+
+def by_prompt(values: Iterable[_T], keys: Iterable[tuple[int, str]]) -> dict[str, list[_T]]:
+    """Values keyed by (pass, prompt id), gathered per prompt id in pass order."""
+    out: dict[str, list[_T]] = {}
+    for (_pass_index, prompt_id), v in zip(keys, values, strict=True):
+        out.setdefault(prompt_id, []).append(v)
+    return out
+
+
+def pass_endpoint(rates: Mapping[tuple[int, str], float]) -> float | None:
+    """An interleaved start's endpoint figure: the median over prompts of each prompt's median over passes."""
+    per_prompt = pass_medians(by_prompt(rates.values(), rates.keys()))
+    return endpoint_median(list(per_prompt.values())) if per_prompt else None
 
 
 def server_decode_figures(before: str | None, after: str | None) -> tuple[float | None, float | None, float | None]:

@@ -21,14 +21,41 @@ from .server import EngineServer, EngineStartError
 QUIET_LIMIT_S = 20.0  # past this, the request is sent anyway: the measurement says whether it was clean
 
 
-def wait_quiet(server: EngineServer) -> float:
-    """Seconds waited until `server`'s processes used less than the quiet rule's CPU time in one window."""
+class CpuReading:
+    """CPU-seconds so far of the start measured, the other starts together and the whole machine, and the
+    harness's own: two readings give what the others and what everything outside every start used in between."""
+
+    def __init__(self, me: EngineServer, others: list[EngineServer]):
+        found = [o.cpu_seconds() for o in others]
+        self.other = None if any(x is None for x in found) else sum(x or 0.0 for x in found)
+        self.mine = me.cpu_seconds()
+        self.own = host.own_cpu_seconds()
+        self.machine = host.busy_cpu_seconds()
+
+    def other_since(self, before: CpuReading) -> float | None:
+        return _grew(before.other, self.other)
+
+    def outside_since(self, before: CpuReading) -> float | None:
+        """The machine's busy time less both starts' and the harness's (floored at 0: the counters tick apart)."""
+        parts = [_grew(b, a) for b, a in ((before.machine, self.machine), (before.mine, self.mine))]
+        parts += [self.other_since(before), _grew(before.own, self.own)]
+        if any(x is None for x in parts):
+            return None
+        machine, mine, other, own = (x or 0.0 for x in parts)
+        return max(0.0, machine - mine - other - own)
+
+
+def wait_quiet(me: EngineServer, others: list[EngineServer]) -> float:
+    """Seconds waited until, in one window, the other starts' processes used less than the quiet rule's CPU
+    time (each) and everything outside every start less than the host rule's."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < QUIET_LIMIT_S:
-        before = server.cpu_seconds()
+        before = CpuReading(me, others)
         time.sleep(evidence.QUIET_WINDOW_S)
-        after = server.cpu_seconds()
-        if before is not None and after is not None and after - before < evidence.QUIET_CPU_S:
+        after = CpuReading(me, others)
+        busy, outside = after.other_since(before), after.outside_since(before)
+        quiet = busy is not None and busy < evidence.QUIET_CPU_S * len(others)
+        if quiet and (outside or 0.0) < evidence.QUIET_OUTSIDE_CPU_S:
             break
     return time.monotonic() - t0
 
@@ -39,10 +66,16 @@ def _grew(before: float | None, after: float | None) -> float | None:
     return after - before if before is not None and after is not None and after >= before else None
 
 
-def order(pass_index: int, prompt_index: int) -> tuple[int, int]:
-    """Which start goes first for this prompt in this pass: A B, B A, ... along the prompts, and the other way
-    round in the next pass, so that each start goes first equally often in every pair of passes."""
-    return (0, 1) if (pass_index + prompt_index) % 2 == 0 else (1, 0)
+def order(pass_index: int, prompt_index: int, starts: int = 2) -> tuple[int, ...]:
+    """In which order the starts serve this prompt in this pass: a rotation that moves on by one with every
+    prompt and every pass (two starts: A B, B A, ... along the prompts, the other way round in the next pass), so
+    that over any `starts` consecutive prompts each start takes each place once."""
+    shift = (pass_index + prompt_index) % starts
+    return tuple((shift + j) % starts for j in range(starts))
+
+
+def label(live: LiveStart) -> str:
+    return f"{live.contract.name} start-{live.index}"
 
 
 class _Session:
@@ -51,23 +84,27 @@ class _Session:
         self.clock0 = time.monotonic()
         self.sequence = 0
         self.current = lives[0]  # the start being opened, served or closed: the one a failure is of
+        # A sweep's session (several contracts, or more than two starts): every other start is named by label.
+        self.several = len(lives) > 2 or len({live.contract.name for live in lives}) > 1
         for live in lives:
             live.record.schedule = evidence.Schedule.new(passes)
 
-    def measure(self, me: LiveStart, other: LiveStart, prompt, pass_index: int) -> None:
-        """One (pass, prompt) on one start: measured again while the other start was busy, at most
-        MAX_ATTEMPTS times in all; where the evidence keeps each request follows evidence.Measurement."""
-        assert me.record.schedule is not None
+    def measure(self, me: LiveStart, others: list[LiveStart], prompt, pass_index: int) -> None:
+        """One (pass, prompt) on one start: measured again while another start or the machine was busy, at
+        most MAX_ATTEMPTS times in all; where the evidence keeps each request follows evidence.Measurement."""
+        schedule = me.record.schedule
+        assert schedule is not None
         self.current = me
+        servers = [o.server for o in others]
         for attempt in range(1, evidence.MAX_ATTEMPTS + 1):
-            waited = wait_quiet(other.server)
-            label = f"pass {pass_index}" + (f" attempt {attempt}" if attempt > 1 else "")
+            waited = wait_quiet(me.server, servers)
+            what = f"pass {pass_index}" + (f" attempt {attempt}" if attempt > 1 else "")
             faults0, steal0 = me.server.major_faults(), host.steal_seconds()
-            cpu0, t0 = other.server.cpu_seconds(), time.monotonic()
-            request = me.serve(prompt, label)
-            t1, cpu1 = time.monotonic(), other.server.cpu_seconds()
+            cpu0, t0 = CpuReading(me.server, servers), time.monotonic()
+            request = me.serve(prompt, what)
+            t1, cpu1 = time.monotonic(), CpuReading(me.server, servers)
             faults1, steal1 = me.server.major_faults(), host.steal_seconds()
-            used = _grew(cpu0, cpu1)
+            used, outside = cpu1.other_since(cpu0), cpu1.outside_since(cpu0)
             m = evidence.Measurement(
                 pass_index=pass_index,
                 prompt_id=prompt.id,
@@ -76,23 +113,25 @@ class _Session:
                 started_at=round(t0 - self.clock0, 6),
                 ended_at=round(t1 - self.clock0, 6),
                 quiet_wait_s=round(waited, 3),
-                other_start=other.index,
+                other_start=None if self.several else others[0].index,
+                others=[label(o) for o in others] if self.several else None,
                 other_cpu_s=None if used is None else round(used, 4),
+                outside_cpu_s=None if outside is None else round(outside, 4),
                 steal_s=None if (stolen := _grew(steal0, steal1)) is None else round(stolen, 3),
                 major_faults=None if (faults := _grew(faults0, faults1)) is None else int(faults),
                 kept_in="repeats",
                 index=0,
             )
             self.sequence += 1
-            last = not m.contaminated or attempt == evidence.MAX_ATTEMPTS
+            why = schedule.contamination(m)
+            last = why is None or attempt == evidence.MAX_ATTEMPTS
             kept = me.record.requests if pass_index == 1 and last else me.record.repeats
             m.kept_in, m.index = ("requests" if kept is me.record.requests else "repeats"), len(kept)
             kept.append(request)
-            me.record.schedule.measurements.append(m)
-            if m.contaminated:
+            schedule.measurements.append(m)
+            if why is not None:
                 me.say(
-                    f"{me.contract.name} start-{me.index}: {prompt.id} {label}: start-{other.index} used "
-                    f"{m.other_cpu_s} CPU-s meanwhile (limit {m.busy_limit():.3f})"
+                    f"{label(me)}: {prompt.id} {what}: {why}"
                     + ("; measuring again" if not last else "; no attempts left")
                 )
             if last:
@@ -101,9 +140,9 @@ class _Session:
     def serve_passes(self, prompts: list) -> None:
         for pass_index in range(1, self.passes + 1):
             for k, prompt in enumerate(prompts):
-                first, second = order(pass_index, k)
-                for j, other in ((first, second), (second, first)):
-                    self.measure(self.lives[j], self.lives[other], prompt, pass_index)
+                for j in order(pass_index, k, len(self.lives)):
+                    me = self.lives[j]
+                    self.measure(me, [o for o in self.lives if o is not me], prompt, pass_index)
 
 
 def run_interleaved(
@@ -112,9 +151,10 @@ def run_interleaved(
     quality: list[QualitySample] | None = None,
     prompt_ids: list[str] | None = None,
 ) -> list[evidence.Evidence]:
-    """Both launched starts of a contract: start-1 launched and ready, then start-2 launched while start-1 idles, then
-    the passes; quality samples (if any) on start-1 after its closing /metrics. Every start is torn down and
-    its evidence written on every exit; a start that fails takes the other's measurement with it."""
+    """The launched starts of a session (a contract's two; a sweep's, of several contracts): each opened and ready
+    while the ones before it idle, then the passes; quality samples (if any) on the first after its closing
+    /metrics. Every start is torn down and its evidence written on every exit; a start that fails takes the
+    others' measurement with it."""
     session = _Session(lives, passes)
     try:
         for session.current in lives:
@@ -140,9 +180,14 @@ def _failed(lives: list[LiveStart], culprit: LiveStart, e: BaseException) -> Non
     for live in lives:
         if live is not culprit and live.record.status != "ok":
             live.record.failure = evidence.Failure(
-                message=f"not measured to the end: start-{culprit.index}, interleaved with it, failed "
+                message=f"not measured to the end: {_name(culprit, lives)}, interleaved with it, failed "
                 f"({str(e).splitlines()[0] if str(e) else type(e).__name__})",
                 phase=live.server.phase,
                 tails=live.server.tails(),
             )
             live.record.status = "failed"
+
+
+def _name(live: LiveStart, lives: list[LiveStart]) -> str:
+    """start-N within one contract's session; with the contract's name where the session has several."""
+    return label(live) if len({o.contract.name for o in lives}) > 1 else f"start-{live.index}"

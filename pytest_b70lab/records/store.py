@@ -138,6 +138,17 @@ def verified(folder: Path) -> Seal:
     return read(folder)
 
 
+def judged(folder: Path) -> Any:
+    """The seal's verdict judged again from its own files, under the contract it holds: a seal is the promotion
+    of its day, and the repository's copy of that contract moving on since does not un-promote it (a run
+    reproduced against the seal is still held to the sealed contract's digest)."""
+    from .. import contract as contract_mod
+    from ..judge import judge_folder
+
+    sealed = contract_mod.load(folder / CONTRACT_FILE)
+    return judge_folder(folder, folder / SNAPSHOTS, named=f"{sealed.name}@{sealed.digest}")
+
+
 def listing(root: Path | None = None) -> list[Seal]:
     """Every seal under the records root (a folder with SEAL.json), by name; unreadable ones included with
     what is wrong (verify says it)."""

@@ -51,17 +51,24 @@ class PlannedStart:
         return f"{self.variant}{' teacher' if self.own_teacher else ''} start-{self.index}"
 
 
-def start_order(names: Sequence[str], rounds: int, own_teachers: Collection[str] = ()) -> list[PlannedStart]:
+def start_order(
+    names: Sequence[str], rounds: int, own_teachers: Collection[str] = (), session: Collection[str] = ()
+) -> list[PlannedStart]:
     """Round 1 in the given order, round 2 reversed, round 3 as round 1 ... (A B C, C B A, A B C): whatever
     the machine drifts by over the sweep falls on every variant alike, and no variant always runs first or
     last. A variant's own teacher (one start: it only has to record the target's output) runs at the end of
-    round 1, before any variant's second start."""
+    round 1, before any variant's second start. The starts of an interleaved sweep's `session` come last, in
+    the same alternating order: the order they are launched in, to be alive together."""
     if rounds < 1:
         raise ValueError(f"a sweep needs at least one round, not {rounds}")
+
+    def one_round(group: list[str], r: int) -> list[PlannedStart]:
+        return [PlannedStart(r, name, r) for name in (group if r % 2 else list(reversed(group)))]
+
     order: list[PlannedStart] = []
     for r in range(1, rounds + 1):
-        ordered = list(names) if r % 2 else list(reversed(names))
-        order += [PlannedStart(r, name, r) for name in ordered]
+        order += one_round([n for n in names if n not in session], r)
         if r == 1:
             order += [PlannedStart(1, name, 1, own_teacher=True) for name in names if name in own_teachers]
-    return order
+    members = [n for n in names if n in session]
+    return order + [p for r in range(1, rounds + 1) for p in one_round(members, r)]

@@ -161,6 +161,48 @@ def _discard(where: Path, say: Progress) -> None:
     shutil.rmtree(where)
 
 
+SCHEDULES = ("sequential", "interleaved")
+
+
+def session_members(variants: list[Variant], schedule: str, rounds: int) -> list[str]:
+    """The variants an interleaved sweep serves side by side, every round's start of each alive together:
+    those whose contract's schedule is interleaved (a teacher's starts, and a sequential contract's, stay one
+    at a time). A SweepError where the schedule cannot be kept: no such variant, or variants that ask for
+    different passes (one session serves every start the same passes), or a machine that cannot hold them."""
+    if schedule not in SCHEDULES:
+        raise SweepError(f"--schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
+    if schedule == "sequential":
+        return []
+    members = [v for v in variants if v.contract.reproduction.schedule == "interleaved"]
+    if not members:
+        raise SweepError(
+            '--schedule interleaved: no variant\'s contract has [reproduction] schedule = "interleaved" '
+            "(its gate 7 would judge interleaved evidence as a contradiction); set it in the base contract"
+        )
+    passes = {v.name: v.contract.reproduction.passes for v in members}
+    if len(set(passes.values())) > 1:
+        raise SweepError(f"--schedule interleaved: the variants ask for different passes {passes}: vary something else")
+    from .. import capability
+
+    alive = [v.contract for v in members for _ in range(rounds)]
+    if problems := capability.session_problems(alive):
+        raise SweepError(
+            "--schedule interleaved: this machine cannot hold the session: " + "; ".join(map(str, problems))
+        )
+    return [v.name for v in members]
+
+
+def _write_run_files(
+    out: Path, variants: list[Variant], models: dict[str, Any], teacher_models: dict[str, Any]
+) -> None:
+    for v in variants:
+        starts_mod.write_run_files(variant_dir(out, v.name), v.contract, models[v.name])
+        if v.name in teacher_models:
+            starts_mod.write_run_files(
+                run_folder.kind_dir(variant_dir(out, v.name), "teacher"), v.contract.teacher(), teacher_models[v.name]
+            )
+
+
 def run(
     base: Contract,
     variants: list[Variant],
@@ -173,18 +215,21 @@ def run(
     *,
     asked: dict[str, Any] | None = None,
     resume: bool = False,
+    schedule: str = "sequential",
 ) -> Outcome:
     """Every planned start, then every variant judged. A variant whose start failed gets no later start
     (nothing past a failed start can be promoted); the others go on, so one broken variant costs the sweep
     only its own starts. `resume`: the folder holds an interrupted sweep of these variants (check_resumable);
-    every start that ended before the interruption is kept, the rest run in the plan's order."""
+    every start that ended before the interruption is kept, the rest run in the plan's order. Interleaved
+    (session_members), the members' starts run last, as one session (_run_session)."""
     say = progress or (lambda _msg: None)
     out = Path(out)
+    members = session_members(variants, schedule, rounds)
     if not resume:
         prepare(out, variants, asked)
     by_name = {v.name: v for v in variants}
     own = [v.name for v in variants if needs_own_teacher(v, base)]
-    outcome = Outcome(start_order([v.name for v in variants], rounds, own))
+    outcome = Outcome(start_order([v.name for v in variants], rounds, own, members))
     models = {v.name: starts_mod.resolve_models(v.contract, cache_root) for v in variants}
     # An own teacher serves the target alone: its models are resolved from its own contract (no draft).
     teacher_models = {name: starts_mod.resolve_models(by_name[name].contract.teacher(), cache_root) for name in own}
@@ -192,14 +237,12 @@ def run(
         probe_result = starts_mod.preflight_probe(base, out, cache_root, say)
     else:
         probe_result = {"skipped": "the preflight collective probe was turned off (--no-probe)"}
-    for v in variants:
-        starts_mod.write_run_files(variant_dir(out, v.name), v.contract, models[v.name])
-        if v.name in own:
-            starts_mod.write_run_files(
-                run_folder.kind_dir(variant_dir(out, v.name), "teacher"), v.contract.teacher(), teacher_models[v.name]
-            )
+    _write_run_files(out, variants, models, teacher_models)
     broken: set[str] = set()
+    session = [p for p in outcome.order if p.variant in members and not p.own_teacher]
     for i, planned in enumerate(outcome.order, 1):
+        if planned in session:
+            continue
         label = planned.label()
         v = by_name[planned.variant]
         folder = variant_dir(out, v.name)
@@ -222,11 +265,77 @@ def run(
             )
         if outcome.status[label] != "ok" and not planned.own_teacher:
             broken.add(v.name)  # a failed teacher leaves its candidate unjudgeable, not unmeasured
+    if session:
+        context = _Context(out, cache_root, say, probe_result, prompt_ids, len(outcome.order))
+        _run_session(session, by_name, models, outcome, context, resume)
     for name in own:
         outcome.teachers[name] = _record_teacher(by_name[name], out, prompt_ids)
     for v in variants:
         outcome.judged[v.name] = judge(v, out, prompt_ids, v.name in own, cache_root, progress=say)
     return outcome
+
+
+@dataclass(frozen=True)
+class _Context:
+    out: Path
+    cache_root: Path
+    say: Progress
+    probe_result: dict
+    prompt_ids: list[str] | None
+    planned: int  # starts in the plan, for the progress lines
+
+
+def _session_folder(out: Path, planned: PlannedStart) -> Path:
+    return variant_dir(out, planned.variant) / f"start-{planned.index}"
+
+
+def _run_session(
+    session: list[PlannedStart],
+    by_name: dict[str, Variant],
+    models: dict[str, starts_mod.ResolvedModels],
+    outcome: Outcome,
+    context: _Context,
+    resume: bool,
+) -> None:
+    """The interleaved sweep's starts as one session (engine.interleave.run_interleaved): each launched in the
+    plan's order and ready while the ones before it idle, then every prompt served to every start in a rotating
+    order, `passes` times. A session is kept whole or run again whole: resumed, it is kept only if every start of
+    it ended by itself."""
+    from ..engine.interleave import run_interleaved
+
+    out, say = context.out, context.say
+    kept = {p: _kept(_session_folder(out, p)) if resume else None for p in session}
+    if all(k is not None for k in kept.values()):
+        for p, k in kept.items():
+            say(f"sweep: {p.label()} kept from the interrupted sweep ({k})")
+            outcome.status[p.label()] = k or "?"
+        return
+    for p in session:
+        if resume:
+            _discard(_session_folder(out, p), say)
+    say(f"sweep: the interleaved session of {len(session)} starts: {', '.join(p.label() for p in session)}")
+    lives = [
+        starts_mod.launch(
+            by_name[p.variant].contract,
+            models[p.variant],
+            _session_folder(out, p),
+            context.cache_root / "engine-state",
+            p.index,
+            say,
+            out / run_folder.LAUNCHES_LOG,
+            context.probe_result,
+        )
+        for p in session
+    ]
+    passes = by_name[session[0].variant].contract.reproduction.passes
+    records = run_interleaved(lives, passes, None, context.prompt_ids)
+    for p, record in zip(session, records, strict=True):
+        status = "ok" if record.status == "ok" else "failed: " + (record.failure.message if record.failure else "?")
+        outcome.status[p.label()] = status.splitlines()[0]
+        if record.status != "ok":
+            say(
+                f"sweep: {p.label()} {outcome.status[p.label()]} (evidence: {_session_folder(out, p) / evidence.FILENAME})"
+            )
 
 
 def _one_start(

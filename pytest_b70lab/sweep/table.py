@@ -45,6 +45,7 @@ class Row:
     starts: list[StartFacts] = field(default_factory=list)
     decode_median: float | None = None
     paired_to_base: dict[str, Any] | None = None  # ratio, low, high, prompts, confidence
+    measured: str = "sequential"  # or "interleaved, N passes": how its starts were served
     medians_to_base: float | None = None
     outputs_identical_to_base: str | None = None  # "6/6"
     accepted_per_draft: float | None = None
@@ -94,7 +95,9 @@ def _row(v: Variant, base: Variant, run: Run | str, base_run: Run | str | None, 
     row.verdict, row.verdict_line = _verdict(run, row, unjudged)
     row.promotable = row.verdict == "pass"
     ok = [s for s in run.starts if s.status == "ok"]
-    medians = [m for s in ok if (m := throughput.arrival_median(s.requests)) is not None]
+    if ok and all(s.schedule is not None for s in ok):
+        row.measured = f"interleaved, {ok[0].schedule.passes if ok[0].schedule else '?'} passes"
+    medians = [m for s in ok if (m := start_median(s)) is not None]
     row.decode_median = statistics.median(medians) if medians else None
     if isinstance(base_run, Run) and base_run is not run and ok and any(s.status == "ok" for s in base_run.starts):
         _against_base(row, base_run, run)
@@ -111,7 +114,7 @@ def _start_facts(s: Evidence) -> StartFacts:
         s.status,
         s.identity.launched_at if s.identity else s.created_at,
         s.ready_s,
-        throughput.arrival_median(s.requests) if s.status == "ok" else None,
+        start_median(s) if s.status == "ok" else None,
         graphs,
     )
 
@@ -158,11 +161,39 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def start_median(s: Evidence) -> float | None:
+    """A start's endpoint figure as its verdict says it: under interleaving, over every pass."""
+    return throughput.pass_endpoint(pass_rates(s)) if s.schedule is not None else throughput.arrival_median(s.requests)
+
+
+def pass_rates(s: Evidence) -> dict[tuple[int, str], float]:
+    """Each counted (pass, prompt) request's rate, from its arrival times."""
+    kept = s.counted()
+    return throughput.arrival_rates([r for _m, r in kept.values()], keys=list(kept))[0]
+
+
+def interleaved_to_base(base_run: Run, run: Run) -> throughput.PairedRatio | None:
+    """The variant against the base where the two were served side by side: for each round's start of both and
+    each pass, the pair measured within that pass (both starts alive, one request after the other), then
+    throughput.interleaved_ratio over every round and pass (each prompt's median log ratio, geometric mean over
+    prompts, a bootstrap over prompts). None where they were not measured so (a sequential start on either side)."""
+    base = {s.start_index: s for s in base_run.starts if s.status == "ok"}
+    mine = {s.start_index: s for s in run.starts if s.status == "ok"}
+    common = sorted(set(base) & set(mine))
+    if not common or any(base[i].schedule is None or mine[i].schedule is None for i in common):
+        return None
+    pairs: dict[str, list[tuple[float, float]]] = {}
+    for i in common:
+        a, b = pass_rates(base[i]), pass_rates(mine[i])
+        for key in [k for k in a if k in b]:  # the order gate 7 takes: the bootstrap draws prompts by position
+            pairs.setdefault(key[1], []).append((a[key], b[key]))
+    return throughput.interleaved_ratio(pairs)
+
+
 def _against_base(row: Row, base_run: Run, run: Run) -> None:
     comparison = compare.compare_runs(_completed(base_run), _completed(run))
     speed = comparison.speed
-    if speed.paired is not None:
-        p = speed.paired
+    if (p := interleaved_to_base(base_run, run) or speed.paired) is not None:
         row.paired_to_base = {
             "ratio": p.ratio,
             "low": p.low,
@@ -170,7 +201,10 @@ def _against_base(row: Row, base_run: Run, run: Run) -> None:
             "prompts": p.prompts,
             "confidence": p.confidence,
         }
-    row.medians_to_base = speed.ratio
+    row.medians_to_base = speed.ratio  # of pass 1's; interleaved, of the figures over every pass
+    base_medians = [m for s in _completed(base_run).starts if (m := start_median(s)) is not None]
+    if row.measured != "sequential" and row.decode_median is not None and base_medians:
+        row.medians_to_base = row.decode_median / statistics.median(base_medians)
     row.outputs_identical_to_base = f"{comparison.identical_outputs}/{len(comparison.prompts)}"
 
 

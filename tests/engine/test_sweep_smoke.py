@@ -1,14 +1,18 @@
 """`b70lab sweep` end to end on the embedded default, as short as a sweep can be: the base and one variant that
-differs only in speculation (DFlash depth 3 instead of 11), one round, the two shortest prompts, interrupted by
-Ctrl-C during its second start and continued with `--resume`. One fresh start of the two the contract asks
-for, so every verdict must say incomplete; the files, the interleaved order, the replays' verdicts and the page
-opened in headless Chromium are checked against the evidence the starts wrote, as for an uninterrupted sweep."""
+differs only in speculation (DFlash depth 3 instead of 11), one round, the two shortest prompts, served side by
+side as the contract's interleaved schedule asks (both starts alive, every prompt to each in a rotating order,
+the contract's passes), interrupted by Ctrl-C while the session starts and continued with `--resume` (the
+session is run again whole). One fresh start of the two the contract asks for, so every verdict must say
+incomplete; the files, the order, the schedule, the replays' verdicts and the page opened in headless Chromium
+are checked against the evidence the starts wrote, as for an uninterrupted sweep."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -34,8 +38,8 @@ def _sweep_command(*args: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory, b70_cache_root: Path) -> tuple[Path, subprocess.CompletedProcess]:
-    """The smoke sweep as a lab meets it: Ctrl-C once its first start has ended and the second is starting,
-    then `b70lab sweep --resume`; every test below checks the resumed sweep as it would an uninterrupted one."""
+    """The smoke sweep as a lab meets it: Ctrl-C while its session's first start is starting, then `b70lab sweep
+    --resume`; every test below checks the resumed sweep as it would an uninterrupted one."""
     out = tmp_path_factory.mktemp("sweep") / "s"
     env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}
     first = subprocess.Popen(
@@ -61,7 +65,8 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, b70_cache_root: Path) -> tup
     try:
         deadline = time.monotonic() + 900
         launches = out / "launches.log"
-        while not (launches.is_file() and len(launches.read_text().splitlines()) >= 2):
+        started = plan.variant_dir(out, BASE) / "start-1" / "server.log"
+        while not (launches.is_file() and len(launches.read_text().splitlines()) >= 2 and started.is_file()):
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-4000:]
             time.sleep(0.2)
         first.send_signal(signal.SIGINT)
@@ -85,11 +90,9 @@ def test_the_smoke_sweep_runs_every_start_and_writes_its_files(sweep) -> None:
     assert data["order"] == [f"{BASE} start-1", f"{variant} start-1"] and data["problems"] == []
     assert (out / plan.SWEEP_HTML).is_file() and (out / plan.JUNIT).is_file()
     launched = (out / "launches.log").read_text().splitlines()
-    assert len(launched) == 3, "one engine per planned start, and the one cut off by Ctrl-C"
-    variant_start = f"{variant} start-1"
-    assert f"{BASE} start-1 kept from the interrupted sweep (ok)" in done.stderr, done.stderr[-3000:]
-    assert f"discarding {plan.variant_dir(out, variant) / 'start-1'}" in done.stderr
-    assert f"start 2 of 2 (round 1): {variant_start}" in done.stderr
+    assert len(launched) == 4, "the session's two starts, launched again whole after Ctrl-C"
+    assert f"discarding {plan.variant_dir(out, BASE) / 'start-1'}" in done.stderr, done.stderr[-3000:]
+    assert f"the interleaved session of 2 starts: {BASE} start-1, {variant} start-1" in done.stderr
     for name in (BASE, variant):
         folder = plan.variant_dir(out, name)
         assert [p.name for p in sorted(folder.glob("start-*"))] == ["start-1"]
@@ -98,6 +101,12 @@ def test_the_smoke_sweep_runs_every_start_and_writes_its_files(sweep) -> None:
         assert recorded.contract.digest == contract.load(plan.contract_file(out, name)).digest
         assert [r.prompt_id for r in recorded.requests] == SHORTEST
         assert recorded.teardown["clean"] is True, "the start's processes are gone"
+        schedule = recorded.schedule
+        passes = contract.load(BASE).reproduction.passes
+        assert schedule is not None and schedule.passes == passes and schedule.host_rule
+        assert len(recorded.counted()) == passes * len(SHORTEST)
+        other = f"{variant if name == BASE else BASE} start-1"
+        assert all(m.others == [other] and m.other_start is None for m in schedule.measurements)
     assert contract.load(plan.contract_file(out, variant)).speculative.verify_width == DEPTH + 1
 
 
@@ -116,6 +125,27 @@ def test_every_verdict_says_incomplete_one_fresh_start_of_two(sweep) -> None:
     assert variant["outputs_identical_to_base"] == "2/2", "speculation changes speed, never tokens"
     assert variant["paired_to_base"]["prompts"] == 2 and base["kv_blocks"] == variant["kv_blocks"] > 0
     assert [len(r["acceptance_per_position"]) for r in rows] == [11, DEPTH]
+    passes = contract.load(BASE).reproduction.passes
+    assert [r["measured"] for r in rows] == [f"interleaved, {passes} passes"] * 2
+
+
+def _rate(r: evidence.Request) -> float:
+    times = [t for t, n in zip(r.chunk_times, r.chunk_tokens, strict=True) for _ in range(n)]
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def test_the_variant_is_compared_with_the_base_pass_by_pass(sweep) -> None:
+    """Each prompt's median over passes of the variant / base ratio within the pass, then the geometric mean:
+    recomputed here from the two starts' arrival times."""
+    out, _ = sweep
+    variant = f"{BASE}-num-speculative-tokens-{DEPTH}"
+    base_start, variant_start = (evidence.read(plan.variant_dir(out, n) / "start-1") for n in (BASE, variant))
+    a, b = base_start.counted(), variant_start.counted()
+    logs = [
+        statistics.median(math.log(_rate(b[(k, p)][1]) / _rate(a[(k, p)][1])) for k, q in a if q == p) for p in SHORTEST
+    ]
+    rows = json.loads((out / plan.SWEEP_JSON).read_text())["variants"]
+    assert rows[1]["paired_to_base"]["ratio"] == pytest.approx(math.exp(statistics.fmean(logs)), rel=1e-9)
 
 
 def test_the_sweep_page_draws_every_variant_in_a_browser(sweep, tmp_path: Path) -> None:

@@ -149,3 +149,19 @@ def test_the_machines_steal_is_read_from_the_machine() -> None:
     time.sleep(0.05)
     later_steal, later_total = bench.cpu_ticks()
     assert later_total > total and later_steal >= steal
+
+
+def test_the_absolute_figure_is_compared_across_schedules_round_by_round() -> None:
+    def drift(schedule: str, medians: tuple[float, float]) -> bench.SessionDrift:
+        return bench.SessionDrift("run", 1.0, 1.0, 0.9, 1.1, ("loaded", "loaded"), schedule, medians)
+
+    sequential = [drift("sequential", (300.0, 310.0)), drift("sequential", (200.0, 220.0))]
+    faster = [drift("interleaved", (330.0, 341.0)), drift("interleaved", (220.0, 242.0))]
+    row = bench.across_schedules(sequential, faster)
+    assert row.value == pytest.approx(1.10) and row.raw["rounds"] == pytest.approx([1.10, 1.10])
+    assert row.met is False  # every round 10 % apart: the interval is [1.1, 1.1], not holding 1
+    mixed = [drift("interleaved", (330.0, 341.0)), drift("interleaved", (180.0, 198.0))]
+    row = bench.across_schedules(sequential, mixed)
+    assert row.met is True and "per round 1.100, 0.900" in row.detail
+    with pytest.raises(bench.BenchError, match="no round"):
+        bench.across_schedules([drift("sequential", ())], faster)

@@ -801,6 +801,22 @@ def busy_during_a_counted_pair(run: Run) -> None:
     m.other_cpu_s = 0.9
 
 
+def host_busy_during_a_counted_pair(run: Run) -> None:
+    """Another job on the machine used most of a core while start-1's pass-3 request ran (the host rule)."""
+    m, _r = _counted(run, 0, 3)
+    m.outside_cpu_s = 0.8
+
+
+def host_unread_during_a_counted_pair(run: Run) -> None:
+    """The machine's CPU time was not read around start-2's pass-1 request: not known to be clean."""
+    m, _r = _counted(run, 1, 1)
+    m.outside_cpu_s = None
+
+
+def host_rule_loosened(run: Run) -> None:
+    run.starts[1].schedule.outside_fraction = 1.0
+
+
 def later_pass_differs(run: Run) -> None:
     """Start-2's third pass of the first prompt gave another token 7: a later pass is output too."""
     _m, r = _counted(run, 1, 3)
@@ -836,6 +852,9 @@ def later_pass_slower(run: Run) -> None:
 
 MUTATIONS += [
     (busy_during_a_counted_pair, "fresh-start-reproduction", "used 0.9 CPU-s while it ran"),
+    (host_busy_during_a_counted_pair, "fresh-start-reproduction", "outside both starts used 0.8 CPU-s"),
+    (host_unread_during_a_counted_pair, "fresh-start-reproduction", "outside both starts could not be read"),
+    (host_rule_loosened, "fresh-start-reproduction", "schedule.outside_fraction is 1.0, the quiet rule is 0.15"),
     (later_pass_differs, "fresh-start-reproduction", "start-2 differs from start-1 at token 7"),
     (later_pass_differs, "teacher-exactness", "(request 3 of 3): token IDs differ from the teacher from token 7"),
     (later_pass_cached, "cold-prompt", "(request 2 of 3): 4 cached prompt tokens"),

@@ -116,6 +116,39 @@ def test_a_measurement_is_contaminated_by_what_was_measured_not_by_a_flag() -> N
     assert m(None, 0.7).contaminated  # unread is never clean
 
 
+def test_load_outside_both_starts_contaminates_under_the_host_rule_only() -> None:
+    def m(outside: float | None, seconds: float) -> evidence.Measurement:
+        return evidence.Measurement(
+            pass_index=1,
+            prompt_id="p",
+            attempt=1,
+            sequence=0,
+            started_at=10.0,
+            ended_at=10.0 + seconds,
+            quiet_wait_s=0.5,
+            other_start=2,
+            other_cpu_s=0.01,
+            outside_cpu_s=outside,
+            kept_in="requests",
+            index=0,
+        )
+
+    ruled = evidence.Schedule.new(3)
+    assert ruled.host_rule and not ruled.rule_differences()
+    assert ruled.contamination(m(0.09, 0.5)) is None
+    why = ruled.contamination(m(0.4, 0.5))
+    assert why is not None and "outside both starts used 0.4 CPU-s" in why and "limit 0.100" in why
+    assert ruled.contamination(m(0.5, 4.0)) is None  # 15 % of a 4 s request is 0.6 CPU-s
+    assert "could not be read" in (ruled.contamination(m(None, 0.5)) or "")
+    # A schedule measured before the host rule existed is judged by the rule it was measured under.
+    before = ruled.model_copy(update={name: None for name in evidence.HOST_RULE_FIELDS})
+    assert not before.host_rule and not before.rule_differences()
+    assert before.contamination(m(None, 0.5)) is None and before.contamination(m(0.4, 0.5)) is None
+    # One field of the rule left without the others is not a schedule from before it.
+    partial = ruled.model_copy(update={"outside_fraction": None})
+    assert partial.rule_differences() == ["schedule.outside_fraction is None, the quiet rule is 0.15"]
+
+
 # --- the schedule as evidence: refused on read where it does not add up ------------------------------------
 
 BUNDLE = Path(__file__).resolve().parents[2] / "fixtures" / "evidence" / "mini-laguna-cpu"

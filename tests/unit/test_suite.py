@@ -56,7 +56,7 @@ def test_a_lab_folder_without_test_files_gets_the_gates_and_the_verdict(pytester
     result.stdout.fnmatch_lines(
         [
             "tests/gates/test_rank_gates.py *",
-            "PROMOTABLE at 125.75 / 143.36 tok/s median (start-1 / start-2) - contract mini-laguna-cpu "
+            "PROMOTABLE at * / * tok/s median (start-1 / start-2) - contract mini-laguna-cpu "
             "(79/79 required gate subjects passed)",
         ]
     )

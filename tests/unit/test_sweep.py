@@ -46,6 +46,55 @@ def test_starts_interleave_forwards_then_backwards() -> None:
         plan.start_order(["a"], 0)
 
 
+def test_an_interleaved_sessions_starts_come_last_in_the_alternating_order() -> None:
+    """Sequential variants and own teachers first (the teachers before the session: theirs are one start at a
+    time), then the session's starts in the order they are launched: A B, B A."""
+    order = plan.start_order(["a", "b", "t"], 2, own_teachers=["b"], session=["a", "b"])
+    assert [p.label() for p in order] == [
+        "t start-1",
+        "b teacher start-1",
+        "t start-2",
+        "a start-1",
+        "b start-1",
+        "b start-2",
+        "a start-2",
+    ]
+
+
+def test_an_interleaved_sweep_serves_the_variants_whose_contract_interleaves() -> None:
+    base = contract.load("mini-laguna-cpu")
+    grid = variants.grid(base, ["speculative.num_speculative_tokens=3"], extra=("target-only",))
+    assert base.reproduction.schedule == "interleaved"
+    assert runner.session_members(grid, "sequential", 2) == []
+    # The teacher's starts stay one at a time (its contract is sequential): it runs before the session.
+    assert runner.session_members(grid, "interleaved", 2) == [grid[0].name, grid[1].name]
+    with pytest.raises(runner.SweepError, match="one of sequential, interleaved"):
+        runner.session_members(grid, "both", 2)
+    with pytest.raises(runner.SweepError, match="no variant's contract has"):
+        runner.session_members(grid[2:], "interleaved", 2)
+    uneven = variants.grid(base, ["reproduction.passes=3,5"])
+    with pytest.raises(runner.SweepError, match="different passes"):
+        runner.session_members(uneven, "interleaved", 2)
+    with pytest.raises(runner.SweepError, match="cannot hold the session: memory: needs about"):
+        runner.session_members(grid, "interleaved", 400)
+
+
+def test_two_starts_of_one_session_compare_as_gate_7_compares_them() -> None:
+    """The sweep's variant-to-base figure of two starts measured side by side is the figure gate 7 takes of the
+    same two starts: one estimator, whichever question is asked of the pairs."""
+    from pytest_b70lab import gates
+    from pytest_b70lab.run_folder import Run, read_starts
+
+    folder = BUNDLES / "mini-laguna-cpu"
+    one, two = read_starts(folder)
+    as_variant = two.model_copy(update={"start_index": 1})
+    figure = table.interleaved_to_base(Run(folder, (one,), None), Run(folder, (as_variant,), None))
+    gate = gates.speed_figures([one, two], contract.load("mini-laguna-cpu")).paired[0]
+    assert figure is not None and gate is not None
+    assert (figure.ratio, figure.low, figure.high) == pytest.approx((gate.ratio, gate.low, gate.high), rel=1e-12)
+    assert table.interleaved_to_base(Run(folder, (one,), None), Run(folder, (two,), None)) is None  # no start-1
+
+
 def test_the_command_line_names_the_named_variants_as_variants_does() -> None:
     assert cli.NAMED_VARIANTS == variants.NAMED
 
