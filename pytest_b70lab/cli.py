@@ -157,7 +157,9 @@ def _sweep(args: argparse.Namespace) -> int:
         return 1
     out = args.out.resolve()
     if args.resume is not None:
-        runner.check_resumable(out, grid, runner.read_plan(out))
+        planned = runner.read_plan(out)
+        alone = planned.get("alone") or {}
+        runner.check_resumable(out, [runner.measured_alone(v) if v.name in alone else v for v in grid], planned)
 
     def say(msg: str) -> None:
         print(f"b70lab: {msg}", file=sys.stderr, flush=True)
@@ -185,7 +187,8 @@ def _sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    rows = table.rows(out, grid[0], grid, outcome.judged)
+    measured = [runner.measured_alone(v) if v.name in outcome.alone else v for v in grid]
+    rows = table.rows(out, measured[0], measured, outcome.judged, outcome.alone)
     fields = [variants.parse_vary(v)[0] for v in args.vary or []]
     sweep = {
         "schema": plan.SWEEP_SCHEMA,

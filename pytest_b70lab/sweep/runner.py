@@ -48,6 +48,7 @@ class Outcome:
     status: dict[str, str] = field(default_factory=dict)  # PlannedStart.label() -> ok / failed: ... / not run: ...
     judged: dict[str, str] = field(default_factory=dict)  # variant -> "" when judged, else why not
     teachers: dict[str, list[str]] = field(default_factory=dict)  # variant -> the snapshot files of its own teacher
+    alone: dict[str, str] = field(default_factory=dict)  # interleaved variant measured sequentially -> why
 
     @property
     def problems(self) -> list[str]:
@@ -164,15 +165,20 @@ def _discard(where: Path, say: Progress) -> None:
 SCHEDULES = ("sequential", "interleaved")
 
 
-def session_members(variants: list[Variant], schedule: str, rounds: int) -> list[str]:
-    """The variants an interleaved sweep serves side by side, every round's start of each alive together:
-    those whose contract's schedule is interleaved (a teacher's starts, and a sequential contract's, stay one
-    at a time). A SweepError where the schedule cannot be kept: no such variant, or variants that ask for
-    different passes (one session serves every start the same passes), or a machine that cannot hold them."""
+def session_members(
+    variants: list[Variant], schedule: str, rounds: int, decided: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """(the variants an interleaved sweep serves side by side, every round's start of each alive together; the
+    interleaved variants the machine cannot hold beside them, with why). Members are those whose contract's
+    schedule is interleaved (a teacher's starts, and a sequential contract's, stay one at a time), taken in the
+    grid's order, the base first, while memory and /dev/shm hold every start of them (the preflight's figures);
+    the others are measured one start at a time (measured_alone). A SweepError where the schedule cannot be
+    kept at all: no such variant, or variants that ask for different passes (one session serves every start
+    the same passes). `decided`: a resumed sweep's `alone` from its plan.json, kept as the sweep began."""
     if schedule not in SCHEDULES:
         raise SweepError(f"--schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
     if schedule == "sequential":
-        return []
+        return [], {}
     members = [v for v in variants if v.contract.reproduction.schedule == "interleaved"]
     if not members:
         raise SweepError(
@@ -182,14 +188,40 @@ def session_members(variants: list[Variant], schedule: str, rounds: int) -> list
     passes = {v.name: v.contract.reproduction.passes for v in members}
     if len(set(passes.values())) > 1:
         raise SweepError(f"--schedule interleaved: the variants ask for different passes {passes}: vary something else")
+    if decided is not None:
+        return [v.name for v in members if v.name not in decided], dict(decided)
     from .. import capability
 
-    alive = [v.contract for v in members for _ in range(rounds)]
-    if problems := capability.session_problems(alive):
-        raise SweepError(
-            "--schedule interleaved: this machine cannot hold the session: " + "; ".join(map(str, problems))
-        )
-    return [v.name for v in members]
+    held: list[Variant] = []
+    alone: dict[str, str] = {}
+    for v in members:
+        alive = [m.contract for m in (*held, v) for _ in range(rounds)]
+        if problems := capability.session_problems(alive):
+            alone[v.name] = "the machine cannot hold it beside the session: " + "; ".join(map(str, problems))
+        else:
+            held.append(v)
+    return [v.name for v in held], alone
+
+
+def measured_alone(v: Variant) -> Variant:
+    """The variant with a sequential reproduction schedule (its starts one at a time), for a variant the
+    machine cannot hold in the sweep's session: gate 7 then judges its starts as measured, by the contract's
+    tolerances, and the table row says why it was measured so."""
+    data = v.contract.canonical()
+    data["reproduction"] = {k: x for k, x in data["reproduction"].items() if k not in ("schedule", "passes")}
+    return Variant(v.name, Contract.model_validate(data, strict=False), v.changes)
+
+
+def _session_plan(
+    variants: list[Variant], schedule: str, rounds: int, resumed: Path | None, say: Progress
+) -> tuple[list[Variant], list[str], dict[str, str]]:
+    """(the variants as measured, the session's members, those measured alone and why): decided now, or as the
+    resumed sweep's plan.json says it was."""
+    decided = dict(read_plan(resumed).get("alone") or {}) if resumed is not None else None
+    members, alone = session_members(variants, schedule, rounds, decided)
+    for name, why in alone.items():
+        say(f"sweep: {name} is measured one start at a time: {why}")
+    return [measured_alone(v) if v.name in alone else v for v in variants], members, alone
 
 
 def _write_run_files(
@@ -224,12 +256,12 @@ def run(
     (session_members), the members' starts run last, as one session (_run_session)."""
     say = progress or (lambda _msg: None)
     out = Path(out)
-    members = session_members(variants, schedule, rounds)
+    variants, members, alone = _session_plan(variants, schedule, rounds, out if resume else None, say)
     if not resume:
-        prepare(out, variants, asked)
+        prepare(out, variants, {**(asked or {}), "alone": alone})
     by_name = {v.name: v for v in variants}
     own = [v.name for v in variants if needs_own_teacher(v, base)]
-    outcome = Outcome(start_order([v.name for v in variants], rounds, own, members))
+    outcome = Outcome(start_order([v.name for v in variants], rounds, own, members), alone=alone)
     models = {v.name: starts_mod.resolve_models(v.contract, cache_root) for v in variants}
     # An own teacher serves the target alone: its models are resolved from its own contract (no draft).
     teacher_models = {name: starts_mod.resolve_models(by_name[name].contract.teacher(), cache_root) for name in own}

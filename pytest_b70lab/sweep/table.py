@@ -60,11 +60,22 @@ class Row:
         return asdict(self)
 
 
-def rows(out: Path, base: Variant, variants: list[Variant], judged: dict[str, str] | None = None) -> list[Row]:
-    """The table, base first. `judged`: why a variant's replay wrote no verdict (the runner's outcome)."""
+def rows(
+    out: Path,
+    base: Variant,
+    variants: list[Variant],
+    judged: dict[str, str] | None = None,
+    alone: dict[str, str] | None = None,
+) -> list[Row]:
+    """The table, base first. `judged`: why a variant's replay wrote no verdict; `alone`: why an interleaved
+    variant was measured one start at a time (both the runner's outcome)."""
     runs = {v.name: _read(variant_dir(out, v.name)) for v in variants}
     base_run = runs.get(base.name)
-    return [_row(v, base, runs[v.name], base_run, (judged or {}).get(v.name, ""), out) for v in variants]
+    out_rows = [_row(v, base, runs[v.name], base_run, (judged or {}).get(v.name, ""), out) for v in variants]
+    for row in out_rows:
+        if row.measured == "sequential" and (why := (alone or {}).get(row.variant)):
+            row.measured = f"sequential: {why}"
+    return out_rows
 
 
 def _read(folder: Path) -> Run | str:

@@ -16,7 +16,7 @@ from xml.etree import ElementTree as ET
 import pytest
 from browser import Tree  # tests/browser.py
 
-from pytest_b70lab import cli, contract, evidence, throughput, variants
+from pytest_b70lab import capability, cli, contract, evidence, throughput, variants
 from pytest_b70lab.report import sweep as sweep_page
 from pytest_b70lab.sweep import plan, runner, table
 
@@ -65,9 +65,9 @@ def test_an_interleaved_sweep_serves_the_variants_whose_contract_interleaves() -
     base = contract.load("mini-laguna-cpu")
     grid = variants.grid(base, ["speculative.num_speculative_tokens=3"], extra=("target-only",))
     assert base.reproduction.schedule == "interleaved"
-    assert runner.session_members(grid, "sequential", 2) == []
+    assert runner.session_members(grid, "sequential", 2) == ([], {})
     # The teacher's starts stay one at a time (its contract is sequential): it runs before the session.
-    assert runner.session_members(grid, "interleaved", 2) == [grid[0].name, grid[1].name]
+    assert runner.session_members(grid, "interleaved", 2) == ([grid[0].name, grid[1].name], {})
     with pytest.raises(runner.SweepError, match="one of sequential, interleaved"):
         runner.session_members(grid, "both", 2)
     with pytest.raises(runner.SweepError, match="no variant's contract has"):
@@ -75,8 +75,32 @@ def test_an_interleaved_sweep_serves_the_variants_whose_contract_interleaves() -
     uneven = variants.grid(base, ["reproduction.passes=3,5"])
     with pytest.raises(runner.SweepError, match="different passes"):
         runner.session_members(uneven, "interleaved", 2)
-    with pytest.raises(runner.SweepError, match="cannot hold the session: memory: needs about"):
-        runner.session_members(grid, "interleaved", 400)
+    # A session this machine cannot hold: the base takes its place first, a variant that does not fit beside it
+    # is measured one start at a time, and says why (the preflight's figures); one start of each plus one
+    # fits here, so with the rounds set to three quarters of what the machine holds only the base is served
+    # side by side.
+    machine = capability.Machine.observe("cpu")
+    assert machine.available_memory is not None and machine.shm_free is not None
+    one = base.reproduction.alive_together
+    holds = min(
+        machine.available_memory // (capability.ram_need(base) // one),
+        machine.shm_free // (capability.shm_need(base) // one),
+    )
+    rounds = max(1, holds * 3 // 4)
+    members, alone = runner.session_members(grid, "interleaved", rounds)
+    assert members == [grid[0].name] and list(alone) == [grid[1].name], (holds, members, alone)
+    assert alone[grid[1].name].startswith("the machine cannot hold it beside the session: ")
+    sequential = runner.measured_alone(grid[1])
+    assert sequential.name == grid[1].name and sequential.contract.reproduction.schedule == "sequential"
+    assert (
+        sequential.contract.reproduction.passes == 1 and sequential.contract.speculative == grid[1].contract.speculative
+    )
+    members, alone = runner.session_members(grid, "interleaved", holds * 4)
+    assert members == [] and set(alone) == {grid[0].name, grid[1].name}
+    assert runner.session_members(grid, "interleaved", 2, {grid[1].name: "as planned"}) == (
+        [grid[0].name],
+        {grid[1].name: "as planned"},
+    )
 
 
 def test_two_starts_of_one_session_compare_as_gate_7_compares_them() -> None:
