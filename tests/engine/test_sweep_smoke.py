@@ -61,6 +61,9 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, b70_cache_root: Path) -> tup
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A CI job started in the background of a shell without job control inherits SIGINT ignored, and Python
+        # keeps an ignored SIGINT ignored: the Ctrl-C below would be lost and the sweep run to its end.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 900
