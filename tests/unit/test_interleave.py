@@ -95,21 +95,26 @@ def test_two_starts_alive_together_need_twice_the_memory_and_shm() -> None:
     assert not [p for p in capability.preflight(one, {}, machine=tight) if p.check == "memory"]
 
 
+def _measured(seconds: float, other_cpu_s: float | None, outside_cpu_s: float | None = None) -> evidence.Measurement:
+    return evidence.Measurement(
+        pass_index=1,
+        prompt_id="p",
+        attempt=1,
+        sequence=0,
+        started_at=10.0,
+        ended_at=10.0 + seconds,
+        quiet_wait_s=0.5,
+        other_start=2,
+        other_cpu_s=other_cpu_s,
+        outside_cpu_s=outside_cpu_s,
+        kept_in="requests",
+        index=0,
+    )
+
+
 def test_a_measurement_is_contaminated_by_what_was_measured_not_by_a_flag() -> None:
     def m(cpu: float | None, seconds: float) -> evidence.Measurement:
-        return evidence.Measurement(
-            pass_index=1,
-            prompt_id="p",
-            attempt=1,
-            sequence=0,
-            started_at=10.0,
-            ended_at=10.0 + seconds,
-            quiet_wait_s=0.5,
-            other_start=2,
-            other_cpu_s=cpu,
-            kept_in="requests",
-            index=0,
-        )
+        return _measured(seconds, cpu)
 
     assert not m(0.02, 0.7).contaminated and m(0.06, 0.7).contaminated
     assert not m(0.2, 5.0).contaminated and m(0.3, 5.0).contaminated  # 5 % of a 5 s request is 0.25 CPU-s
@@ -118,20 +123,7 @@ def test_a_measurement_is_contaminated_by_what_was_measured_not_by_a_flag() -> N
 
 def test_load_outside_both_starts_contaminates_under_the_host_rule_only() -> None:
     def m(outside: float | None, seconds: float) -> evidence.Measurement:
-        return evidence.Measurement(
-            pass_index=1,
-            prompt_id="p",
-            attempt=1,
-            sequence=0,
-            started_at=10.0,
-            ended_at=10.0 + seconds,
-            quiet_wait_s=0.5,
-            other_start=2,
-            other_cpu_s=0.01,
-            outside_cpu_s=outside,
-            kept_in="requests",
-            index=0,
-        )
+        return _measured(seconds, 0.01, outside)
 
     ruled = evidence.Schedule.new(3)
     assert ruled.host_rule and not ruled.rule_differences()
