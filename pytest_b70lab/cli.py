@@ -158,8 +158,7 @@ def _sweep(args: argparse.Namespace) -> int:
     out = args.out.resolve()
     if args.resume is not None:
         planned = runner.read_plan(out)
-        alone = planned.get("alone") or {}
-        runner.check_resumable(out, [runner.measured_alone(v) if v.name in alone else v for v in grid], planned)
+        runner.check_resumable(out, runner.as_measured(grid, planned.get("alone") or {}), planned)
 
     def say(msg: str) -> None:
         print(f"b70lab: {msg}", file=sys.stderr, flush=True)
@@ -187,7 +186,7 @@ def _sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    measured = [runner.measured_alone(v) if v.name in outcome.alone else v for v in grid]
+    measured = runner.as_measured(grid, outcome.alone)
     rows = table.rows(out, measured[0], measured, outcome.judged, outcome.alone)
     fields = [variants.parse_vary(v)[0] for v in args.vary or []]
     sweep = {
@@ -561,8 +560,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="contract (the default): the base contract's reproduction schedule; sequential: one start at a time; "
         "interleaved: every round's start of every variant whose contract is interleaved alive together, each "
-        "prompt served to them in a rotating order, the contract's passes times (the machine must hold them all: "
-        "checked before any start)",
+        "prompt served to them in a rotating order, the contract's passes times (checked before any start: a "
+        "variant the machine cannot hold beside the base is measured one start at a time, and its row says so)",
     )
     sweep_p.add_argument("--no-probe", action="store_true", help="skip the collective probe before the first start")
     sweep_p.add_argument(

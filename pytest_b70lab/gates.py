@@ -833,7 +833,7 @@ def _interleaved_figures(starts: list[Evidence]) -> SpeedFigures:
             for (pass_index, prompt_id), (m, _r) in sorted(kept.items())
             if (dirty := schedule.contamination(m)) is not None
         ]
-        found, why = throughput.arrival_rates([r for _m, r in kept.values()], keys=list(kept))
+        found, why = throughput.counted_rates(s)
         problems += [f"start-{s.start_index} {key[1]} pass {key[0]}: {reason}" for key, reason in why.items()]
         rates.append(found)
     medians = [throughput.pass_endpoint(found) for found in rates]

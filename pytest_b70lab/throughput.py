@@ -160,6 +160,13 @@ def by_prompt(values: Iterable[_T], keys: Iterable[tuple[int, str]]) -> dict[str
     return out
 
 
+def counted_rates(start: Any) -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], str]]:
+    """An interleaved start's rates per (pass, prompt) from the measurement that counts for each
+    (Evidence.counted), and why one has none: what gate 7, the sweep table and the scripts all read."""
+    kept = start.counted()
+    return arrival_rates([r for _m, r in kept.values()], keys=list(kept))
+
+
 def pass_endpoint(rates: Mapping[tuple[int, str], float]) -> float | None:
     """An interleaved start's endpoint figure: the median over prompts of each prompt's median over passes."""
     per_prompt = pass_medians(by_prompt(rates.values(), rates.keys()))

@@ -25,8 +25,7 @@ def pass_logs(run: Path) -> list[float] | None:
     starts = read_starts(run)
     if len(starts) < 2 or any(s.schedule is None for s in starts[:2]):
         return None
-    counted = [s.counted() for s in starts[:2]]
-    rates = [throughput.arrival_rates([r for _m, r in c.values()], keys=list(c))[0] for c in counted]
+    rates = [throughput.counted_rates(s)[0] for s in starts[:2]]
     by_pass: dict[int, list[float]] = {}
     for key, a in rates[0].items():
         if key in rates[1]:

@@ -212,6 +212,11 @@ def measured_alone(v: Variant) -> Variant:
     return Variant(v.name, Contract.model_validate(data, strict=False), v.changes)
 
 
+def as_measured(variants: list[Variant], alone: dict[str, str]) -> list[Variant]:
+    """The grid as the sweep measures it: each variant in `alone` with its contract made sequential."""
+    return [measured_alone(v) if v.name in alone else v for v in variants]
+
+
 def _session_plan(
     variants: list[Variant], schedule: str, rounds: int, resumed: Path | None, say: Progress
 ) -> tuple[list[Variant], list[str], dict[str, str]]:
@@ -221,7 +226,7 @@ def _session_plan(
     members, alone = session_members(variants, schedule, rounds, decided)
     for name, why in alone.items():
         say(f"sweep: {name} is measured one start at a time: {why}")
-    return [measured_alone(v) if v.name in alone else v for v in variants], members, alone
+    return as_measured(variants, alone), members, alone
 
 
 def _write_run_files(

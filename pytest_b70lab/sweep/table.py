@@ -179,8 +179,7 @@ def start_median(s: Evidence) -> float | None:
 
 def pass_rates(s: Evidence) -> dict[tuple[int, str], float]:
     """Each counted (pass, prompt) request's rate, from its arrival times."""
-    kept = s.counted()
-    return throughput.arrival_rates([r for _m, r in kept.values()], keys=list(kept))[0]
+    return throughput.counted_rates(s)[0]
 
 
 def interleaved_to_base(base_run: Run, run: Run) -> throughput.PairedRatio | None:
@@ -212,10 +211,12 @@ def _against_base(row: Row, base_run: Run, run: Run) -> None:
             "prompts": p.prompts,
             "confidence": p.confidence,
         }
-    row.medians_to_base = speed.ratio  # of pass 1's; interleaved, of the figures over every pass
+    # Interleaved, of the figures over every pass (the row's decode_median); else of pass 1's (compare's).
     base_medians = [m for s in _completed(base_run).starts if (m := start_median(s)) is not None]
     if row.measured != "sequential" and row.decode_median is not None and base_medians:
         row.medians_to_base = row.decode_median / statistics.median(base_medians)
+    else:
+        row.medians_to_base = speed.ratio
     row.outputs_identical_to_base = f"{comparison.identical_outputs}/{len(comparison.prompts)}"
 
 
