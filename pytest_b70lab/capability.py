@@ -7,6 +7,8 @@ machine facts only: /proc/cpuinfo (through `host`), free memory, /dev/shm, the i
 devices, the local Hugging Face cache. Each `Problem` is one line: what the contract needs, what this
 machine has, and the fix.
 
+- INT4 weights (CPU contracts that accept vLLM's own INT4 kernels only): where this machine would run the
+  portable INT4 path instead (no cpu_gemm_wna16 in its op library, float32 activations, or B70LAB_INT4_PATH).
 - FP8 attention (CPU contracts with an FP8 KV cache): the path the contract accepts
   (`[expect] fp8_attention`) against the path that would run here. vLLM 0.32 runs its own ("native") FP8 CPU
   attention only with AVX-512 or AMX, and not under `B70LAB_EMULATE_CPU=avx2`; the package's portable path
@@ -298,6 +300,24 @@ def _fp8_attention(contract: contract_mod.Contract, machine: Machine, environ: M
         f"(gate 3 would fail the start)"
     )
     return [Problem("fp8 attention", needs, has, f"set {FP8_FORCE_VAR}=portable")]
+
+
+def _int4_weights(contract: contract_mod.Contract, machine: Machine, environ: Mapping[str, str]) -> list[Problem]:
+    """A CPU contract that accepts vLLM's own INT4 kernels only, where this machine would run the portable path."""
+    accepts, e = contract.expect.int4_path, contract.engine
+    if e.device != "cpu" or accepts in (None, EITHER):
+        return []
+    path, why = host.int4_path(e.device, e.dtype, accepts, host.cpu_identity(machine.cpuinfo(), environ), environ)
+    if path == accepts:
+        return []
+    return [
+        Problem(
+            "int4 weights",
+            'vLLM\'s own INT4 CPU kernels ([expect] int4_path = "native")',
+            f"the portable INT4 path: {why}",
+            f'unset {host.INT4_ENV}, serve bfloat16 on a CPU with AVX-512, or accept "portable"',
+        )
+    ]
 
 
 def _page_size(contract: contract_mod.Contract) -> list[Problem]:
@@ -600,6 +620,7 @@ def preflight(
         *_environment(contract, environ),
         *_page_size(contract),
         *_fp8_attention(contract, machine, environ),
+        *_int4_weights(contract, machine, environ),
         *_vllm_build(contract, machine),
         *_xpu_devices_problem(contract, machine),
         *_memory(contract, machine),
@@ -621,4 +642,9 @@ def summary(contract: contract_mod.Contract, machine: Machine, environ: Mapping[
             )
         except (ValueError, cpu_emulation.EmulationError):
             pass
+    if contract.expect.int4_path is not None or contract.engine.device == "xpu":
+        path, why = host.int4_path(
+            contract.engine.device, contract.engine.dtype, contract.expect.int4_path, identity, environ
+        )
+        line += f"; INT4 weights here: {path} ({why})"
     return line

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .digests import canonical_json, file_sha256, kv_scale_digest, moments, sha256_canonical
+from .digests import add_moments, canonical_json, file_sha256, kv_scale_digest, moments, sha256_canonical
 from .errors import LabError
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     import torch
 
 TABLE_FORMAT = 1
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: int32 (pack-quantized) tensors carry the moments of their 4-bit fields; 2-D ones shards
 CACHE_SUBDIR = "checkpoint-tables"
 INDEX_FILE = "model.safetensors.index.json"
 # Up to this many elements a tensor's moments come from one call of `moments`, bit-identical to the engine
@@ -124,9 +124,56 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
+# The tensor-parallel sizes whose equal shards a table records the moments of (the load audit then names the
+# rank whose shard differs). Routed experts are left out: expert parallelism keeps them whole on one rank each,
+# and a MoE checkpoint has tens of thousands of them.
+SHARD_COUNTS = (2, 4)
+ROUTED_EXPERT = re.compile(r"\.experts\.\d+\.")
+
+
+class ShardMoments:
+    """Moments of a 2-D tensor's equal parts along each dimension, accumulated over row chunks:
+    {"0": {"2": [moments of rows 0..n/2, rows n/2..n], "4": [...]}, "1": {...}} for each count of
+    SHARD_COUNTS that divides the dimension."""
+
+    def __init__(self, shape: list[int]):
+        self.shape = shape
+        self.parts: dict[tuple[int, int], list[list[dict[str, Any]]]] = {
+            (dim, n): [[] for _ in range(n)] for dim in (0, 1) for n in SHARD_COUNTS if shape[dim] % n == 0
+        }
+
+    def add(self, chunk: torch.Tensor, first_row: int) -> None:
+        rows = chunk.shape[0]
+        for (dim, n), acc in self.parts.items():
+            size = self.shape[dim] // n
+            for k in range(n):
+                if dim == 0:
+                    lo, hi = max(first_row, k * size), min(first_row + rows, (k + 1) * size)
+                    if lo < hi:
+                        acc[k].append(moments(chunk[lo - first_row : hi - first_row]))
+                else:
+                    acc[k].append(moments(chunk[:, k * size : (k + 1) * size]))
+
+    def result(self) -> dict[str, dict[str, list[dict[str, Any]]]]:
+        out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for (dim, n), acc in self.parts.items():
+            out.setdefault(str(dim), {})[str(n)] = [add_moments(pieces) for pieces in acc]
+        return out
+
+
+def shard_moments(tensor: torch.Tensor) -> dict[str, dict[str, list[dict[str, Any]]]] | None:
+    """ShardMoments of a whole tensor; None for a tensor that is not 2-D."""
+    if tensor.dim() != 2:
+        return None
+    shards = ShardMoments(list(tensor.shape))
+    shards.add(tensor, 0)
+    return shards.result()
+
+
 def _tensor_entry(f: _SafetensorsFile, name: str, hasher: HASH | None) -> tuple[dict[str, Any], float | None]:
-    """dtype, shape and moments of one tensor (and its value when it is a scalar), feeding its bytes to
-    `hasher` in file order."""
+    """dtype, shape and moments of one tensor (and its value when it is a scalar, and the moments of its
+    tensor-parallel shards when it is a 2-D tensor other than a routed expert's), feeding its bytes to `hasher`
+    in file order."""
     shape = list(f.get_slice(name).get_shape())
     numel = math.prod(shape)
     chunks: Iterable[torch.Tensor]
@@ -138,6 +185,8 @@ def _tensor_entry(f: _SafetensorsFile, name: str, hasher: HASH | None) -> tuple[
         chunks = (whole[start : start + rows] for start in range(0, shape[0], rows))
     parts: list[dict[str, float]] = []
     value: float | None = None
+    shards = ShardMoments(shape) if len(shape) == 2 and not ROUTED_EXPERT.search(name) else None
+    first_row = 0
     for chunk in chunks:
         # safetensors maps tensors at their file offsets, rarely 64-byte aligned; the float64 cast in
         # `moments` runs several times faster on an aligned copy (same values, so the same moments).
@@ -145,11 +194,17 @@ def _tensor_entry(f: _SafetensorsFile, name: str, hasher: HASH | None) -> tuple[
         if hasher is not None:
             hasher.update(_tensor_bytes(chunk))
         parts.append(moments(chunk))
+        if shards is not None:
+            shards.add(chunk, first_row)
+            first_row += chunk.shape[0]
         if numel == 1:
             value = float(chunk.item())
-    total = parts[0] if len(parts) == 1 else {k: sum(p[k] for p in parts) for k in ("sum", "sumsq", "numel")}
+    total = parts[0] if len(parts) == 1 else add_moments(parts)
     dtype = str(chunk.dtype).removeprefix("torch.")
-    return {"dtype": dtype, "shape": shape, "moments": total}, value
+    entry: dict[str, Any] = {"dtype": dtype, "shape": shape, "moments": total}
+    if shards is not None and (found := shards.result()):
+        entry["shards"] = found
+    return entry, value
 
 
 @contextmanager
@@ -489,7 +544,7 @@ def table_from_mini_manifest(manifest: dict[str, Any], part: str) -> dict[str, A
         files = {rel[len(prefix) :]: sha for rel, sha in sorted(manifest["files"].items()) if rel.startswith(prefix)}
         tensors = {
             name: {
-                **{k: t[k] for k in ("dtype", "shape", "moments") if k in t},
+                **{k: t[k] for k in ("dtype", "shape", "moments", "shards") if k in t},
                 "file": "model.safetensors",
             }  # the mini writes one weights file per part
             for name, t in sorted(section["tensors"].items())

@@ -18,7 +18,8 @@ def _mini_build(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     out = mini.build(args.out, force=args.force)
     print(out)
-    print(f"mini model ready in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    print(mini.build_int4(args.out, force=args.force))  # the same weights in W4A16 (mini/int4.py)
+    print(f"mini model and its INT4 build ready in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     return 0
 
 
@@ -43,7 +44,8 @@ def _mini_verify(args: argparse.Namespace) -> int:
 def _mini_export(args: argparse.Namespace) -> int:
     from . import mini
 
-    folder = mini.build(args.cache_dir / "mini" if args.cache_dir else None)
+    root = args.cache_dir / "mini" if args.cache_dir else None
+    folder = mini.build_int4(root) if args.int4 else mini.build(root)
     print(mini.export_plain(folder, args.dir))
     return 0
 
@@ -377,6 +379,7 @@ EXAMPLES = {
         "b70lab mini build",
         "b70lab mini verify ~/.cache/b70lab/mini/mini-laguna-<digest>",
         "b70lab mini export DIR",
+        "b70lab mini export --int4 data/mini-export-int4",
     ],
     "contract": [
         "b70lab contract list",
@@ -441,7 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_mini(sub: argparse._SubParsersAction) -> None:
     mini_p = sub.add_parser("mini", help="the generated tiny Laguna target + DFlash draft")
     mini_sub = mini_p.add_subparsers(dest="mini_command", required=True)
-    build_p = mini_sub.add_parser("build", help="build (or reuse) the mini model; prints its folder")
+    build_p = mini_sub.add_parser(
+        "build", help="build (or reuse) the mini model and its W4A16 (INT4) build; prints both folders"
+    )
     build_p.add_argument(
         "--out",
         type=Path,
@@ -462,6 +467,7 @@ def _add_mini(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="b70lab cache root the mini is built in (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)",
     )
+    export_p.add_argument("--int4", action="store_true", help="export the W4A16 (INT4) build instead")
     export_p.set_defaults(func=_mini_export)
     train_help = (
         "train the mini's tokenizer and target and distil its DFlash draft into a folder (on CUDA where "

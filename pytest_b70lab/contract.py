@@ -85,7 +85,9 @@ class ModelSource(Strict):
     revision: GIT_SHA | None = None
     # A path model the session may make when its folder is missing: "mini-export" writes plain copies of the
     # generated mini (config, tokenizer, safetensors, no manifest) to path/.. as target/ and draft/.
-    if_missing: Literal["mini-export"] | None = None
+    # "mini-int4-export" writes its W4A16 build instead (compressed-tensors pack-quantized, as production's
+    # checkpoints are; mini/int4.py).
+    if_missing: Literal["mini-export", "mini-int4-export"] | None = None
 
     @model_validator(mode="after")
     def _one_location(self) -> ModelSource:
@@ -97,7 +99,7 @@ class ModelSource(Strict):
             raise ValueError("a mini model takes no path, hub_id or revision")
         if self.if_missing and self.source != "path":
             raise ValueError("if_missing applies to a path model only")
-        if self.if_missing == "mini-export" and Path(self.path or "").name not in ("target", "draft"):
+        if self.if_missing and Path(self.path or "").name not in ("target", "draft"):
             raise ValueError("a mini-export path ends in /target or /draft (the export writes both)")
         return self
 
@@ -157,6 +159,11 @@ class Expect(Strict):
     # own ops ("native"), the package's portable path for CPUs without AVX-512 ("portable"), or "either". Left
     # out of the canonical form while "either", so contracts written before it keep their digests.
     fp8_attention: Literal["native", "portable", "either"] = FP8_ATTENTION_DEFAULT
+    # Which INT4 weight path every rank's INT4 layers must run (the audit's int4, judged by gate 3): vLLM's own
+    # kernels ("native"), the package's portable path ("portable": the launch also asks for it everywhere, so
+    # both kinds of CPU compute the same numbers), or "either". Unset for a contract that serves no INT4
+    # weights on CPU, and then left out of the canonical form.
+    int4_path: Literal["native", "portable", "either"] | None = None
 
 
 class Prompts(Strict):
@@ -281,8 +288,11 @@ class Contract(Strict):
         # Tables added later are left out while absent: a contract without them keeps the digest it had,
         # and evidence recorded before them still replays.
         exclude: dict[str, Any] = {k: True for k in ("chat", "quality") if getattr(self, k) is None}
-        if self.expect.fp8_attention == FP8_ATTENTION_DEFAULT:
-            exclude["expect"] = {"fp8_attention"}
+        left_out_expect = {"fp8_attention"} if self.expect.fp8_attention == FP8_ATTENTION_DEFAULT else set()
+        if self.expect.int4_path is None:
+            left_out_expect.add("int4_path")
+        if left_out_expect:
+            exclude["expect"] = left_out_expect
         defaults = {"paired_tolerance": None, "schedule": "sequential", "passes": 1}
         if left_out := {k for k, v in defaults.items() if getattr(self.reproduction, k) == v}:
             exclude["reproduction"] = left_out

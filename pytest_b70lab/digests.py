@@ -14,9 +14,10 @@ from typing import Any
 # Tensor moments (float64 sum, sum of squares, element count) are defined in in_engine.observe and only re-exported
 # here: that module runs inside vLLM's processes and imports nothing else of the package, so the definition
 # has to live there for the engine side and the checkpoint side to compute the very same thing.
-from .in_engine.observe import moments
+from .in_engine.observe import add_moments, moments
 
 __all__ = [
+    "add_moments",
     "bytes_sha256",
     "canonical_json",
     "file_sha256",

@@ -545,6 +545,8 @@ def engine_resolution(start: Evidence, rank: int, contract: Contract) -> Verdict
             )
     if contract.engine.kv_cache_dtype.startswith("fp8"):
         _fp8_attention_path(c, audit, rank, contract.expect.fp8_attention)
+    if contract.expect.int4_path is not None:
+        _int4_path(c, audit, rank, contract.expect.int4_path)
     c.expect(
         "server" in start.logs,
         f"start-{start.start_index}: no server log recorded, so a backend fallback could not be looked for",
@@ -587,6 +589,41 @@ def _fp8_attention_path(c: _Check, audit: dict[str, Any], rank: int, accepted: s
         f"rank {rank}: FP8 attention ran {ran}: {path.get('implementation')}{why}, op library "
         f"{path.get('op_library')}; the contract accepts {accepted} only",
     )
+
+
+def _int4_path(c: _Check, audit: dict[str, Any], rank: int, accepted: str) -> None:
+    """Which path the rank's INT4 layers ran (the portable one, or vLLM's kernels by name), layer by layer, is
+    the contract's to accept: a layer that switched is never silent."""
+    int4 = audit.get("int4")
+    if not c.expect(
+        isinstance(int4, dict) and isinstance(int4.get("linear"), dict) and isinstance(int4.get("moe"), dict),
+        f"rank {rank}: the audit does not say which INT4 weight path ran (int4: {int4!r})",
+    ):
+        return
+    assert isinstance(int4, dict)
+    layers = {f"{kind} {path}": n for kind in ("linear", "moe") for path, n in sorted(int4[kind].items())}
+    c.observe(int4_layers=layers, int4_op_library=int4.get("op_library"))
+    if not c.expect(
+        bool(layers),
+        f"rank {rank}: the contract expects INT4 weights, and no layer of this rank was served as INT4 (was the "
+        f"checkpoint's quantization_config applied?)",
+    ):
+        return
+    portable = {k: n for k, n in layers.items() if k.endswith(" portable")}
+    native = {k: n for k, n in layers.items() if not k.endswith(" portable")}
+    reasons = int4.get("reasons") or {}
+    if accepted == "portable":
+        c.expect(
+            not native,
+            f"rank {rank}: INT4 layers ran vLLM's kernels ({', '.join(f'{n} {k}' for k, n in native.items())}); "
+            f"the contract accepts the portable path only",
+        )
+    elif accepted == "native":
+        c.expect(
+            not portable,
+            f"rank {rank}: INT4 layers ran the portable path ({', '.join(f'{n} {k}' for k, n in portable.items())}"
+            f": {'; '.join(f'{k}: {r}' for k, r in reasons.items())}); the contract accepts vLLM's kernels only",
+        )
 
 
 # The launch turns vLLM's spinning CPU SHM all-reduce off when the ranks lack cores (launch.
@@ -1049,6 +1086,43 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
+MOMENT_KEYS = ("sum", "sumsq", "numel")
+
+
+def _sum_moments(moments: list[dict[str, Any]]) -> dict[str, Any]:
+    """Moments of pieces added up; the 4-bit field moments of packed words only where every piece has them."""
+    total: dict[str, Any] = {k: sum(m[k] for m in moments) for k in MOMENT_KEYS}
+    if moments and all(isinstance(m.get("nibbles"), dict) for m in moments):
+        total["nibbles"] = {k: sum(m["nibbles"][k] for m in moments) for k in ("sum", "sumsq")}
+    return total
+
+
+def _same_values(seen: dict[str, Any], want: dict[str, Any]) -> bool:
+    """Sums and sums of squares agree, and so do the packed words' 4-bit fields where both sides have them
+    (a flipped low nibble moves only those)."""
+    if not (_close(seen["sum"], want["sum"]) and _close(seen["sumsq"], want["sumsq"])):
+        return False
+    a, b = seen.get("nibbles"), want.get("nibbles")
+    return not (isinstance(a, dict) and isinstance(b, dict)) or (a["sum"] == b["sum"] and a["sumsq"] == b["sumsq"])
+
+
+def _described(m: dict[str, Any]) -> str:
+    fields = f", 4-bit fields {m['nibbles']['sum']:.0f} / {m['nibbles']['sumsq']:.0f}" if "nibbles" in m else ""
+    return f"sum {m['sum']:.6g}, sum of squares {m['sumsq']:.6g}{fields}"
+
+
+def loaded_alternatives(engine_name: str, parts: list[str]) -> list[list[str]]:
+    """What an engine parameter may hold of its checkpoint tensors: all of them (added up), except a fused or
+    stacked layer's `weight_shape`. vLLM keeps one weight_shape per fused layer ([2]) and per stacked expert
+    ([experts, 2]), and each member's load overwrites it: the member loaded last wins, in the checkpoint's file
+    order (notes/2026-12-04-int4-weight-shape-last-member-wins.md). No kernel reads it; the audit accepts the
+    shape of any one member, and of one member for every expert alike."""
+    if not engine_name.endswith("weight_shape") or len(parts) < 2:
+        return [parts]
+    members = sorted({p.rsplit(".", 2)[-2] for p in parts})  # q_proj / k_proj / v_proj, gate_proj / up_proj
+    return [[p for p in parts if p.rsplit(".", 2)[-2] == m] for m in members]
+
+
 def _moment_mismatches(
     per_rank: dict[Any, dict[str, dict[str, Any]]],
     checkpoint: dict[str, dict[str, Any]],
@@ -1067,31 +1141,75 @@ def _moment_mismatches(
         if any("moments" not in checkpoint[s] for s in parts):
             problems.append(f"{name}: the checkpoint table has no moments for {parts}")
             continue
-        want = {k: sum(checkpoint[s]["moments"][k] for s in parts) for k in ("sum", "sumsq", "numel")}
+        wants = [_sum_moments([checkpoint[s]["moments"] for s in alt]) for alt in loaded_alternatives(name, parts)]
         recorded = {rank: params[name].get("moments") for rank, params in per_rank.items() if name in params}
         seen = {rank: m for rank, m in recorded.items() if m is not None}
         if len(seen) != len(recorded):
             problems.append(f"{name}: the audit recorded no moments (evidence from an older b70lab audit)")
             continue
         compared += 1
+        want = wants[-1]
         if all(m["numel"] == want["numel"] for m in seen.values()):
             for rank, m in sorted(seen.items()):
-                if not (_close(m["sum"], want["sum"]) and _close(m["sumsq"], want["sumsq"])):
-                    problems.append(
-                        f"{name} on rank {rank}: sum {m['sum']:.6g}, sum of squares {m['sumsq']:.6g}; "
-                        f"checkpoint {want['sum']:.6g}, {want['sumsq']:.6g}"
-                    )
+                if not any(_same_values(m, w) for w in wants):
+                    problems.append(f"{name} on rank {rank}: {_described(m)}; checkpoint {_described(want)}")
         else:
-            total = {k: sum(m[k] for m in seen.values()) for k in ("sum", "sumsq", "numel")}
-            if total["numel"] < want["numel"] or not (
-                _close(total["sum"], want["sum"]) and _close(total["sumsq"], want["sumsq"])
-            ):
-                problems.append(
-                    f"{name} over ranks {sorted(seen)}: sum {total['sum']:.6g}, sum of squares "
-                    f"{total['sumsq']:.6g} over {total['numel']} values; checkpoint {want['sum']:.6g}, "
-                    f"{want['sumsq']:.6g} over {want['numel']}"
-                )
+            problems += _sharded_mismatches(name, seen, loaded_alternatives(name, parts), checkpoint, wants)
     return compared, covered, problems
+
+
+def _rank_shares(
+    parts: list[str], checkpoint: dict[str, dict[str, Any]], ranks: int, rank: int
+) -> list[tuple[dict[str, Any], str]]:
+    """What one rank of `ranks` may hold of these checkpoint tensors: its equal part along either dimension
+    (tensor parallel: the table's shard moments), or its block of whole routed experts (expert parallel,
+    vLLM's linear placement). Each as (moments, how it was cut)."""
+    shares = []
+    for dim in ("0", "1"):
+        pieces = [checkpoint[p].get("shards", {}).get(dim, {}).get(str(ranks)) for p in parts]
+        if all(isinstance(piece, list) and len(piece) == ranks for piece in pieces):
+            shares.append(
+                (_sum_moments([piece[rank] for piece in pieces]), f"part {rank + 1} of {ranks} along dim {dim}")
+            )
+    experts = sorted({int(m.group(1)) for p in parts if (m := re.search(r"\.experts\.(\d+)\.", p))})
+    if experts and len(experts) % ranks == 0:
+        block = experts[rank * len(experts) // ranks : (rank + 1) * len(experts) // ranks]
+        owned = [p for p in parts if any(f".experts.{e}." in p for e in block)]
+        shares.append((_sum_moments([checkpoint[p]["moments"] for p in owned]), f"experts {block[0]}-{block[-1]}"))
+    return shares
+
+
+def _sharded_mismatches(
+    name: str,
+    seen: dict[Any, dict[str, Any]],
+    alternatives: list[list[str]],
+    checkpoint: dict[str, dict[str, Any]],
+    wants: list[dict[str, Any]],
+) -> list[str]:
+    """A parameter split over the ranks: each rank against its own share of the checkpoint where the table
+    lets the audit cut it (so the rank that differs is named), and the ranks together against the whole (an
+    uneven split, such as a padded vocabulary, is judged by the whole alone)."""
+    total = _sum_moments(list(seen.values()))
+    whole_ok = total["numel"] >= wants[-1]["numel"] and any(_same_values(total, w) for w in wants)
+    ranks = sorted(seen)
+    shares = {
+        r: [s for alt in alternatives for s in _rank_shares(alt, checkpoint, len(ranks), i)]
+        for i, r in enumerate(ranks)
+    }
+    fits = {r: any(_same_values(seen[r], m) for m, _ in shares[r]) for r in ranks}
+    if all(shares.values()) and any(fits.values()) and not all(fits.values()):
+        return [
+            f"{name} on rank {r}: {_described(seen[r])}; its share of the checkpoint "
+            + " or ".join(f"({how}) {_described(m)}" for m, how in shares[r])
+            for r in ranks
+            if not fits[r]
+        ]
+    if whole_ok:
+        return []
+    return [
+        f"{name} over ranks {ranks}: {_described(total)} over {total['numel']} values; checkpoint "
+        f"{_described(wants[-1])} over {wants[-1]['numel']}"
+    ]
 
 
 def load_audit(

@@ -104,6 +104,36 @@ def fp8_path_line(device: str, kv_cache_dtype: str, accepted: str, environ: Mapp
     return f"FP8 attention: {path} ({why}); the contract accepts {accepted}"
 
 
+INT4_ENV = "B70LAB_INT4_PATH"  # in_engine.portable_int4.ENV_FORCE (not imported: that module imports torch)
+
+
+def int4_path(
+    device: str, dtype: str, accepted: str | None, identity: dict[str, Any], environ: Mapping[str, str] = os.environ
+) -> tuple[str, str]:
+    """(path, why) the INT4 layers of a compressed-tensors W4A16 checkpoint would run here: the forecast the dry
+    run and the capability preflight print (what ran is in every rank's audit, `int4`)."""
+    if device != "cpu":
+        return "native", f"vLLM's {device.upper()} INT4 kernels (the portable INT4 path serves CPUs only)"
+    if accepted == "portable":
+        return "portable", 'the contract asks every rank for it ([expect] int4_path = "portable")'
+    if (environ.get(INT4_ENV) or "").strip().lower() == "portable":
+        return "portable", f"{INT4_ENV}=portable"
+    if not native_fp8_possible(identity):  # the AVX-512 test vLLM loads its op library by, as for FP8
+        return "portable", f"vLLM's CPU op library here has no cpu_gemm_wna16 ({describe(identity)})"
+    if dtype not in ("bfloat16", "float16"):
+        return "portable", f"vLLM's cpu_gemm_wna16 has no {dtype} kernel"
+    return "native", (
+        "vLLM's CPUWNA16LinearKernel for the linears; the portable path for a MoE whose routing vLLM's CPU INT4 "
+        "experts refuse (they need AMX, softmax top-k and no expert map)"
+    )
+
+
+def int4_path_line(device: str, dtype: str, accepted: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    path, why = int4_path(device, dtype, accepted, cpu_identity(environ=environ), environ)
+    accepts = f"; the contract accepts {accepted}" if accepted else "; the contract does not say (not judged)"
+    return f"INT4 weights (W4A16 checkpoints): {path} ({why}){accepts}"
+
+
 def fp8_attention_ran(audits: list[dict[str, Any]]) -> str | None:
     """What the ranks' audits say ran: 'portable (_C_AVX2, emulating avx2)', 'native (_C)', or None where the
     evidence does not say (recorded before the audit asked)."""

@@ -34,16 +34,15 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
     """Local folders for mini and path sources (the mini is built or reused; a missing mini-export folder
     is exported), hub ids as they are; and each checkpoint's table, read from its own files (cached) or,
     for the mini, from its manifest."""
-    manifest: dict[str, Any] | None = None
-    built: Path | None = None
+    builds: dict[bool, tuple[Path, dict[str, Any]]] = {}
     tables: dict[str, Any] = {"problems": {}}
 
-    def the_mini() -> tuple[Path, dict[str, Any]]:
-        nonlocal manifest, built
-        if built is None or manifest is None:
-            built = mini.build(cache_root / "mini")
-            manifest = mini.verify(built)
-        return built, manifest
+    def the_mini(int4: bool = False) -> tuple[Path, dict[str, Any]]:
+        """The mini's build: its trained weights, or the W4A16 build of them."""
+        if int4 not in builds:
+            built = mini.build_int4(cache_root / "mini") if int4 else mini.build(cache_root / "mini")
+            builds[int4] = built, mini.verify(built)
+        return builds[int4]
 
     def one(source: contract_mod.ModelSource, part: str) -> tuple[evidence.ModelRef, str | Path]:
         if source.source == "mini":
@@ -64,10 +63,8 @@ def resolve_models(contract: Contract, cache_root: Path) -> ResolvedModels:
             folder = model_folder(source)
             # Missing, or an earlier export of another mini (the mark says so): export the current one. A
             # folder without the mark is somebody's checkpoint and is never touched.
-            if source.if_missing == "mini-export" and (
-                not folder.is_dir() or (folder.parent / mini.EXPORT_MARK).is_file()
-            ):
-                mini.export_plain(the_mini()[0], folder.parent)
+            if source.if_missing and (not folder.is_dir() or (folder.parent / mini.EXPORT_MARK).is_file()):
+                mini.export_plain(the_mini(int4=source.if_missing == "mini-int4-export")[0], folder.parent)
             if not folder.is_dir():
                 raise contract_mod.ContractError(f"contract {contract.name}: {part}.path {folder} is not a folder")
             try:
@@ -144,6 +141,7 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
         json.dumps(contract.canonical(), indent=2, sort_keys=True),
         "",
         host.fp8_path_line(contract.engine.device, contract.engine.kv_cache_dtype, contract.expect.fp8_attention),
+        host.int4_path_line(contract.engine.device, contract.engine.dtype, contract.expect.int4_path),
         f"fresh starts: {contract.reproduction.fresh_starts}, into {run_dir}/start-N/, "
         + (
             f"alive together, the prompts interleaved over {contract.reproduction.passes} passes"
@@ -161,9 +159,12 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
 
 
 def _env_kind(contract: Contract) -> dict:
+    # A contract that expects the portable INT4 path asks every rank for it (in_engine.portable_int4).
+    int4 = {"B70LAB_INT4_PATH": "portable"} if contract.expect.int4_path == "portable" else {}
     return {
         "device": contract.engine.device,
         "offline": contract.target.source != "hub" and (contract.draft is None or contract.draft.source != "hub"),
+        **({"extra": int4} if int4 else {}),
     }
 
 
@@ -488,6 +489,23 @@ def tables_at_hand(contract: Contract, cache_root: Path) -> tuple[dict[str, dict
     return found, missing
 
 
+def _as_recorded(mine: Any, copy: Any) -> Any:
+    """A recomputed tensor table in the form a copy recorded it: a copy written before tables kept shard moments
+    and the 4-bit fields of packed words is held to what it has (each entry's keys and moment keys that it
+    recorded), never given a pass on a value it has."""
+    if not (isinstance(mine, dict) and isinstance(copy, dict)):
+        return mine
+    out = {}
+    for name, entry in mine.items():
+        had = copy.get(name)
+        if isinstance(had, dict) and isinstance(entry, dict):
+            entry = {k: v for k, v in entry.items() if k in had}
+            if isinstance(entry.get("moments"), dict) and isinstance(had.get("moments"), dict):
+                entry["moments"] = {k: v for k, v in entry["moments"].items() if k in had["moments"]}
+        out[name] = entry
+    return out
+
+
 def _held_to_checkpoints(tables: dict[str, Any], run_dir: Path, contract: Contract, cache_root: Path) -> dict[str, Any]:
     """The copy, once each part whose checkpoint is at hand matches it; an EvidenceError naming the first
     difference otherwise (a copy edited to agree with edited evidence, or a checkpoint changed since)."""
@@ -512,6 +530,7 @@ def _held_to_checkpoints(tables: dict[str, Any], run_dir: Path, contract: Contra
         if mine is None:
             checked[part] = f"taken on trust: {missing.get(part, 'no checkpoint at hand')}"
             continue
+        mine = {**mine, "tensors": _as_recorded(mine.get("tensors"), copy.get("tensors"))}
         differs = [key for key in TABLE_IDENTITY if copy.get(key) != mine.get(key)]
         if differs:
             detail = ""

@@ -283,6 +283,27 @@ def _fix_cpu_fp8_portable_attention() -> None:
     )
 
 
+# --- 8. CPU INT4 weights: no W4A16 op on AVX2, no INT4 experts for a biased sigmoid router ---------------------
+# vLLM 0.32's CPU W4A16 linear calls cpu_gemm_wna16, which the AVX2 op library lacks (and nothing checks before
+# the first forward); its CPU INT4 experts need AMX and reject Laguna's routing and the expert map. The portable
+# path (portable_int4) serves the same packed tensors in plain PyTorch where vLLM cannot, or everywhere with
+# B70LAB_INT4_PATH=portable. Which path each layer took is in every rank's audit, and gate 3 judges it.
+
+
+def _cpu_int4_unserved() -> bool:
+    from vllm.platforms import current_platform
+
+    from . import portable_int4
+
+    return current_platform.is_cpu() and (portable_int4.forced() or not portable_int4.vllm_serves_cpu_int4())
+
+
+def _fix_cpu_int4_portable_weights() -> None:
+    from . import portable_int4
+
+    portable_int4.install()
+
+
 # --- 7. CPU oneDNN GEMM: a handler's __del__ calls .item(), also while a graph is traced ---------------------
 # vLLM 0.32's `CPUDNNLGEMMHandler.__del__` (vllm/_custom_ops.py) releases its oneDNN handle with
 # `self.dtor(self.handler_tensor.item())`. When the garbage collector runs it while Dynamo or AOT autograd
@@ -381,6 +402,12 @@ FIXES: tuple[Fix, ...] = (
         "an FP8 KV cache on a CPU without AVX-512 or AMX (portable attention)",
         _native_fp8_attention_unavailable,
         _fix_cpu_fp8_portable_attention,
+    ),
+    Fix(
+        "cpu_int4_portable_weights",
+        "compressed-tensors W4A16 linears and MoE experts where the CPU build has no INT4 path (portable)",
+        _cpu_int4_unserved,
+        _fix_cpu_int4_portable_weights,
     ),
     Fix(
         "cpu_dnnl_handler_release",

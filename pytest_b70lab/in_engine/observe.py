@@ -22,9 +22,37 @@ LOADED_MOMENTS_ATTR = "_b70lab_loaded_moments"
 _registered = False
 
 
-def moments(tensor) -> dict[str, float]:
-    t = tensor.detach().to("cpu").double()
-    return {"sum": float(t.sum()), "sumsq": float((t * t).sum()), "numel": int(t.numel())}
+PACKED_FIELD_BITS = 4  # compressed-tensors pack-quantized INT4: eight 4-bit fields per int32 word
+
+
+def moments(tensor) -> dict:
+    """float64 sum, sum of squares and element count; for an int32 tensor (pack-quantized weights) also the
+    sum and sum of squares of its 4-bit fields, exact integers: a word's low fields are below the float64
+    rounding of its own sum of squares, so a flipped low nibble would not move the word moments."""
+    t = tensor.detach().to("cpu")
+    d = t.double()
+    out: dict = {"sum": float(d.sum()), "sumsq": float((d * d).sum()), "numel": int(t.numel())}
+    if str(t.dtype) == "torch.int32":
+        out["nibbles"] = nibble_moments(t)
+    return out
+
+
+def nibble_moments(words) -> dict[str, float]:
+    bits = words.reshape(-1).long() & 0xFFFFFFFF  # the word's 32 bits, unsigned
+    total = squares = 0
+    for shift in range(0, 32, PACKED_FIELD_BITS):
+        field = (bits >> shift) & ((1 << PACKED_FIELD_BITS) - 1)
+        total += int(field.sum())
+        squares += int((field * field).sum())
+    return {"sum": float(total), "sumsq": float(squares)}
+
+
+def add_moments(parts: list[dict]) -> dict:
+    """The moments of a tensor from those of its pieces (row chunks, tensor-parallel shards, fused members)."""
+    total: dict = {k: sum(p[k] for p in parts) for k in ("sum", "sumsq", "numel")}
+    if parts and all("nibbles" in p for p in parts):
+        total["nibbles"] = {k: sum(p["nibbles"][k] for p in parts) for k in ("sum", "sumsq")}
+    return total
 
 
 def record_loaded_moments(model) -> int:

@@ -178,6 +178,14 @@ def _fp8_attention() -> dict[str, Any]:
     }
 
 
+def _int4_weights() -> dict[str, Any]:
+    """Which path this rank's INT4 layers run: the portable one or vLLM's kernel by name, counted per layer
+    kind, with the reasons (none of it where no INT4 layer was created)."""
+    from . import cpu_emulation, portable_int4
+
+    return {**portable_int4.state(), "op_library": cpu_emulation.loaded_op_library()}
+
+
 class AuditExtension:
     """Methods vLLM adds to each worker. `self` is the worker (model_runner, vllm_config, rank...)."""
 
@@ -289,5 +297,6 @@ def _resolved_config(cfg, model, draft_model) -> dict[str, Any]:
     out["device_type"] = _call(lambda: str(cfg.device_config.device_type))
     out["attention_config"] = _call(lambda: {"backend": _backend_name(cfg.attention_config.backend)})
     out["fp8_attention"] = _call(_fp8_attention)
+    out["int4"] = _call(_int4_weights)
     out["runtime_fixes"] = _call(_runtime_fixes)
     return out

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -245,13 +246,16 @@ def write_draft(recipe: MiniRecipe, weights: Path, draft_dir: Path, tok) -> None
     shutil.copyfile(weights / "draft.safetensors", draft_dir / "model.safetensors")
 
 
-def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
+def tensor_digests(path: Path, shards: bool = False) -> dict[str, dict[str, Any]]:
     """sha256 of every tensor's bytes, with dtype and shape, the digests of its float32 and bfloat16 casts
     (an engine may hold a bf16 checkpoint tensor in fp32), and its float64 moments (sum, sum of squares),
-    which a load audit can compare through sharding, fusion and kernel repacking."""
+    which a load audit can compare through sharding, fusion and kernel repacking; with `shards`, those of its
+    equal tensor-parallel shards too (checkpoint.shard_moments), which let the audit name the rank that differs
+    (the INT4 build; the plain build's manifest keeps the form its recorded runs were judged against)."""
     import torch
     from safetensors import safe_open
 
+    from ..checkpoint import ROUTED_EXPERT, shard_moments
     from ..digests import moments  # the same definition the engine side reports
 
     def sha(t) -> str:
@@ -268,7 +272,10 @@ def tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
             }
             if t.is_floating_point():
                 entry["sha256_as"] = {"float32": sha(t.to(torch.float32)), "bfloat16": sha(t.to(torch.bfloat16))}
+            if t.is_floating_point() or t.dtype == torch.int32:  # INT4 builds: packed words and weight_shape
                 entry["moments"] = moments(t)
+                if shards and not ROUTED_EXPERT.search(name) and (parts := shard_moments(t)):
+                    entry["shards"] = parts
             out[name] = entry
     return out
 
@@ -378,16 +385,22 @@ def folder_for(root: Path | str | None = None, recipe: MiniRecipe | None = None)
 
 def build(root: Path | str | None = None, *, force: bool = False, recipe: MiniRecipe | None = None) -> Path:
     """Build (or reuse) the served mini from the trained weights under `root` and return its folder."""
-    from filelock import FileLock
-
     weights = weights_dir()
     weight_files = weight_digests(weights)
     recipe = recipe or trained_recipe(weights)
     versions = library_versions()
     key = recipe_digest(recipe, versions, weight_files)
     out = folder_for(root, recipe)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return _built_once(out, force, lambda staging: _build_into(staging, recipe, key, versions, weights, weight_files))
+
+
+def _built_once(out: Path, force: bool, make: Callable[[Path], None]) -> Path:
+    """`out` as `make` writes it into a staging folder beside it, renamed into place; a verified `out` is reused
+    unless `force`. One builder at a time (a lock beside it), so parallel sessions build once."""
+    from filelock import FileLock
+
     root = out.parent
-    root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f".{out.name}.lock")):
         if out.exists() and not force:
             verify(out)
@@ -396,12 +409,132 @@ def build(root: Path | str | None = None, *, force: bool = False, recipe: MiniRe
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         try:
-            _build_into(staging, recipe, key, versions, weights, weight_files)
+            make(staging)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(staging, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+# --- the INT4 build -----------------------------------------------------------------------------------
+
+INT4_BUILDER_VERSION = 1
+INT4_PREFIX = "mini-laguna-int4-"
+# vLLM splits these layers' input dimension over the tensor-parallel ranks (RowParallelLinear), and each rank
+# needs whole INT4 groups. The routed experts are not among them: the INT4 mini is served with expert
+# parallelism, which keeps every expert whole on one rank.
+ROW_PARALLEL = ("o_proj", "down_proj")
+INT4_MAX_TENSOR_PARALLEL = 4  # the widest tensor-parallel layout the mini's contracts use
+
+
+# The draft's attention projections stay in float: vLLM 0.32's Laguna DFlash precomputes the context K/V from
+# `qkv_proj.weight` while it loads (laguna_dflash._build_context_kv_buffers), which a quantized layer does not
+# have ("'QKVParallelLinear' object has no attribute 'weight'"; notes/2026-12-04-int4-mini-and-the-portable-path.md).
+DRAFT_IGNORE = ("re:.*self_attn\\.qkv_proj$",)
+
+
+def _int4_scheme(tensors: dict, ignore: tuple[str, ...]) -> Any:
+    import dataclasses
+
+    from . import int4
+
+    row_parallel = {name: t for name, t in tensors.items() if ".experts." not in name}
+    scheme = int4.scheme_for(row_parallel, ROW_PARALLEL, INT4_MAX_TENSOR_PARALLEL)
+    return dataclasses.replace(scheme, ignore=(*scheme.ignore, *ignore))
+
+
+def _write_int4_part(
+    source: Path, dest: Path, kv_cache_scheme: dict[str, Any] | None, ignore: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """One checkpoint folder (target or draft) with its linears quantized; returns what was quantized how."""
+    from safetensors.torch import load_file
+
+    from . import int4
+
+    tensors = load_file(str(source / "model.safetensors"))
+    scheme = _int4_scheme(tensors, ignore)
+    packed, layers = int4.quantize_state(tensors, scheme)
+    dest.mkdir(parents=True)
+    _save_safetensors(packed, dest / "model.safetensors")
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = int4.quantization_config(scheme, kv_cache_scheme)
+    _write_json(dest / "config.json", config)
+    for path in sorted(source.iterdir()):  # tokenizer and generation config, as the source has them
+        if path.is_file() and path.name not in ("config.json", "model.safetensors"):
+            shutil.copyfile(path, dest / path.name)
+    return {
+        "format": "pack-quantized",
+        "num_bits": int4.NUM_BITS,
+        "symmetric": True,
+        "group_size": scheme.group_size,
+        "group_size_overrides": dict(sorted(scheme.overrides.items())),
+        "ignore": list(scheme.ignore),
+        "quantized_layers": len(layers),
+    }
+
+
+def int4_key(source_manifest: dict[str, Any], versions: dict[str, str] | None = None) -> str:
+    import compressed_tensors
+
+    return sha256_canonical(
+        {
+            "quantized_from": source_manifest["model_digest"],
+            "builder": INT4_BUILDER_VERSION,
+            "versions": versions if versions is not None else library_versions(),
+            "compressed_tensors": compressed_tensors.__version__,
+        }
+    )
+
+
+def _build_int4_into(out: Path, source: Path, source_manifest: dict[str, Any], key: str) -> None:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target_scheme = _write_int4_part(source / "target", out / "target", KV_CACHE_SCHEME)
+        draft_scheme = _write_int4_part(source / "draft", out / "draft", None, DRAFT_IGNORE)
+    finally:
+        torch.set_num_threads(threads)
+    files = _files_digest(out)
+    target, draft = source_manifest["target"], source_manifest["draft"]
+    manifest = {
+        "format": 1,
+        "recipe": source_manifest["recipe"],
+        "recipe_digest": key,
+        "builder_version": INT4_BUILDER_VERSION,
+        "versions": source_manifest["versions"],
+        "weights": source_manifest["weights"],
+        "quantized_from": {
+            "folder": source.name,
+            "model_digest": source_manifest["model_digest"],
+            "recipe_digest": source_manifest["recipe_digest"],
+        },
+        "files": files,
+        "model_digest": sha256_canonical(files),
+        "target": {
+            **{k: target[k] for k in ("path", "num_layers", "kv_scales", "kv_scale_count", "kv_scale_digest")},
+            "int4": target_scheme,
+            "tensors": tensor_digests(out / "target" / "model.safetensors", shards=True),
+        },
+        "draft": {
+            **{k: draft[k] for k in ("path", "cache_layers", "kv_calibrated", "num_speculative_tokens")},
+            "int4": draft_scheme,
+            "tensors": tensor_digests(out / "draft" / "model.safetensors", shards=True),
+        },
+    }
+    _write_json(out / MANIFEST, manifest)
+
+
+def build_int4(root: Path | str | None = None, *, force: bool = False, recipe: MiniRecipe | None = None) -> Path:
+    """Build (or reuse) the W4A16 mini: the unquantized build's target and draft with every linear but the
+    lm_head and the router in compressed-tensors pack-quantized INT4 (mini/int4.py), the same KV scales."""
+    source = build(root, force=force, recipe=recipe)
+    source_manifest = verify(source)
+    key = int4_key(source_manifest)
+    out = source.parent / f"{INT4_PREFIX}{key[:16]}"
+    return _built_once(out, force, lambda staging: _build_int4_into(staging, source, source_manifest, key))
 
 
 EXPORT_MARK = ".b70lab-export.json"

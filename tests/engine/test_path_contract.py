@@ -1,17 +1,17 @@
-"""The lane a production checkpoint takes, end to end: `pytest -m gates --b70-contract mini-laguna-cpu-path`,
-on the portable FP8 path, as an AVX2-only CPU runs it.
+"""The lane a production checkpoint takes, end to end: `pytest -m gates --b70-contract mini-laguna-cpu-int4`,
+INT4 weights on the portable INT4 path and the portable FP8 path, as an AVX2-only CPU runs it.
 
-Target and draft are plain folders (config, tokenizer, safetensors; no b70lab manifest), exported by the
-session itself when they are missing, so the load and scale audits read the checkpoints' own files, and
-the committed teacher of that contract is judged. The session must be PROMOTABLE with every checkpoint
-tensor covered as for the mini: what the production contract needs, short of the B70 machines.
+Target and draft are plain folders of the mini's W4A16 build (config, tokenizer, compressed-tensors
+pack-quantized safetensors; no b70lab manifest), exported by the session itself when they are missing, so the
+load and scale audits read the checkpoints' own packed tensors, as they read production's INT4 checkpoints,
+and the committed teacher of that contract (target only, INT4 weights, FP8 KV) is judged. The session must be
+PROMOTABLE with every checkpoint tensor covered and every rank's INT4 layers on the portable path.
 
 On a CPU with AVX-512 the session runs under the AVX2 emulation (B70LAB_EMULATE_CPU=avx2: vLLM's AVX2 op
 library, torch and oneDNN at AVX2, native FP8 refused), so that every run of the suite exercises both FP8
-paths with one session each: this one the portable path, the gates lane the native one (one session here
-covers both the checkpoint lane and the path: each is judged from its own evidence fields, and two sessions
-cost CI two more engine starts). The committed teacher was recorded on the native path
-(notes/2026-12-01-fp8-kv-without-avx512.md says why it holds for the portable one).
+paths with one session each: this one the portable path, the gates lane the native one. This session replaced
+the plain-folder session of the unquantized mini (`mini-laguna-cpu-path`, still shipped): one session covers
+the checkpoint lane, the portable FP8 path and the INT4 weights, where two would cost CI two more starts.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ import pytest
 
 from pytest_b70lab import checkpoint, contract, host
 from pytest_b70lab.engine.starts import model_folder
-from pytest_b70lab.in_engine import portable_fp8
+from pytest_b70lab.in_engine import portable_fp8, portable_int4
 from pytest_b70lab.run_folder import TABLES_COPY, read_starts
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
-CONTRACT = "mini-laguna-cpu-path"
+CONTRACT = "mini-laguna-cpu-int4"
 
 
-def test_a_path_checkpoint_is_promotable_on_the_portable_path_with_full_load_audit_coverage(
+def test_an_int4_path_checkpoint_is_promotable_on_the_portable_paths_with_full_load_audit_coverage(
     tmp_path: Path, b70_cache_root: Path
 ) -> None:
     run_dir = tmp_path / "run"
@@ -81,6 +81,9 @@ def test_a_path_checkpoint_is_promotable_on_the_portable_path_with_full_load_aud
                 "_C_AVX2",
                 "AVX2",
             ), f"start-{start.start_index}: {path}"
+            int4 = audit["int4"]
+            assert int4["implementation"] == portable_int4.IMPLEMENTATION and int4["forced"], int4
+            assert set(int4["linear"]) == {"portable"} and set(int4["moe"]) == {"portable"}, int4
     # The tables came from reading the exported folders, not from a manifest.
     folders = {part: model_folder(getattr(contract.load(CONTRACT), part)) for part in ("target", "draft")}
     assert not any((f / "manifest.json").exists() for f in folders.values())

@@ -9,7 +9,13 @@ import pytest
 
 from pytest_b70lab import contract
 
-SHIPPED = ["laguna-s-2.1-int4-fp8kv-b70", "mini-laguna-cpu", "mini-laguna-cpu-path", "mini-laguna-cpu-tp4ep4"]
+SHIPPED = [
+    "laguna-s-2.1-int4-fp8kv-b70",
+    "mini-laguna-cpu",
+    "mini-laguna-cpu-int4",
+    "mini-laguna-cpu-path",
+    "mini-laguna-cpu-tp4ep4",
+]
 
 
 def test_the_shipped_contracts_load() -> None:

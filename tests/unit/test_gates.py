@@ -321,7 +321,7 @@ def zero_router_bias(run: Run) -> None:
 
 
 def expert_weights_from_the_wrong_rank(run: Run) -> None:
-    """Rank 1 loaded rank 0's experts: each rank looks plausible, the sum over ranks does not."""
+    """Rank 1 loaded rank 0's experts: each looks plausible alone; rank 1 is not its own share (experts 4-7)."""
     audits = {a["tp_rank"]: a for a in run.starts[1].audits}
     name = next(n for n in audits[0]["parameters"] if n.endswith("w13_weight"))
     audits[1]["parameters"][name]["moments"] = dict(audits[0]["parameters"][name]["moments"])
@@ -543,7 +543,7 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
     (stretched_second_start, "fresh-start-reproduction", "paired figure start-2 / start-1 0.5"),
     (nan_arrival_time, "fresh-start-reproduction", "its arrival times give a decode rate of nan"),
     (zero_router_bias, "load-audit", "e_score_correction_bias on rank 0: sum 0"),
-    (expert_weights_from_the_wrong_rank, "load-audit", "w13_weight over ranks"),
+    (expert_weights_from_the_wrong_rank, "load-audit", "w13_weight on rank 1: sum"),
     (
         draft_norm_not_loaded,
         "load-audit",

@@ -153,12 +153,15 @@ def test_a_corrupted_manifest_is_a_clear_error(tmp_path: Path, content: str) -> 
 def test_cli_builds_once_and_prints_the_folder(tmp_path: Path, b70_mini_model: Path) -> None:
     cmd = [sys.executable, "-m", "pytest_b70lab.cli", "mini", "build", "--out", str(tmp_path)]
     first = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    folder = Path(first.stdout.strip())
+    folder, int4_folder = (Path(line) for line in first.stdout.split())
     assert folder.parent == tmp_path and folder.name == b70_mini_model.name
-    stamp = (folder / mini.MANIFEST).stat().st_mtime_ns
+    assert int4_folder.parent == tmp_path and int4_folder.name.startswith(mini.INT4_PREFIX)
+    stamps = [(f / mini.MANIFEST).stat().st_mtime_ns for f in (folder, int4_folder)]
     second = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    assert second.stdout.strip() == str(folder)
-    assert (folder / mini.MANIFEST).stat().st_mtime_ns == stamp, "a verified build is reused, not rebuilt"
+    assert second.stdout.split() == [str(folder), str(int4_folder)]
+    assert [(f / mini.MANIFEST).stat().st_mtime_ns for f in (folder, int4_folder)] == stamps, (
+        "a verified build is reused, not rebuilt"
+    )
 
 
 def test_cli_reports_a_broken_cache_without_a_traceback(tmp_path: Path) -> None:
@@ -219,3 +222,70 @@ def test_the_trained_target_retrieves_held_out_needles(b70_mini_model: Path) -> 
             out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
         text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         assert text.split()[:1] == [sample.meta["expected"]], f"needle {sample.meta['key']}: got {text!r}"
+
+
+# --- the W4A16 (INT4) build ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def int4_build(b70_mini_model: Path) -> Path:
+    return mini.build_int4(b70_mini_model.parent)
+
+
+def test_the_int4_build_is_deterministic_and_named_by_what_it_quantized(tmp_path: Path, int4_build: Path) -> None:
+    again = mini.build_int4(tmp_path / "again")
+    assert again.name == int4_build.name
+    first, second = _all_files(int4_build), _all_files(again)
+    assert sorted(first) == sorted(second)
+    assert not [name for name in first if first[name] != second[name]], "two INT4 builds differ"
+    manifest = mini.verify(int4_build)
+    source = mini.verify(mini.build(int4_build.parent))
+    assert manifest["quantized_from"]["model_digest"] == source["model_digest"]
+    assert manifest["target"]["kv_scale_digest"] == source["target"]["kv_scale_digest"], "the same KV scales"
+
+
+def test_the_int4_target_is_compressed_tensors_pack_quantized_but_for_lm_head_and_router(int4_build: Path) -> None:
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    from pytest_b70lab.mini import int4
+
+    config = json.loads((int4_build / "target" / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "pack-quantized" and config["quant_method"] == "compressed-tensors"
+    assert config["config_groups"]["group_0"]["weights"]["group_size"] == 128
+    assert config["kv_cache_scheme"] == mini.KV_CACHE_SCHEME
+    tensors = load_file(str(int4_build / "target" / "model.safetensors"))
+    assert tensors["lm_head.weight"].dtype == torch.bfloat16, "lm_head stays in float"
+    assert tensors["model.layers.1.mlp.gate.weight"].dtype == torch.bfloat16, "the router stays in float"
+    assert "model.layers.1.self_attn.k_scale" in tensors
+    reference = load_file(str(mini.build(int4_build.parent) / "target" / "model.safetensors"))
+    layer = "model.layers.1.mlp.experts.5.up_proj"
+    parts = {p: tensors[f"{layer}.{p}"] for p in int4.PARTS}
+    shape = torch.Size(parts["weight_shape"].tolist())
+    assert shape == reference[f"{layer}.weight"].shape
+    codes = unpack_from_int32(parts["weight_packed"], 4, shape)
+    assert int(codes.min()) >= -8 and int(codes.max()) <= 7
+    error = (int4.dequantize(parts) - reference[f"{layer}.weight"].float()).abs()
+    step = parts["weight_scale"].float().repeat_interleave(128, dim=1)
+    assert bool((error <= 0.53 * step).all()), "every weight within about half a step of its code (int4.quantize)"
+
+
+def test_narrow_tensor_parallel_shards_get_a_group_that_fits(int4_build: Path) -> None:
+    """The shared expert's down projection has 128 input columns: 32 per rank at TP4, so its group is 32."""
+    manifest = mini.verify(int4_build)
+    overrides = manifest["target"]["int4"]["group_size_overrides"]
+    assert overrides and all(k.endswith("shared_expert.down_proj") and v == 32 for k, v in overrides.items())
+    draft_ignore = manifest["draft"]["int4"]["ignore"]
+    assert any("qkv_proj" in pattern for pattern in draft_ignore), "the draft's qkv_proj stays in float"
+
+
+def test_int4_build_records_nibble_moments_and_shards_of_packed_words(int4_build: Path) -> None:
+    from pytest_b70lab.in_engine import observe
+
+    manifest = mini.verify(int4_build)
+    tensors = load_file(str(int4_build / "target" / "model.safetensors"))
+    name = "model.layers.0.self_attn.o_proj.weight_packed"
+    entry = manifest["target"]["tensors"][name]
+    assert entry["moments"] == observe.moments(tensors[name])
+    halves = entry["shards"]["1"]["2"]
+    columns = tensors[name].shape[1] // 2
+    assert halves[1] == observe.moments(tensors[name][:, columns:].contiguous())

@@ -18,7 +18,7 @@ import pytest
 from pytest_b70lab import contract as contract_mod
 from pytest_b70lab import evidence, judge, project
 from pytest_b70lab.records import reproduce, store
-from pytest_b70lab.records.seal import seal
+from pytest_b70lab.records.seal import patch_series, seal
 
 REPO = Path(__file__).resolve().parents[2]
 SEALS = store.listing(REPO / store.REPRO)
@@ -93,11 +93,19 @@ def test_a_missing_an_added_file_and_an_edited_seal_file_are_named(sealed: Path)
 
 
 def test_a_seal_reseals_as_itself_and_names_are_never_reused(sealed: Path, tmp_path: Path) -> None:
-    """A seal is a run folder: sealing it again (its own teacher snapshots) gives the same files."""
+    """A seal is a run folder: sealing it again (its own teacher snapshots) gives the same files, but for the
+    record's patch series, which is the checkout's at sealing time (this one may hold patches added since)."""
     root = tmp_path / "records"
     again = seal(sealed, "again", sealed / store.SNAPSHOTS, root=root)
     assert store.verify(again) == []
-    assert store.read(again).files == store.read(sealed).files
+    mine, theirs = store.read(again), store.read(sealed)
+    assert {k: v for k, v in mine.files.items() if k != store.RECORD_FILE} == {
+        k: v for k, v in theirs.files.items() if k != store.RECORD_FILE
+    }
+    new, old = mine.record(), theirs.record()
+    assert new["source"].pop("patches") == patch_series(REPO / "patches")
+    old["source"].pop("patches")
+    assert new == old
     with pytest.raises(store.SealError, match="exists: a sealed record is never overwritten"):
         seal(sealed, "again", sealed / store.SNAPSHOTS, root=root)
     with pytest.raises(store.SealError, match="letters, digits"):
@@ -164,7 +172,7 @@ def test_a_seal_resealed_with_another_teacher_is_not_reproduced(sealed: Path, tm
 
 def test_a_drifted_checkout_is_named_patch_by_patch(sealed: Path, tmp_path: Path) -> None:
     shutil.copytree(REPO / "patches", tmp_path / "patches")
-    changed = sorted((tmp_path / "patches").glob("*.patch"))[-1]
+    changed = sorted((tmp_path / "patches").glob("*.patch"))[0]  # one the seal holds
     changed.write_text(changed.read_text() + "\n-- \nedited\n")
     (tmp_path / "patches" / "9999-extra.patch").write_text("From 0 Mon Sep 17 00:00:00 2001\n")
     seal_read = store.read(sealed)

@@ -8,6 +8,8 @@ start in tests/engine/test_parity.py.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,15 +18,23 @@ pytest.importorskip("vllm")
 from vllm import _custom_ops  # noqa: E402
 from vllm.compilation import decorators  # noqa: E402
 from vllm.distributed.device_communicators import cpu_communicator  # noqa: E402
+from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig  # noqa: E402
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation  # noqa: E402
 from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG  # noqa: E402
 from vllm.model_executor.layers.fused_moe.experts import cpu_moe  # noqa: E402
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts  # noqa: E402
 from vllm.model_executor.layers.fused_moe.router import cpu_router  # noqa: E402
 from vllm.model_executor.layers.fused_moe.runner import moe_runner  # noqa: E402
+from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (  # noqa: E402
+    compressed_tensors_moe_wna16 as moe_wna16,
+)
+from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (  # noqa: E402
+    compressed_tensors_wNa16 as wna16,
+)
+from vllm.scalar_type import scalar_types  # noqa: E402
 from vllm.v1.attention.backends import cpu_attn  # noqa: E402
 
-from pytest_b70lab.in_engine import fixes, portable_fp8  # noqa: E402
+from pytest_b70lab.in_engine import fixes, portable_fp8, portable_int4  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +55,12 @@ def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(cpu_attn, "_get_attn_isa", cpu_attn._get_attn_isa)
     monkeypatch.setattr(cpu_attn, "ops", cpu_attn.ops)
     monkeypatch.setattr(portable_fp8, "_state", dict(portable_fp8._state))
+    monkeypatch.setattr(wna16, "choose_mp_linear_kernel", wna16.choose_mp_linear_kernel)
+    monkeypatch.setattr(moe_wna16, "select_wna16_moe_backend", moe_wna16.select_wna16_moe_backend)
+    method = moe_wna16.CompressedTensorsWNA16MoEMethod
+    monkeypatch.setattr(method, "process_weights_after_loading", method.process_weights_after_loading)
+    monkeypatch.setattr(method, "get_fused_moe_quant_config", method.get_fused_moe_quant_config)
+    monkeypatch.setattr(portable_int4, "_state", copy.deepcopy(portable_int4._state))
 
 
 def test_installed_vllm_has_all_the_defects(monkeypatch) -> None:
@@ -229,6 +245,7 @@ def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog)
         "cpu_shm_allreduce_switch": "disabled",
         "aot_load_plain_function": "disabled",
         "cpu_fp8_portable_attention": "disabled",
+        "cpu_int4_portable_weights": "disabled",
         "cpu_dnnl_handler_release": "disabled",
     }
     assert getattr(cpu_router.CPURouter._compute_routing, fixes.PATCHED_MARK, False)
@@ -262,6 +279,7 @@ def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -
         "cpu_shm_allreduce_switch": "not needed",
         "aot_load_plain_function": "disabled",
         "cpu_fp8_portable_attention": "disabled",
+        "cpu_int4_portable_weights": "disabled",
         "cpu_dnnl_handler_release": "disabled",
     }
     assert not getattr(
@@ -415,3 +433,54 @@ def test_a_handler_released_while_a_graph_is_traced_raises_nothing_and_frees_its
 
     gc.collect()
     assert released == [handle, own] and fixes._deferred_dnnl_handles == []
+
+
+# --- 8. INT4 (W4A16) weights without a CPU INT4 path ------------------------------------------------------
+
+
+def _w4a16(act_type, out_features: int = 256) -> MPLinearLayerConfig:
+    return MPLinearLayerConfig(
+        full_weight_shape=(256, out_features),
+        partition_weight_shape=(256, out_features),
+        weight_type=scalar_types.uint4b8,
+        act_type=act_type,
+        group_size=128,
+        zero_points=False,
+    )
+
+
+def test_vllm_picks_a_w4a16_kernel_it_cannot_run_and_the_fix_serves_the_layer_portably(monkeypatch) -> None:
+    """vLLM's selection takes CPUWNA16LinearKernel for float32 activations, whose cpu_gemm_wna16 has no float32
+    kernel (and on an AVX2 op library no kernel at all): the first forward would fail. With the fix the layer
+    gets the portable kernel, counted with the reason; a layer vLLM's kernels cannot shape gets it too."""
+    monkeypatch.delenv(portable_int4.ENV_FORCE, raising=False)
+    assert wna16.choose_mp_linear_kernel(_w4a16(torch.float32)).__name__ == "CPUWNA16LinearKernel"
+    monkeypatch.setenv(fixes.ENV_SELECT, "cpu_int4_portable_weights")
+    assert fixes.register()["cpu_int4_portable_weights"] == "applied"
+    portable = portable_int4.linear_kernel()
+    assert wna16.choose_mp_linear_kernel(_w4a16(torch.float32)) is portable
+    assert wna16.choose_mp_linear_kernel(_w4a16(torch.float32, out_features=4)) is portable  # g_proj: 4 rows a rank
+    state = portable_int4.state()
+    assert state["installed"] and state["linear"] == {"portable": 2}
+    assert (
+        "has no torch.float32 kernel" in state["reasons"]["linear portable"]
+        or "does not register" in (state["reasons"]["linear portable"])
+    )
+
+
+def test_the_int4_fix_leaves_vllms_kernel_where_it_runs_unless_forced(monkeypatch) -> None:
+    monkeypatch.delenv(portable_int4.ENV_FORCE, raising=False)
+    monkeypatch.setenv(fixes.ENV_SELECT, "cpu_int4_portable_weights")
+    fixes.register()
+    chosen = wna16.choose_mp_linear_kernel(_w4a16(torch.bfloat16))
+    if portable_int4._op_library_has("cpu_gemm_wna16"):
+        assert chosen.__name__ == "CPUWNA16LinearKernel", "bf16 on an op library that has the op: vLLM's kernel"
+        assert portable_int4.state()["linear"] == {"CPUWNA16LinearKernel": 1}
+    else:
+        assert chosen is portable_int4.linear_kernel()
+    monkeypatch.setenv(portable_int4.ENV_FORCE, "portable")
+    assert wna16.choose_mp_linear_kernel(_w4a16(torch.bfloat16)) is portable_int4.linear_kernel()
+    assert portable_int4.state()["reasons"]["linear portable"] == f"{portable_int4.ENV_FORCE}=portable"
+    monkeypatch.setenv(portable_int4.ENV_FORCE, "sometimes")
+    with pytest.raises(ValueError, match="B70LAB_INT4_PATH='sometimes': expected one of auto, portable"):
+        wna16.choose_mp_linear_kernel(_w4a16(torch.bfloat16))

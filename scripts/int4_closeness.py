@@ -1,0 +1,131 @@
+"""How close the INT4 mini's greedy output stays to the unquantized mini's (a measurement, not a test).
+
+Both targets run in transformers, fp32, on one thread: the trained weights as stored (bf16), and the same model
+with every weight the INT4 build quantized replaced by what its packed codes stand for (code * group scale,
+mini/int4.py). KV stays unquantized on both sides, so the figure is the weights' alone. Prompts: the gate prompts
+of mini-laguna-cpu (100 tokens each, as the gates decode them) and the quality set (each sample's max_tokens;
+tool-use samples through the tokenizer's chat template with their tools). Per set: how many outputs are
+token-identical, and where the others first differ (median token index).
+
+    .venv/bin/python scripts/int4_closeness.py [--quality-limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from pytest_b70lab import contract, mini
+from pytest_b70lab.mini import int4
+from pytest_b70lab.mini.tokenizer import load_tokenizer
+from pytest_b70lab.quality import samples as quality_samples
+
+
+def greedy(model, tok, prompt: str, max_new_tokens: int) -> list[int]:
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=not prompt.startswith("<s>"))["input_ids"]
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def int4_model(recipe, tok):
+    """The trained target with the INT4 build's weights (dequantized) in place of the quantized ones. The served
+    checkpoint names experts one by one; transformers stacks them per layer (gate_up_proj [E, 2I, H], gate rows
+    first; down_proj [E, H, I]): the plain build's per-expert tensors are checked against that layout first."""
+    from safetensors.torch import load_file
+
+    model = mini.load_target_model(mini.weights_dir(), recipe, tok)
+    state = model.state_dict()
+    packed = load_file(str(mini.build_int4() / "target" / "model.safetensors"))
+    plain = load_file(str(mini.build() / "target" / "model.safetensors"))
+    for layer in sorted({name.rsplit(".", 1)[0] for name in packed if name.endswith(".weight_packed")}):
+        weight = int4.dequantize({p: packed[f"{layer}.{p}"] for p in int4.PARTS})
+        stem, _, rest = layer.partition(".experts.")
+        if not rest:
+            # transformers calls the shared expert `shared_experts`; vLLM's checkpoint `shared_expert`
+            name = (
+                f"{layer}.weight"
+                if f"{layer}.weight" in state
+                else f"{layer}.weight".replace(".shared_expert.", ".shared_experts.")
+            )
+            assert torch.equal(state[name], plain[f"{layer}.weight"].float()), f"{layer}: not {name} in transformers"
+            state[name].copy_(weight)
+            continue
+        expert, proj = rest.split(".")
+        e = int(expert)
+        if proj == "down_proj":
+            target = state[f"{stem}.experts.down_proj"][e]
+        else:
+            half = state[f"{stem}.experts.gate_up_proj"].shape[1] // 2
+            target = (
+                state[f"{stem}.experts.gate_up_proj"][e, :half]
+                if proj == "gate_proj"
+                else state[f"{stem}.experts.gate_up_proj"][e, half:]
+            )
+        assert torch.equal(target, plain[f"{layer}.weight"].float()), f"{layer}: not where transformers keeps it"
+        target.copy_(weight)
+    return model
+
+
+def compare(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quality-limit", type=int, default=None, help="only the first N quality samples")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    recipe = mini.trained_recipe()
+    tok = load_tokenizer(mini.weights_dir(), recipe)
+    plain = mini.load_target_model(mini.weights_dir(), recipe, tok)
+    quantized = int4_model(recipe, tok)
+    c = contract.load("mini-laguna-cpu")
+    sets = {"gate prompts": [(p.prompt, c.decode.tokens_per_request) for p in contract.load_prompts(c)]}
+    assert c.quality is not None
+    quality = quality_samples.load(contract.repo_path(c.quality.file), c.quality.sha256, c.quality.count)
+    rendered = []
+    for s in quality[: args.quality_limit]:
+        text = s.prompt or tok.apply_chat_template(
+            s.messages, tools=s.tools, add_generation_prompt=True, tokenize=False
+        )
+        rendered.append((text, s.max_tokens))
+    sets["quality set"] = rendered
+    report = {}
+    for label, prompts in sets.items():
+        firsts = []
+        same = 0
+        for prompt, n in prompts:
+            at = compare(greedy(plain, tok, prompt, n), greedy(quantized, tok, prompt, n))
+            if at is None:
+                same += 1
+            else:
+                firsts.append(at)
+        report[label] = {
+            "prompts": len(prompts),
+            "token_identical": same,
+            "first_difference_median": statistics.median(firsts) if firsts else None,
+            "first_difference_min": min(firsts) if firsts else None,
+        }
+        print(
+            f"{label}: {same}/{len(prompts)} token-identical; where not, first difference at token "
+            f"{report[label]['first_difference_median']} (median), {report[label]['first_difference_min']} (earliest)"
+        )
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
