@@ -15,7 +15,7 @@ from typing import Any
 
 from . import throughput
 from .contract import Contract
-from .digests import kv_scale_digest
+from .digests import add_moments, kv_scale_digest
 from .evidence import Evidence, Request, sha256_ids
 from .metrics import counter_by_label, counter_total, has_counter, info_labels
 
@@ -1086,17 +1086,6 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
-MOMENT_KEYS = ("sum", "sumsq", "numel")
-
-
-def _sum_moments(moments: list[dict[str, Any]]) -> dict[str, Any]:
-    """Moments of pieces added up; the 4-bit field moments of packed words only where every piece has them."""
-    total: dict[str, Any] = {k: sum(m[k] for m in moments) for k in MOMENT_KEYS}
-    if moments and all(isinstance(m.get("nibbles"), dict) for m in moments):
-        total["nibbles"] = {k: sum(m["nibbles"][k] for m in moments) for k in ("sum", "sumsq")}
-    return total
-
-
 def _same_values(seen: dict[str, Any], want: dict[str, Any]) -> bool:
     """Sums and sums of squares agree, and so do the packed words' 4-bit fields where both sides have them
     (a flipped low nibble moves only those)."""
@@ -1141,7 +1130,7 @@ def _moment_mismatches(
         if any("moments" not in checkpoint[s] for s in parts):
             problems.append(f"{name}: the checkpoint table has no moments for {parts}")
             continue
-        wants = [_sum_moments([checkpoint[s]["moments"] for s in alt]) for alt in loaded_alternatives(name, parts)]
+        wants = [add_moments([checkpoint[s]["moments"] for s in alt]) for alt in loaded_alternatives(name, parts)]
         recorded = {rank: params[name].get("moments") for rank, params in per_rank.items() if name in params}
         seen = {rank: m for rank, m in recorded.items() if m is not None}
         if len(seen) != len(recorded):
@@ -1169,13 +1158,13 @@ def _rank_shares(
         pieces = [checkpoint[p].get("shards", {}).get(dim, {}).get(str(ranks)) for p in parts]
         if all(isinstance(piece, list) and len(piece) == ranks for piece in pieces):
             shares.append(
-                (_sum_moments([piece[rank] for piece in pieces]), f"part {rank + 1} of {ranks} along dim {dim}")
+                (add_moments([piece[rank] for piece in pieces]), f"part {rank + 1} of {ranks} along dim {dim}")
             )
     experts = sorted({int(m.group(1)) for p in parts if (m := re.search(r"\.experts\.(\d+)\.", p))})
     if experts and len(experts) % ranks == 0:
         block = experts[rank * len(experts) // ranks : (rank + 1) * len(experts) // ranks]
         owned = [p for p in parts if any(f".experts.{e}." in p for e in block)]
-        shares.append((_sum_moments([checkpoint[p]["moments"] for p in owned]), f"experts {block[0]}-{block[-1]}"))
+        shares.append((add_moments([checkpoint[p]["moments"] for p in owned]), f"experts {block[0]}-{block[-1]}"))
     return shares
 
 
@@ -1189,7 +1178,7 @@ def _sharded_mismatches(
     """A parameter split over the ranks: each rank against its own share of the checkpoint where the table
     lets the audit cut it (so the rank that differs is named), and the ranks together against the whole (an
     uneven split, such as a padded vocabulary, is judged by the whole alone)."""
-    total = _sum_moments(list(seen.values()))
+    total = add_moments(list(seen.values()))
     whole_ok = total["numel"] >= wants[-1]["numel"] and any(_same_values(total, w) for w in wants)
     ranks = sorted(seen)
     shares = {

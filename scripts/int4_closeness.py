@@ -19,7 +19,7 @@ import statistics
 import torch
 
 from pytest_b70lab import contract, mini
-from pytest_b70lab.mini import int4
+from pytest_b70lab.in_engine import portable_int4
 from pytest_b70lab.mini.tokenizer import load_tokenizer
 from pytest_b70lab.quality import samples as quality_samples
 
@@ -49,7 +49,9 @@ def int4_model(recipe, tok):
     packed = load_file(str(mini.build_int4() / "target" / "model.safetensors"))
     plain = load_file(str(mini.build() / "target" / "model.safetensors"))
     for layer in sorted({name.rsplit(".", 1)[0] for name in packed if name.endswith(".weight_packed")}):
-        weight = int4.dequantize({p: packed[f"{layer}.{p}"] for p in int4.PARTS})
+        weight = portable_int4.dequantize(
+            packed[f"{layer}.weight_packed"], packed[f"{layer}.weight_scale"], torch.float32
+        )
         stem, _, rest = layer.partition(".experts.")
         if not rest:
             # transformers calls the shared expert `shared_experts`; vLLM's checkpoint `shared_expert`

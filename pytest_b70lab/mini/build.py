@@ -419,7 +419,7 @@ def _built_once(out: Path, force: bool, make: Callable[[Path], None]) -> Path:
 
 # --- the INT4 build -----------------------------------------------------------------------------------
 
-INT4_BUILDER_VERSION = 1
+INT4_BUILDER_VERSION = 2  # 2: the manifest's tensor moments taken on one thread (identical whatever the thread count)
 INT4_PREFIX = "mini-laguna-int4-"
 # vLLM splits these layers' input dimension over the tensor-parallel ranks (RowParallelLinear), and each rank
 # needs whole INT4 groups. The routed experts are not among them: the INT4 mini is served with expert
@@ -437,9 +437,10 @@ DRAFT_IGNORE = ("re:.*self_attn\\.qkv_proj$",)
 def _int4_scheme(tensors: dict, ignore: tuple[str, ...]) -> Any:
     import dataclasses
 
+    from ..checkpoint import ROUTED_EXPERT
     from . import int4
 
-    row_parallel = {name: t for name, t in tensors.items() if ".experts." not in name}
+    row_parallel = {name: t for name, t in tensors.items() if not ROUTED_EXPERT.search(name)}
     scheme = int4.scheme_for(row_parallel, ROW_PARALLEL, INT4_MAX_TENSOR_PARALLEL)
     return dataclasses.replace(scheme, ignore=(*scheme.ignore, *ignore))
 
@@ -491,10 +492,11 @@ def _build_int4_into(out: Path, source: Path, source_manifest: dict[str, Any], k
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # the tensor moments too: a parallel float64 sum differs in its last bits by threads
     try:
         target_scheme = _write_int4_part(source / "target", out / "target", KV_CACHE_SCHEME)
         draft_scheme = _write_int4_part(source / "draft", out / "draft", None, DRAFT_IGNORE)
+        tensors = {part: tensor_digests(out / part / "model.safetensors", shards=True) for part in ("target", "draft")}
     finally:
         torch.set_num_threads(threads)
     files = _files_digest(out)
@@ -516,12 +518,12 @@ def _build_int4_into(out: Path, source: Path, source_manifest: dict[str, Any], k
         "target": {
             **{k: target[k] for k in ("path", "num_layers", "kv_scales", "kv_scale_count", "kv_scale_digest")},
             "int4": target_scheme,
-            "tensors": tensor_digests(out / "target" / "model.safetensors", shards=True),
+            "tensors": tensors["target"],
         },
         "draft": {
             **{k: draft[k] for k in ("path", "cache_layers", "kv_calibrated", "num_speculative_tokens")},
             "int4": draft_scheme,
-            "tensors": tensor_digests(out / "draft" / "model.safetensors", shards=True),
+            "tensors": tensors["draft"],
         },
     }
     _write_json(out / MANIFEST, manifest)

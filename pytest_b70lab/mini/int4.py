@@ -11,7 +11,8 @@ The numbers are compressed-tensors' symmetric min-max scheme (what its `minmax` 
 code = clamp(round(w / scale), -8, 7). The packing is compressed-tensors' own `pack_to_int32`. The scheme is
 computed here rather than through compressed-tensors' model-level `QuantizationModifier` because that needs
 llm-compressor's calibration machinery for a model class the library does not know; the packed format is
-the library's, and the tests read it back with its `unpack_from_int32` and with an independent unpack.
+the library's, and the tests read it back with its `unpack_from_int32` and with an independent unpack. What the
+packed parts stand for is computed by the engine side's one definition, `in_engine.portable_int4.dequantize`.
 
 Which linears are quantized (`ignore` as production's conventions have it): every Linear but the lm_head
 and the MoE router (`mlp.gate`), which stay in the checkpoint's float dtype. The group size is 128 (the
@@ -90,30 +91,6 @@ def quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype) ->
         "weight_scale": scale.contiguous(),
         "weight_shape": torch.tensor([out_features, in_features], dtype=torch.int32),
     }
-
-
-def unpack_codes(packed: torch.Tensor, in_features: int) -> torch.Tensor:
-    """The signed codes of a `weight_packed` tensor, [out, in] int8: written here, without compressed-tensors,
-    so that the tests and the kernel lane's oracle do not check the library's packing with itself."""
-    import torch
-
-    words = packed.to(torch.int64) & 0xFFFFFFFF  # the int32 word's bits, unsigned
-    shifts = torch.arange(PACK_FACTOR, dtype=torch.int64) * NUM_BITS
-    nibbles = (words.unsqueeze(-1) >> shifts) & 0xF  # [out, in/8, 8]: nibble j of word i is column 8i + j
-    codes = nibbles.reshape(packed.shape[0], -1)[:, :in_features] - 8  # stored offset by 8 (unsigned)
-    return codes.to(torch.int8)
-
-
-def dequantize(parts: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The [out, in] weight the packed parts stand for (fp32 unless `dtype`)."""
-    import torch
-
-    out_features, in_features = (int(x) for x in parts["weight_shape"].tolist())
-    codes = unpack_codes(parts["weight_packed"], in_features).to(torch.float32)
-    scale = parts["weight_scale"].to(torch.float32)
-    group_size = in_features // scale.shape[1]
-    w = codes.reshape(out_features, scale.shape[1], group_size) * scale.unsqueeze(-1)
-    return w.reshape(out_features, in_features).to(dtype or torch.float32)
 
 
 def quantize_state(
