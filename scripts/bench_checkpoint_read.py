@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from pytest_b70lab import checkpoint, digests
+from pytest_b70lab import digests
+from pytest_b70lab.evidence import checkpoint
 
 
 def write_checkpoint(folder: Path, size_mib: int, tensor_mib: int) -> int:

@@ -18,10 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_b70lab import contract, metrics, mini, throughput
+from pytest_b70lab import mini
+from pytest_b70lab.contract import schema as contract
 from pytest_b70lab.engine import command
 from pytest_b70lab.engine.client import metrics_text, served_model, stream_completion
 from pytest_b70lab.engine.server import start_engine
+from pytest_b70lab.evidence import metrics, throughput
 
 PROMPTS = [p.prompt for p in contract.load_prompts(contract.load("mini-laguna-cpu"))]
 SPEC = "vllm:spec_decode_num_"

@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_b70lab import contract as contract_mod
-from pytest_b70lab import host, throughput
+from pytest_b70lab.contract import schema as contract_mod
 from pytest_b70lab.engine.client import audit, served_model, stream_completion
 from pytest_b70lab.engine.server import start_engine
 from pytest_b70lab.engine.starts import resolve_models, serve_config
+from pytest_b70lab.evidence import host, throughput
 from pytest_b70lab.quality import samples as quality_samples
 
 PATHS = {"native": {}, "portable": {"B70LAB_FP8_ATTENTION": "portable"}, "avx2": {"B70LAB_EMULATE_CPU": "avx2"}}

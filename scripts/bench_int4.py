@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_b70lab import contract as contract_mod
-from pytest_b70lab import host, throughput
+from pytest_b70lab.contract import schema as contract_mod
 from pytest_b70lab.engine.client import served_model, stream_completion
 from pytest_b70lab.engine.server import start_engine
 from pytest_b70lab.engine.starts import resolve_models, serve_config
+from pytest_b70lab.evidence import host, throughput
 
 CONTRACTS = ("mini-laguna-cpu", "mini-laguna-cpu-int4")
 

@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_b70lab import contract, mini
+from pytest_b70lab import mini
+from pytest_b70lab.contract import schema as contract
 from pytest_b70lab.engine import command
 from pytest_b70lab.engine.client import served_model
 from pytest_b70lab.engine.server import start_engine

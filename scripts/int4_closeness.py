@@ -18,7 +18,8 @@ import statistics
 
 import torch
 
-from pytest_b70lab import contract, mini
+from pytest_b70lab import mini
+from pytest_b70lab.contract import schema as contract
 from pytest_b70lab.in_engine import portable_int4
 from pytest_b70lab.mini.tokenizer import load_tokenizer
 from pytest_b70lab.quality import samples as quality_samples

@@ -10,8 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from pytest_b70lab import throughput
-from pytest_b70lab.run_folder import read_starts
+from pytest_b70lab.evidence import throughput
+from pytest_b70lab.evidence.run_folder import read_starts
 
 
 def main(runs: list[str]) -> int:

@@ -17,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pytest_b70lab import evidence, run_folder
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.evidence import run_folder
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 
-from .. import throughput
 from ..digests import text_sha256
 from ..errors import LabError
-from ..evidence import QualityRecord, Request, sha256_ids
+from ..evidence import throughput
+from ..evidence.record import QualityRecord, Request, sha256_ids
 
 
 class EngineRequestError(LabError, RuntimeError):

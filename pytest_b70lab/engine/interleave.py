@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 
-from .. import evidence, host
+from ..evidence import host
+from ..evidence import record as evidence
 from ..quality.samples import QualitySample
 from .client import EngineRequestError
 from .live import LiveStart

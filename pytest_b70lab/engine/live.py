@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import contract as contract_mod
-from .. import disk, evidence, host
-from ..contract import Contract
+from ..contract import schema as contract_mod
+from ..contract.schema import Contract
+from ..evidence import host
+from ..evidence import record as evidence
 from ..quality.samples import QualitySample
+from . import disk
 from .client import EngineRequestError, audit, metrics_text, quality_answer, served_model, stream_completion
 from .command import ServeConfig, vllm_serve_command
 from .logs import TracebackEnds

@@ -8,7 +8,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..evidence import Failure
+    from ..evidence.record import Failure
 
 # "(Worker_TP1_EP1 pid=123)", "(EngineCore pid=7)", "(APIServer pid=5)", "(Worker pid=9)", "(VllmWorker-0 pid=9)"
 RANK_TAG = re.compile(r"^\((?P<tag>[A-Za-z][\w\-]*) pid=(?P<pid>\d+)\)")

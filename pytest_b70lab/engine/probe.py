@@ -25,9 +25,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import processes
-from ..defaults import PROBE_DEADLINE_S
+from ..contract.defaults import PROBE_DEADLINE_S
 from ..errors import LabError
+from ..isolation import processes
 
 # The module each rank runs as (`python -m`): what the fault matrix looks for in process command lines.
 RANK_MODULE = "pytest_b70lab.engine.probe"

@@ -27,9 +27,9 @@ from typing import TextIO
 import httpx
 import psutil
 
-from .. import disk, processes
 from ..errors import LabError
-from . import oom
+from ..isolation import processes
+from . import disk, oom
 from .command import ServeConfig, TcpListen, vllm_serve_command
 from .environment import engine_environment
 from .logs import ANSI, FATAL, RANK_TAG, TracebackEnds, is_exception_line, split_line

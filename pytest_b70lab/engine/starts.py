@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint, disk, evidence, host, mini, run_folder
-from .. import contract as contract_mod
-from ..contract import Contract
-from ..defaults import PROBE_DEADLINE_S
+from .. import mini
+from ..contract import schema as contract_mod
+from ..contract.defaults import PROBE_DEADLINE_S
+from ..contract.schema import Contract
+from ..evidence import checkpoint, host, run_folder
+from ..evidence import record as evidence
 from ..quality.samples import QualitySample
+from . import disk
 from .command import ServeConfig, vllm_serve_command
 from .environment import engine_environment, xpu_profile_summary
 from .live import (
@@ -236,7 +239,7 @@ def capability_preflight(contract: Contract, progress: Progress | None = None) -
     """What the engine would refuse on this machine for `contract` (capability.preflight: the FP8 attention
     path, memory, /dev/shm, page sizes, the vLLM build, XPU devices, checkpoints), before anything starts.
     Raises CapabilityError, one line per problem: the session's verdict."""
-    from ..capability import CapabilityError, preflight
+    from .capability import CapabilityError, preflight
 
     problems = preflight(contract)
     if problems:

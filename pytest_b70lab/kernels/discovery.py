@@ -52,7 +52,7 @@ def _error_text(e: BaseException) -> str:
 def no_native_fp8_reason() -> str:
     """Why vLLM's native FP8 CPU attention cannot run in this process, in one line: the CPU model, the
     emulation where one is on, and the op library vLLM loaded."""
-    from .. import host
+    from ..evidence import host
 
     model = host.cpu_identity().get("model") or "unknown model"
     emulation = cpu_emulation.applied()

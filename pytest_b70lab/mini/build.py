@@ -36,7 +36,7 @@ from .tokenizer import load_tokenizer
 BUILDER_VERSION = 4
 FP8_E4M3_MAX = 448.0
 MANIFEST = "manifest.json"
-WEIGHTS = "fixtures/mini"  # in the lab's repository (pytest_b70lab.project), beside the contracts
+WEIGHTS = "fixtures/mini"  # in the lab's repository (pytest_b70lab.contract.project), beside the contracts
 
 
 class MiniModelError(LabError, RuntimeError):
@@ -58,7 +58,7 @@ def calibration_texts() -> list[str]:
 
 def weights_dir() -> Path:
     """Where the trained weights are read from: fixtures/mini, or B70LAB_MINI_WEIGHTS (a retrain's output)."""
-    from .. import project
+    from ..contract import project
 
     return Path(os.environ.get("B70LAB_MINI_WEIGHTS") or project.find(WEIGHTS))
 
@@ -255,8 +255,8 @@ def tensor_digests(path: Path, shards: bool = False) -> dict[str, dict[str, Any]
     import torch
     from safetensors import safe_open
 
-    from ..checkpoint import ROUTED_EXPERT, shard_moments
     from ..digests import moments  # the same definition the engine side reports
+    from ..evidence.checkpoint import ROUTED_EXPERT, shard_moments
 
     def sha(t) -> str:
         return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
@@ -437,7 +437,7 @@ DRAFT_IGNORE = ("re:.*self_attn\\.qkv_proj$",)
 def _int4_scheme(tensors: dict, ignore: tuple[str, ...]) -> Any:
     import dataclasses
 
-    from ..checkpoint import ROUTED_EXPERT
+    from ..evidence.checkpoint import ROUTED_EXPERT
     from . import int4
 
     row_parallel = {name: t for name, t in tensors.items() if not ROUTED_EXPERT.search(name)}

@@ -65,7 +65,7 @@ def code_ok(sample: curriculum.Sample, text: str) -> bool:
     """The prompt plus the generated body, run against the sample's checks in the quality gate's sandbox
     (generated code is untrusted, whoever generated it: the same isolation, limits and teardown). Where the
     machine gives no OS layer this refuses (sandbox.Unisolated) unless $B70LAB_ALLOW_UNISOLATED_CODE=1."""
-    from ..quality import sandbox
+    from ..isolation import sandbox
 
     sandbox.require_isolation()
     body = text.split("\n\n", 1)[0]

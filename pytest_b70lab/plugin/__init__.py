@@ -11,7 +11,7 @@ from pathlib import Path
 import pluggy
 import pytest
 
-from ..defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
+from ..contract.defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
 from .collect import DEFAULT_GATES_DIR, collect_gates_folder, gates_folder
 from .fixtures import (
     b70_cache_root,
@@ -228,13 +228,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from .. import hookspecs
+    from . import hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from .. import project
+    from ..contract import project
 
     # B70LAB_EMULATE_CPU=avx2: this process too runs as on an AVX2-only CPU (the kernel lane calls vLLM's ops
     from ..in_engine import cpu_emulation
@@ -317,7 +317,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     try:
         c = state.contract
         contract = f"contract {c.name} ({c.kind}, {c.engine.device}, digest {c.digest[:16]})"
-        from .. import host
+        from ..evidence import host
 
         fp8 = [f"b70lab: {host.fp8_path_line(c.engine.device, c.engine.kv_cache_dtype, c.expect.fp8_attention)}"]
     except lab_errors() as e:
@@ -395,7 +395,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.user_properties.append((GATE_TEST_PROPERTY, True))
         if (mark := item.get_closest_marker("b70_gate")) is None:
             continue
-        from .. import gates
+        from ..judge import gates
 
         name = mark.args[0] if mark.args else None
         extra = item.config.stash[STATE].extra_gates

@@ -27,9 +27,9 @@ from .state import (
 from .workers import blocked_reason, claim_block, sigterm_as_interrupt
 
 if TYPE_CHECKING:  # the plugin loads wherever it is installed: a run that never asks for a gate pays no import
-    from .. import catalogue as catalogue_mod
-    from .. import contract as contract_mod
-    from .. import evidence as evidence_mod
+    from ..contract import schema as contract_mod
+    from ..evidence import record as evidence_mod
+    from ..judge import catalogue as catalogue_mod
 
 
 # --- fixtures ---------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def collect_or_block(
     """The starts' evidence, or one failure that names the start, the cause and where to look: a start
     that could not begin (a model that fails its manifest, a missing checkpoint), or one that failed."""
     from ..engine.logs import failure_headline
-    from ..judge import blocked_by
+    from ..judge.folder import blocked_by
 
     cause = None
     try:
@@ -171,7 +171,7 @@ def b70_checkpoints(
     run folder's copy (so after `b70_evidence` has collected), else read from the checkpoints themselves. A
     part that cannot be read is None, with the reason under "problems" (its gates then fail closed)."""
     from ..engine.starts import checkpoint_tables
-    from ..evidence import EvidenceError
+    from ..evidence.record import EvidenceError
 
     try:
         return checkpoint_tables(b70_state.run_dir, b70_contract, b70_state.cache_root)
@@ -185,7 +185,7 @@ def b70_teacher_evidence(
 ) -> evidence_mod.Evidence:
     """One start of the contract's teacher (target only), launched once per session."""
     from ..engine.starts import run_starts_once
-    from ..run_folder import read_starts
+    from ..evidence.run_folder import read_starts
 
     teacher = b70_contract.teacher()
     if b70_state.replay_dir is not None:
@@ -216,7 +216,7 @@ def b70_reference_evidence(
     """One start of the contract's unquantized-KV reference (target without its KV scheme, KV dtype auto),
     with the quality samples."""
     from ..engine.starts import run_starts_once
-    from ..run_folder import read_starts
+    from ..evidence.run_folder import read_starts
 
     try:
         reference = b70_contract.unquantized_kv_reference()
@@ -287,7 +287,7 @@ def b70_quality_scores(
 
     def sandboxed(program: str) -> Any:
         """The sandbox, once it is known to isolate (or the lab allowed it not to); the layers each run used."""
-        from ..quality import sandbox
+        from ..isolation import sandbox
 
         allowed = bool(b70_state.config.getoption("--b70-allow-unisolated-code"))
         try:
@@ -332,8 +332,8 @@ def b70_gate_inputs(
 ) -> catalogue_mod.Inputs:
     """What the catalogue's gates read of this session's run (catalogue.Inputs). The teacher snapshots are
     --b70-teacher-snapshots, else the __snapshots__ folder beside the test (syrupy's place for them)."""
-    from .. import catalogue
     from ..engine.starts import tables_or_why
+    from ..judge import catalogue
 
     if b70_state._tables is None:
         b70_state._tables = tables_or_why(b70_state.run_dir, b70_contract, b70_state.cache_root)
@@ -349,7 +349,7 @@ def b70_gate_check(
     """`b70_gate_check(start=None, rank=None, prompt=None)`: judge the test's own `b70_gate` on that subject
     through the catalogue (catalogue.check), as the in-process judge does; a gate the contract does not need
     skips with the reason."""
-    from .. import catalogue
+    from ..judge import catalogue
 
     mark = request.node.get_closest_marker("b70_gate")
     added = request.config.stash[STATE].added_catalogue

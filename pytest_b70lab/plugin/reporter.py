@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ..run_folder import PROMOTION
+from ..evidence.run_folder import PROMOTION
 from .state import (
     BLOCKED_PROPERTY,
     FINDING_PROPERTY,
@@ -30,7 +30,7 @@ from .state import (
 )
 
 if TYPE_CHECKING:
-    from ..verdict import Decision, GateOutcome, Outcome, QualityDecision, QualityOutcome
+    from ..judge.verdict import Decision, GateOutcome, Outcome, QualityDecision, QualityOutcome
 
 # --- verdict: summary, promotion.json, exit status -----------------------------------------------------
 
@@ -67,7 +67,7 @@ def baseline_comparison(config: pytest.Config, state: LabState) -> list[str]:
     changes the verdict: a comparison that cannot be made says why."""
     import json
 
-    from .. import compare
+    from ..judge import compare
     from ..records import store
 
     wanted = str(config.getoption("--b70-baseline"))
@@ -119,7 +119,7 @@ class VerdictReporter:
         """An earlier verdict in this session's run folder stops counting now: until this session writes its
         own, the file says that a session is judging the folder (also if this process is killed)."""
         if (self.state.run_dir / PROMOTION).is_file():
-            from .. import verdict
+            from ..judge import verdict
 
             verdict.write_unjudged(
                 self.state.run_dir,
@@ -141,7 +141,7 @@ class VerdictReporter:
         folder = self.state.run_dir
         if self.written or not (folder / PROMOTION).is_file():
             return
-        from .. import verdict
+        from ..judge import verdict
 
         why = self.state.stop_reason or (
             f"no gate test reported in this session (exit status {self.exitstatus})"
@@ -157,7 +157,7 @@ class VerdictReporter:
         if report.failed and BLOCKED_PROPERTY in props and str(props[BLOCKED_PROPERTY]) not in self.blocked:
             self.blocked.append(str(props[BLOCKED_PROPERTY]))
         if report.when == "call" and SANDBOX_PROPERTY in props:
-            from ..quality.sandbox import common_layers
+            from ..isolation.sandbox import common_layers
 
             self.sandbox_layers = common_layers(self.sandbox_layers, str(props[SANDBOX_PROPERTY]).split())
             self.unisolated_allowed |= props.get(UNISOLATED_PROPERTY) in (True, "True")
@@ -170,7 +170,7 @@ class VerdictReporter:
         outcome: Outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
         if QUALITY_PROPERTY not in props and GATE_TEST_PROPERTY not in props and GATE_PROPERTY not in props:
             return
-        from ..verdict import GateOutcome, QualityOutcome
+        from ..judge.verdict import GateOutcome, QualityOutcome
 
         observed = {k: v for k, v in props.items() if not k.startswith("b70_")}
         nodeid = report.nodeid
@@ -196,7 +196,7 @@ class VerdictReporter:
     def decision(self) -> Decision | None:
         """Decided once, after the last report (None when no gate test ran: not a gates session)."""
         if self._decision is None and self.outcomes:
-            from .. import gates, verdict
+            from ..judge import gates, verdict
 
             problems: list[str] = []
             required: list[tuple[str, str]] = []
@@ -225,7 +225,7 @@ class VerdictReporter:
     def quality_decision(self) -> QualityDecision | None:
         """Gate 8's own verdict (None when no quality figure was judged in this session)."""
         if self._quality is None and self.quality_outcomes:
-            from .. import verdict
+            from ..judge import verdict
             from ..quality import judge
 
             problems: list[str] = []
@@ -246,7 +246,7 @@ class VerdictReporter:
         decision, quality = self.decision(), self.quality_decision()
         if decision is None and quality is None:
             return
-        from .. import verdict
+        from ..judge import verdict
 
         if self.state.run_dir.exists():
             verdict.write(decision, self.state.run_dir, quality)
@@ -277,7 +277,7 @@ class VerdictReporter:
         decision, quality = self.decision(), self.quality_decision()
         if decision is None and quality is None:
             return
-        from .. import verdict
+        from ..judge import verdict
 
         if quality is not None:
             terminalreporter.section("b70lab quality verdict (gate 8)")

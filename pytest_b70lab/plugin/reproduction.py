@@ -19,7 +19,7 @@ DRIFT = pytest.StashKey[list[str]]()
 
 def use_sealed_contract(config: pytest.Config) -> None:
     """The seal, verified, and its contract as the session's (a --b70-contract naming another is an error)."""
-    from ..contract import load
+    from ..contract.schema import load
     from ..records import store
 
     value = config.getoption("--b70-reproduce")

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # the plugin loads wherever it is installed: a run that never asks for a gate pays no import
-    from .. import contract as contract_mod
-    from .. import evidence as evidence_mod
+    from ..contract import schema as contract_mod
+    from ..evidence import record as evidence_mod
 
 
 GATE_TEST_PROPERTY = "b70_gate_test"
@@ -104,11 +104,11 @@ class LabState:
         # `from ..contract import`, like lab_errors: pytester's in-process runs drop modules from sys.modules
         # but not from the package's attributes, and `from .. import contract` would then get a stale module
         # whose errors lab_errors does not catch.
-        from ..contract import load
+        from ..contract.schema import load
 
         if self._contract is None:
             if self.replay_dir is not None:
-                from ..replay import damaged_copies, judged_contract, recorded_before_identity
+                from ..judge.replay import damaged_copies, judged_contract, recorded_before_identity
 
                 starts = self.replay_evidence()
                 self._contract, problems = judged_contract(starts, self.replay_dir, contract_setting(self.config))
@@ -138,7 +138,7 @@ class LabState:
         return dict(checked) if isinstance(checked, dict) else {}
 
     def replay_evidence(self) -> list[evidence_mod.Evidence]:
-        from ..run_folder import read_starts
+        from ..evidence.run_folder import read_starts
 
         assert self.replay_dir is not None
         if self._evidence is None:
@@ -150,7 +150,7 @@ class LabState:
         worker also appends the line to RUN/progress.log, which the controller relays (workers.ProgressRelay)."""
         worker = getattr(self.config, "workerinput", None)
         if worker is not None and worker.get(WORKER_RUN_DIR):
-            from ..run_folder import PROGRESS_LOG
+            from ..evidence.run_folder import PROGRESS_LOG
 
             line = f"[{worker.get('workerid', '?')}] {message}"
             try:
@@ -171,8 +171,8 @@ STATE = pytest.StashKey[LabState]()
 
 def lab_errors() -> tuple[type[Exception], ...]:
     """A bad contract or evidence file: what the fixtures turn into one clear message (imported on demand)."""
-    from ..contract import ContractError
-    from ..evidence import EvidenceError
+    from ..contract.schema import ContractError
+    from ..evidence.record import EvidenceError
 
     return ContractError, EvidenceError
 
@@ -201,7 +201,7 @@ def contract_setting(config: pytest.Config) -> str | None:
 
 
 def declared_gates(config: pytest.Config, catalogued: Mapping[str, Any] | None = None) -> dict[str, str]:
-    from .. import gates
+    from ..judge import gates
 
     declared: dict[str, str] = {}
     answers = [*config.hook.pytest_b70lab_gates(config=config), {n: g.scope for n, g in (catalogued or {}).items()}]
@@ -244,8 +244,8 @@ def prompt_set(
     judged). A replayed run folder carries a copy, checked against the same pinned sha256. `selected`: only
     the prompts --b70-prompts names (the required pairs always come from the whole set)."""
     state = config.stash[STATE]
-    from .. import contract as contract_mod
-    from ..run_folder import PROMPTS_COPY
+    from ..contract import schema as contract_mod
+    from ..evidence.run_folder import PROMPTS_COPY
 
     copy = state.replay_dir / PROMPTS_COPY if state.replay_dir is not None else None
     prompts = contract_mod.load_prompts(contract, fallback=copy)
@@ -262,7 +262,7 @@ class NoQuality(Exception):
 
 
 def quality_set(contract: contract_mod.Contract) -> list:
-    from .. import contract as contract_mod
+    from ..contract import schema as contract_mod
     from ..quality import samples
 
     if contract.quality is None:
@@ -312,7 +312,7 @@ def quality_for(state: LabState, contract: contract_mod.Contract) -> list | None
 def model_errors() -> tuple[type[Exception], ...]:
     """What stops a start before it begins besides a bad contract: the model, the preflight probe, the
     capability preflight."""
-    from ..capability import CapabilityError
+    from ..engine.capability import CapabilityError
     from ..engine.probe import ProbeError
     from ..mini import MiniModelError
 

@@ -103,7 +103,7 @@ class ProgressRelay:
     POLL_S = 0.5
 
     def __init__(self, state: LabState):
-        from ..run_folder import PROGRESS_LOG
+        from ..evidence.run_folder import PROGRESS_LOG
 
         self.state = state
         self.path = state.run_dir / PROGRESS_LOG

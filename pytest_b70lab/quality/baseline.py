@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..digests import sha256_canonical
 from ..errors import LabError
-from ..evidence import read_json
+from ..evidence.record import read_json
 from .judge import Key, key_text
 
 if TYPE_CHECKING:
-    from ..snapshots import JSONSnapshotExtension
+    from ..judge.snapshots import JSONSnapshotExtension
 
 FLAVOURS = ("fp8", "unquantized")
 SNAPSHOT_TEST_FILE = "test_quality.py"
@@ -152,6 +152,6 @@ def identity(contract: Any, flavour: str, evidence: Any | None) -> dict[str, Any
 
 def snapshot_extension(output_digest: str) -> type[JSONSnapshotExtension]:
     """syrupy's JSON extension writing into the baseline's folder (imported only by a recording run)."""
-    from ..snapshots import json_extension_in
+    from ..judge.snapshots import json_extension_in
 
     return json_extension_in(folder_name(output_digest), "QualityBaseline")

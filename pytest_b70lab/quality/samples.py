@@ -68,7 +68,7 @@ class QualitySample(BaseModel):
 
 def load(path: Path, sha256: str, count: int) -> list[QualitySample]:
     """The pinned quality prompt set, checked against its sha256 and count, ids unique."""
-    from ..contract import read_pinned_jsonl
+    from ..contract.schema import read_pinned_jsonl
 
     return read_pinned_jsonl(
         path,

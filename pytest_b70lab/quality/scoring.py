@@ -36,7 +36,7 @@ def score_all(
 ) -> dict[Key, checks.Score]:
     """Scores of every answered (sample, variant); an unanswered one is left out (the judge fails it)."""
     if run is None:
-        from .sandbox import run_python
+        from ..isolation.sandbox import run_python
 
         run = run_python
     return {

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import host, project, run_folder
-from ..contract import Contract
+from ..contract import project
+from ..contract.schema import Contract
+from ..evidence import host, run_folder
 from . import store
 from .seal import PATCHES, isa, patch_series
 
@@ -111,7 +112,7 @@ class Reproduction:
         }
 
 
-def _fix_drift(sealed: Mapping[str, Any], run: list) -> list[str]:
+def _fix_drift(sealed: Mapping[str, Any], run: list[Any]) -> list[str]:
     out = []
     for e in run:
         for audit in e.audits:
@@ -126,10 +127,10 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
-def _oracle_drift(seal_folder: Path, contract: Contract, run: list) -> list[str]:
+def _oracle_drift(seal_folder: Path, contract: Contract, run: list[Any]) -> list[str]:
     """Every prompt where this run's tokens are not the sealed teacher's (the oracle that judged the seal):
     a seal whose teacher was changed and re-sealed is not reproduced by a run that agrees with the old one."""
-    from .. import teacher
+    from ..judge import teacher
 
     out: dict[str, str] = {}
     for e in run:
@@ -150,7 +151,7 @@ def _oracle_drift(seal_folder: Path, contract: Contract, run: list) -> list[str]
 
 def judge(seal_folder: Path, run_dir: Path, contract: Contract, drift: list[str] | None = None) -> Reproduction:
     """Whether the run in `run_dir` reproduces the seal (see the module's docstring)."""
-    from ..compare import compare_runs, load_run
+    from ..judge.compare import compare_runs, load_run
 
     seal = store.read(seal_folder)
     name = f"{store.REPRO}/{seal.name}"

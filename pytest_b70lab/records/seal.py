@@ -16,9 +16,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import contract as contract_mod
-from .. import evidence, project, run_folder, teacher
-from ..evidence import Evidence
+from ..contract import project
+from ..contract import schema as contract_mod
+from ..evidence import record as evidence
+from ..evidence import run_folder
+from ..evidence.record import Evidence
+from ..judge import teacher
 from . import store
 from .store import SealError
 
@@ -60,7 +63,9 @@ def _no_fixes(starts: list[Evidence]) -> list[str]:
     ]
 
 
-def record(contract: contract_mod.Contract, starts: list[Evidence], headline: str, patches: list[dict]) -> dict:
+def record(
+    contract: contract_mod.Contract, starts: list[Evidence], headline: str, patches: list[dict[str, Any]]
+) -> dict[str, Any]:
     """record.json: source state, launcher, machine, models, oracle and result, read from the evidence."""
     first = starts[0]
     fp8 = _per_rank(starts, "fp8_attention")
@@ -116,7 +121,7 @@ def _copy_teacher(contract: contract_mod.Contract, snapshots: Path, into: Path, 
 
 
 def _judged(folder: Path, snapshots: Path) -> tuple[bool, str]:
-    from ..judge import headline_line, judge_folder
+    from ..judge.folder import headline_line, judge_folder
 
     decision = judge_folder(folder, snapshots)
     return decision.promotable and decision.complete, headline_line(decision, folder)
@@ -142,7 +147,7 @@ def seal(run_dir: Path, name: str, snapshots: Path, root: Path | None = None, su
             f"{run_dir}: no runtime fixes recorded for {', '.join(unrecorded)} (evidence from before b70lab recorded "
             f"them): run the gates again and seal that run"
         )
-    from ..replay import recorded_contract
+    from ..judge.replay import recorded_contract
 
     contract = recorded_contract(starts, run_dir)
     prompt_ids = [p.id for p in contract_mod.load_prompts(contract, fallback=run_dir / run_folder.PROMPTS_COPY)]

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import project
+from ..contract import project
 from ..digests import file_sha256
 from ..errors import LabError
-from ..evidence import read_json
+from ..evidence.record import read_json
 
 REPRO = "repro"  # the lab's folder of sealed records, in its repository
 SEAL_FILE = "SEAL.json"
@@ -86,7 +86,8 @@ class Seal:
 
     def record(self) -> dict[str, Any]:
         """record.json, read after the seal was verified (verify) or for show."""
-        return _json(self.folder / RECORD_FILE, "the seal's record")
+        record: dict[str, Any] = _json(self.folder / RECORD_FILE, "the seal's record")
+        return record
 
 
 def _json(path: Path, what: str) -> Any:
@@ -142,8 +143,8 @@ def judged(folder: Path) -> Any:
     """The seal's verdict judged again from its own files, under the contract it holds: a seal is the promotion
     of its day, and the repository's copy of that contract moving on since does not un-promote it (a run
     reproduced against the seal is still held to the sealed contract's digest)."""
-    from .. import contract as contract_mod
-    from ..judge import judge_folder
+    from ..contract import schema as contract_mod
+    from ..judge.folder import judge_folder
 
     sealed = contract_mod.load(folder / CONTRACT_FILE)
     return judge_folder(folder, folder / SNAPSHOTS, named=f"{sealed.name}@{sealed.digest}")

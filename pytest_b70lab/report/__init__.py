@@ -15,15 +15,16 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from .. import evidence as evidence_mod
-from .. import gates, host, run_folder, throughput
-from ..compare import headline as run_headline
 from ..errors import LabError
-from ..evidence import Evidence, EvidenceError, ModelRef, Request
-from ..gates import CATALOGUE
-from ..metrics import ACCEPTED_PER_POS, DRAFTS, Acceptance, acceptance
-from ..replay import recorded_contract
-from ..run_folder import Run
+from ..evidence import host, run_folder, throughput
+from ..evidence import record as evidence_mod
+from ..evidence.metrics import ACCEPTED_PER_POS, DRAFTS, Acceptance, acceptance
+from ..evidence.record import Evidence, EvidenceError, ModelRef, Request
+from ..evidence.run_folder import Run
+from ..judge import gates
+from ..judge.compare import headline as run_headline
+from ..judge.gates import CATALOGUE
+from ..judge.replay import recorded_contract
 
 FILENAME = "report.html"
 PROMOTION = run_folder.PROMOTION
@@ -590,7 +591,7 @@ def _quality(run: Run) -> Raw | None:
     parts.append(_p(f"QUALITY {status.upper()}" + "".join(f" - {d}" for d in details if d), f"verdict-text {cls}"))
     layers = q.get("sandbox_layers")
     if isinstance(layers, list):
-        from ..verdict import sandbox_line
+        from ..judge.verdict import sandbox_line
 
         line, markup = sandbox_line([str(x) for x in layers], bool(q.get("unisolated_allowed")))
         parts.append(_p(line.strip(), "verdict-text incomplete" if markup else ""))

@@ -12,14 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import contract as contract_mod
-from .. import evidence, processes, project, replay, run_folder, teacher, verdict
-from .. import judge as judge_mod
-from ..contract import Contract
+from ..contract import project
+from ..contract import schema as contract_mod
+from ..contract.schema import Contract
+from ..contract.variants import Variant
 from ..engine import starts as starts_mod
 from ..engine.logs import failure_headline
 from ..errors import LabError
-from ..variants import Variant
+from ..evidence import record as evidence
+from ..evidence import run_folder
+from ..isolation import processes
+from ..judge import folder as judge_mod
+from ..judge import replay, teacher, verdict
 from .plan import (
     JUDGE_LOG,
     PLAN_JSON,
@@ -190,7 +194,7 @@ def session_members(
         raise SweepError(f"--schedule interleaved: the variants ask for different passes {passes}: vary something else")
     if decided is not None:
         return [v.name for v in members if v.name not in decided], dict(decided)
-    from .. import capability
+    from ..engine import capability
 
     held: list[Variant] = []
     alone: dict[str, str] = {}
@@ -317,7 +321,7 @@ class _Context:
     out: Path
     cache_root: Path
     say: Progress
-    probe_result: dict
+    probe_result: dict[str, Any]
     prompt_ids: list[str] | None
     planned: int  # starts in the plan, for the progress lines
 
@@ -383,7 +387,7 @@ def _one_start(
     out: Path,
     cache_root: Path,
     say: Progress,
-    probe_result: dict,
+    probe_result: dict[str, Any],
     prompt_ids: list[str] | None,
 ) -> str:
     """One planned start, run; its status ("ok", or "failed: ...")."""

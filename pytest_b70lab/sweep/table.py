@@ -12,11 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import compare, metrics, run_folder, throughput
-from .. import verdict as verdict_mod
-from ..evidence import Evidence, EvidenceError
-from ..run_folder import Run
-from ..variants import Variant
+from ..contract.variants import Variant
+from ..evidence import metrics, run_folder, throughput
+from ..evidence.record import Evidence, EvidenceError
+from ..evidence.run_folder import Run
+from ..judge import compare
+from ..judge import verdict as verdict_mod
 from .plan import variant_dir
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_b70lab import contract, mini
+from pytest_b70lab import mini
+from pytest_b70lab.contract import schema as contract
 from pytest_b70lab.engine import command
 from pytest_b70lab.engine.client import served_model, stream_completion
 from pytest_b70lab.in_engine.draft_capture import ENV_CAPTURE

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import contract
-from pytest_b70lab.run_folder import read_starts
+from pytest_b70lab.contract import schema as contract
+from pytest_b70lab.evidence.run_folder import read_starts
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]

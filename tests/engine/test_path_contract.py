@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import checkpoint, contract, host
+from pytest_b70lab.contract import schema as contract
 from pytest_b70lab.engine.starts import model_folder
+from pytest_b70lab.evidence import checkpoint, host
+from pytest_b70lab.evidence.run_folder import TABLES_COPY, read_starts
 from pytest_b70lab.in_engine import portable_fp8, portable_int4
-from pytest_b70lab.run_folder import TABLES_COPY, read_starts
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]

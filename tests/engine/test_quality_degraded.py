@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import checkpoint, contract, evidence
+from pytest_b70lab.contract import schema as contract
 from pytest_b70lab.engine import starts
+from pytest_b70lab.evidence import checkpoint
+from pytest_b70lab.evidence import record as evidence
 from pytest_b70lab.quality import samples
 
 pytestmark = pytest.mark.engine

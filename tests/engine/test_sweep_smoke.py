@@ -22,7 +22,8 @@ from xml.etree import ElementTree as ET
 import pytest
 from browser import Tree, browse, chromium, points, traces  # tests/browser.py
 
-from pytest_b70lab import contract, evidence
+from pytest_b70lab.contract import schema as contract
+from pytest_b70lab.evidence import record as evidence
 from pytest_b70lab.sweep import plan
 
 pytestmark = pytest.mark.engine

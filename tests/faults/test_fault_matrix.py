@@ -34,9 +34,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_b70lab import contract as contract_mod
-from pytest_b70lab import disk
-from pytest_b70lab.engine import probe
+from pytest_b70lab.contract import schema as contract_mod
+from pytest_b70lab.engine import disk, probe
 
 pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[2]

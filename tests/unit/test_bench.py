@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import bench, cli, evidence, throughput
-from pytest_b70lab.run_folder import read_starts
+from pytest_b70lab import bench, cli
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.evidence import throughput
+from pytest_b70lab.evidence.run_folder import read_starts
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "fixtures" / "bench" / "vllm-bench-serve-detailed.json"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import evidence
+from pytest_b70lab.evidence import record as evidence
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"

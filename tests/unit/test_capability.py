@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import capability, cli, contract
-from pytest_b70lab.capability import GIB, MIB, CapabilityError, Machine, preflight
-from pytest_b70lab.engine import starts
+from pytest_b70lab import cli
+from pytest_b70lab.contract import schema as contract
+from pytest_b70lab.engine import capability, starts
+from pytest_b70lab.engine.capability import GIB, MIB, CapabilityError, Machine, preflight
 from pytest_b70lab.engine.environment import engine_environment
 from pytest_b70lab.engine.starts import ProbeOptions
 
@@ -340,7 +341,7 @@ def test_b70lab_probe_capability_for_the_mini(monkeypatch, capsys) -> None:
     capability_line, sandbox_line = out.out.splitlines()
     assert capability_line == f"capability: nothing this machine would refuse for {MINI}"
     # gate 8's sandbox: what this machine gives generated code (probed as this user), never an engine problem
-    from pytest_b70lab.quality import sandbox
+    from pytest_b70lab.isolation import sandbox
 
     assert sandbox_line.startswith("sandbox: ") and ", ".join(sandbox.os_layers()) in sandbox_line
     assert "FP8 attention here: native, the contract accepts either" in out.err

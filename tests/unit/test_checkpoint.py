@@ -16,9 +16,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from pytest_b70lab import checkpoint, cli, digests, mini
-from pytest_b70lab.checkpoint import CheckpointError
+from pytest_b70lab import cli, digests, mini
 from pytest_b70lab.engine import starts
+from pytest_b70lab.evidence import checkpoint
+from pytest_b70lab.evidence.checkpoint import CheckpointError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -448,7 +449,7 @@ def test_a_stale_mini_export_is_refreshed_and_a_foreign_folder_is_not(
 ) -> None:
     """An export left by an earlier mini (its mark says it is ours) is replaced by the current mini's; a
     folder without the mark is somebody's checkpoint and is served as it is."""
-    from pytest_b70lab import contract
+    from pytest_b70lab.contract import schema as contract
 
     text = contract.resolve_path("mini-laguna-cpu-path").read_text()
     export = tmp_path / "export"

@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from pytest_b70lab import cli, compare, evidence, host
-from pytest_b70lab.compare import CompareError
+from pytest_b70lab import cli
+from pytest_b70lab.evidence import host
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.judge import compare
+from pytest_b70lab.judge.compare import CompareError
 
 BUNDLES = Path(__file__).resolve().parents[2] / "fixtures" / "evidence"
 CANDIDATE = "mini-laguna-cpu"

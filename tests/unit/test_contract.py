@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import contract
+from pytest_b70lab.contract import schema as contract
 
 SHIPPED = [
     "laguna-s-2.1-int4-fp8kv-b70",
@@ -55,7 +55,8 @@ def test_teacher_is_the_contract_without_speculation() -> None:
 def test_the_teacher_expects_the_targets_graphs_alone() -> None:
     """On CPU each model's forward is one compiled graph: the teacher lacks the draft's. The recorded teacher
     bundle compiled exactly that many on every rank; elsewhere (XPU, piecewise) nothing is assumed."""
-    from pytest_b70lab import evidence, gates
+    from pytest_b70lab.evidence import record as evidence
+    from pytest_b70lab.judge.folder import gates
 
     c = contract.load("mini-laguna-cpu")
     assert (c.expect.compile_graphs, c.teacher().expect.compile_graphs) == (2, 1)

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pytest_b70lab import host
 from pytest_b70lab.engine import environment
+from pytest_b70lab.evidence import host
 from pytest_b70lab.in_engine import cpu_emulation
 
 pytest.importorskip("vllm")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import evidence, run_folder
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.evidence import run_folder
 
 BUNDLE = Path(__file__).resolve().parents[2] / "fixtures" / "evidence" / "mini-laguna-cpu"
 
@@ -63,7 +64,7 @@ def test_a_run_folder_without_evidence_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_decode_rate_of_recorded_requests_follows_the_accounting() -> None:
-    from pytest_b70lab import throughput
+    from pytest_b70lab.evidence import throughput
 
     start = run_folder.read_starts(BUNDLE)[0]
     for r in start.requests:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import evidence
 from pytest_b70lab.engine.logs import (
     UNRAISABLE,
     TracebackEnds,
@@ -28,6 +27,7 @@ from pytest_b70lab.engine.logs import (
     split_line,
 )
 from pytest_b70lab.engine.server import EngineServer
+from pytest_b70lab.evidence import record as evidence
 
 REPO = Path(__file__).resolve().parents[2]
 LOG = REPO / "fixtures" / "engine-logs" / "rank-refuses-fp8-kv-cache.log"

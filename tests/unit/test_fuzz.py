@@ -20,9 +20,11 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_b70lab import contract as contract_mod
-from pytest_b70lab import evidence, gates, teacher
-from pytest_b70lab.contract import Contract, ContractError
+from pytest_b70lab.contract import schema as contract_mod
+from pytest_b70lab.contract.schema import Contract, ContractError
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.judge import teacher
+from pytest_b70lab.judge.folder import gates
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = REPO / "fixtures" / "contracts" / "mini-laguna-cpu.toml"
@@ -195,7 +197,7 @@ def test_an_edited_teacher_identity_fails_the_exactness_gate_naming_the_snapshot
 
 
 def _recorded() -> dict:
-    from pytest_b70lab.run_folder import read_starts
+    from pytest_b70lab.evidence.run_folder import read_starts
 
     starts = read_starts(BUNDLE_START.parent.parent)
     return {"starts": starts, "contract": Contract.model_validate(starts[0].contract.canonical, strict=False)}

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import gates, metrics, teacher
-from pytest_b70lab.contract import Contract, load_prompts
+from pytest_b70lab.contract.schema import Contract, load_prompts
 from pytest_b70lab.engine.starts import checkpoint_tables
-from pytest_b70lab.evidence import Evidence, sha256_ids
-from pytest_b70lab.run_folder import PROMPTS_COPY, read_starts
+from pytest_b70lab.evidence import metrics
+from pytest_b70lab.evidence.record import Evidence, sha256_ids
+from pytest_b70lab.evidence.run_folder import PROMPTS_COPY, read_starts
+from pytest_b70lab.judge import teacher
+from pytest_b70lab.judge.folder import gates
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
@@ -365,7 +367,7 @@ def reported_count_off(run: Run) -> None:
 
 
 def start_failed(run: Run) -> None:
-    from pytest_b70lab.evidence import Failure
+    from pytest_b70lab.evidence.record import Failure
 
     run.starts[1].status = "failed"
     run.starts[1].failure = Failure(message="the server exited with code -11 during start-up")

@@ -1,4 +1,4 @@
-"""A worked example of the hookspecs (pytest_b70lab/hookspecs.py): another plugin adds a gate to the
+"""A worked example of the hookspecs (pytest_b70lab/plugin/hookspecs.py): another plugin adds a gate to the
 promotion and reads the verdict. Judged on the recorded evidence bundle, through pytester."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def pytest_b70lab_verdict(config, decision, quality, run_dir):
 LATENCY_TEST = """
 import os
 import pytest
-from pytest_b70lab import gates
+from pytest_b70lab.judge import gates
 
 pytestmark = pytest.mark.gates
 
@@ -148,7 +148,7 @@ def test_a_gate_nobody_declared_is_refused_naming_the_declared_ones(pytester) ->
 # inputs, its test one call of b70_gate_check, and the in-process judge takes the same entry.
 CATALOGUED_PLUGIN = """
 import os
-from pytest_b70lab import catalogue, gates
+from pytest_b70lab.judge import catalogue, gates
 
 def first_token_latency(inputs, subject):
     limit = float(os.environ["FIRST_TOKEN_LIMIT_S"])
@@ -181,9 +181,10 @@ def test_a_catalogued_plugin_gate_is_judged_alike_by_the_session_and_the_in_proc
 ) -> None:
     import importlib
 
-    from pytest_b70lab import judge, replay
     from pytest_b70lab.engine.starts import tables_or_why
-    from pytest_b70lab.run_folder import read_starts
+    from pytest_b70lab.evidence.run_folder import read_starts
+    from pytest_b70lab.judge import folder as judge
+    from pytest_b70lab.judge import replay
 
     firsts = sorted(_first_tokens(start) for start in ("start-1", "start-2"))
     pytester.makepyfile(catalogued_plugin=CATALOGUED_PLUGIN, test_latency=CATALOGUED_TEST)

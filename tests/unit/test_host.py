@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_b70lab import host
+from pytest_b70lab.evidence import host
 
 # The two kinds of machine this project has met, as their /proc/cpuinfo says it (abridged to the lines read).
 AVX512_CPUINFO = (

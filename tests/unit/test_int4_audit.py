@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import gates
-from pytest_b70lab.contract import Contract
+from pytest_b70lab.contract.schema import Contract
 from pytest_b70lab.engine.starts import checkpoint_tables
-from pytest_b70lab.evidence import Evidence
-from pytest_b70lab.run_folder import read_starts
+from pytest_b70lab.evidence.record import Evidence
+from pytest_b70lab.evidence.run_folder import read_starts
+from pytest_b70lab.judge.folder import gates
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu-int4"

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import capability, contract, evidence, throughput
+from pytest_b70lab.contract import schema as contract
+from pytest_b70lab.engine import capability
 from pytest_b70lab.engine.interleave import order
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.evidence import throughput
 
 
 def _with_reproduction(**fields) -> contract.Contract:
@@ -200,8 +203,8 @@ SEQUENTIAL_V1 = BUNDLE.parent / "mini-laguna-cpu-v1-sequential"
 def test_version_1_evidence_still_reads_and_is_judged_sequentially() -> None:
     """The embedded default's bundle as recorded before the schedule existed (version 1, its two starts one after
     the other, under the contract of then): it reads, and gate 7 judges it as it did, one request per prompt."""
-    from pytest_b70lab import gates
-    from pytest_b70lab.run_folder import read_starts
+    from pytest_b70lab.evidence.run_folder import read_starts
+    from pytest_b70lab.judge.folder import gates
 
     starts = read_starts(SEQUENTIAL_V1)
     assert [(s.version, s.schedule, s.repeats) for s in starts] == [(1, None, [])] * 2

@@ -14,11 +14,14 @@ import numpy  # noqa: F401  (loaded once here: pytester's in-process runs would 
 import pytest
 from test_gates import MUTATIONS, Run  # tests/unit/test_gates.py: the mutations every gate is shown to reject
 
-from pytest_b70lab import catalogue, evidence, gates, judge, replay, verdict
 from pytest_b70lab.engine.logs import failure_headline
 from pytest_b70lab.engine.starts import tables_or_why
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.evidence.run_folder import TABLES_COPY, read_starts
+from pytest_b70lab.judge import folder as judge
+from pytest_b70lab.judge import replay
+from pytest_b70lab.judge.folder import catalogue, gates, verdict
 from pytest_b70lab.plugin import suite
-from pytest_b70lab.run_folder import TABLES_COPY, read_starts
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLES = REPO / "fixtures" / "evidence"

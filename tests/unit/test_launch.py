@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import contract as contract_mod
+from pytest_b70lab.contract import schema as contract_mod
 from pytest_b70lab.engine import starts
 from pytest_b70lab.engine.command import ServeConfig, TcpListen, vllm_serve_command
 from pytest_b70lab.engine.environment import (

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import disk, evidence
-from pytest_b70lab.engine import oom
+from pytest_b70lab.engine import disk, oom
 from pytest_b70lab.engine.logs import failure_headline, root_cause
+from pytest_b70lab.evidence import record as evidence
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT = (REPO / "fixtures" / "kernel-logs" / "memcg-oom-kill.txt").read_text().splitlines()

@@ -19,8 +19,10 @@ import numpy  # noqa: F401  (loaded once here: pytester's in-process runs would 
 import pytest
 import torch  # noqa: F401  (likewise: the mini's build imports it after in-process replays have run)
 
-from pytest_b70lab import evidence, judge, mini, report  # noqa: F401  (mini: loaded before any replay)
-from pytest_b70lab.run_folder import PROMPTS_COPY, TABLES_COPY
+from pytest_b70lab import report
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.evidence.run_folder import PROMPTS_COPY, TABLES_COPY
+from pytest_b70lab.judge import folder as judge  # noqa: F401  (mini: loaded before any replay)
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"

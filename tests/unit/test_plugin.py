@@ -140,7 +140,7 @@ def test_a_partial_selection_is_never_promotable(pytester: pytest.Pytester, dese
 
 def _rewrite(run: Path, start: int, edit) -> None:
     """Edit one start's evidence as the project writes it: re-validated, with a fresh self-digest."""
-    from pytest_b70lab import evidence
+    from pytest_b70lab.evidence import record as evidence
 
     record = evidence.read(run / f"start-{start}")
     edit(record)
@@ -368,7 +368,7 @@ def test_the_header_names_the_contract_the_engine_and_the_run_folder(pytester: p
 
     pytester.makepyfile("def test_nothing():\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider")
-    # The recorded bundle is of this contract (importing pytest_b70lab.contract here instead would leave a
+    # The recorded bundle is of this contract (importing pytest_b70lab.contract.schema here instead would leave a
     # stale module behind pytester's in-process runs, which restore sys.modules after each run).
     digest = json.loads((BUNDLE / "start-1" / "evidence.json").read_text())["contract"]["digest"]
     result.stdout.fnmatch_lines(
@@ -466,7 +466,7 @@ def test_the_speedup_over_target_only_is_in_the_verdict_line_junit_and_promotion
     import math
     import statistics
 
-    from pytest_b70lab import evidence
+    from pytest_b70lab.evidence import record as evidence
 
     run = pytester.path / "run-with-target-only"
     shutil.copytree(BUNDLE, run)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from pytest_b70lab import processes
+from pytest_b70lab.isolation import processes
 
 # A child that starts a grandchild in its own group, prints the grandchild's pid, and sleeps.
 FAMILY = (

@@ -11,9 +11,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pytest_b70lab import cli, judge, promotion, replay, run_folder, verdict
+from pytest_b70lab import cli
 from pytest_b70lab.engine.starts import tables_or_why
-from pytest_b70lab.evidence import EvidenceError
+from pytest_b70lab.evidence import promotion, run_folder
+from pytest_b70lab.evidence.record import EvidenceError
+from pytest_b70lab.judge import folder as judge
+from pytest_b70lab.judge import replay
+from pytest_b70lab.judge.folder import verdict
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import contract, evidence
-from pytest_b70lab.quality import baseline, sandbox
+from pytest_b70lab.contract import schema as contract
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.isolation import sandbox
+from pytest_b70lab.quality import baseline
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"

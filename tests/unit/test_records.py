@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_b70lab import contract as contract_mod
-from pytest_b70lab import evidence, judge, project
+from pytest_b70lab.contract import schema as contract_mod
+from pytest_b70lab.contract.schema import project
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.judge import folder as judge
 from pytest_b70lab.records import reproduce, store
 from pytest_b70lab.records.seal import patch_series, seal
 
@@ -150,7 +152,7 @@ def test_a_run_reproduces_its_own_seal_and_not_an_edited_one(sealed: Path, tmp_p
 def test_a_seal_resealed_with_another_teacher_is_not_reproduced(sealed: Path, tmp_path: Path) -> None:
     """The seal's oracle changed (one token of one teacher snapshot, its hash kept consistent) and SEAL.json
     written again: the run that was sealed no longer reproduces it, naming the prompt and the token."""
-    from pytest_b70lab import teacher
+    from pytest_b70lab.judge import teacher
 
     contract = contract_mod.load(sealed / store.CONTRACT_FILE)
     edited = Path(shutil.copytree(sealed, tmp_path / "edited"))

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy  # noqa: F401  (loaded once here: pytester's in-process runs would import it anew in every run)
 import pytest
 
-from pytest_b70lab import evidence, gates
-from pytest_b70lab.contract import Contract
+from pytest_b70lab.contract.schema import Contract
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.judge.folder import gates
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"

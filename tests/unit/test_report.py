@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from browser import Node, Tree, browse, chromium, points, traces  # tests/browser.py
 
-from pytest_b70lab import cli, evidence, report
-from pytest_b70lab import contract as contract_mod
+from pytest_b70lab import cli, report
+from pytest_b70lab.contract import schema as contract_mod
+from pytest_b70lab.evidence import record as evidence
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_b70lab.quality import sandbox
-from pytest_b70lab.quality.sandbox import SandboxResult, run_python
+from pytest_b70lab.isolation import sandbox
+from pytest_b70lab.isolation.sandbox import SandboxResult, run_python
 
 BOUND_S = 30.0
 ROOT = os.geteuid() == 0

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 import pytest_b70lab
-from pytest_b70lab.quality import sandbox
+from pytest_b70lab.isolation import sandbox
 
 ROOT = os.geteuid() == 0
 PACKAGE = Path(pytest_b70lab.__file__).parent
@@ -35,7 +35,7 @@ NAMESPACES = {"userns", "netns", "mountns-tmpfs", "readonly-root", "pidns"}
 DRIVER = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from pytest_b70lab.quality import sandbox
+from pytest_b70lab.isolation import sandbox
 port, outside = int(sys.argv[2]), sys.argv[3]
 show = "import os\nprint(os.getcwd(), flush=True)\n"
 attacks = {
@@ -92,11 +92,11 @@ def as_ordinary_user(listener: socket.socket, outside: Path) -> Iterator[dict[st
         pytest.skip("no Python interpreter that the unprivileged user may run")
     copy = Path(tempfile.mkdtemp(prefix="b70lab-sandbox-copy-"))
     try:
-        (copy / "pytest_b70lab" / "quality").mkdir(parents=True)
-        for name in ("pytest_b70lab/__init__.py", "pytest_b70lab/quality/__init__.py"):
+        (copy / "pytest_b70lab" / "isolation").mkdir(parents=True)
+        for name in ("pytest_b70lab/__init__.py", "pytest_b70lab/isolation/__init__.py"):
             (copy / name).write_text("")
-        shutil.copy(PACKAGE / "processes.py", copy / "pytest_b70lab")
-        shutil.copy(PACKAGE / "quality" / "sandbox.py", copy / "pytest_b70lab" / "quality")
+        shutil.copy(PACKAGE / "isolation" / "processes.py", copy / "pytest_b70lab" / "isolation")
+        shutil.copy(PACKAGE / "isolation" / "sandbox.py", copy / "pytest_b70lab" / "isolation")
         for path in [copy, *copy.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         uid, gid = the_user()

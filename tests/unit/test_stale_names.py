@@ -99,7 +99,8 @@ def _resolves_in_module(module: str, rest: list[str]) -> bool:
 def record_fields() -> dict[str, set[str]]:
     """Section -> its fields, of the contract and of a start's evidence: the prose names field paths
     (`reproduction.passes`, `throughput.per_prompt`) like dotted names."""
-    from pytest_b70lab import contract, evidence
+    from pytest_b70lab.contract import schema as contract
+    from pytest_b70lab.evidence import record as evidence
 
     sections: dict[str, set[str]] = {}
     for record in (contract.Contract, evidence.Evidence):
@@ -216,7 +217,7 @@ def test_a_retired_module_is_found_without_backticks(tmp_path: Path) -> None:
     [
         "gates.required_subjects",
         "engine.live.LiveStart",
-        "evidence.Evidence.counted",
+        "evidence.record.Evidence.counted",
         "pytest_b70lab.worker_ext.AuditExtension",
         "reproduction.passes",
         "throughput.per_prompt",

@@ -16,7 +16,12 @@ from xml.etree import ElementTree as ET
 import pytest
 from browser import Tree  # tests/browser.py
 
-from pytest_b70lab import capability, cli, contract, evidence, throughput, variants
+from pytest_b70lab import cli
+from pytest_b70lab.contract import schema as contract
+from pytest_b70lab.contract import variants
+from pytest_b70lab.engine import capability
+from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.evidence import throughput
 from pytest_b70lab.report import sweep as sweep_page
 from pytest_b70lab.sweep import plan, runner, table
 
@@ -106,8 +111,8 @@ def test_an_interleaved_sweep_serves_the_variants_whose_contract_interleaves() -
 def test_two_starts_of_one_session_compare_as_gate_7_compares_them() -> None:
     """The sweep's variant-to-base figure of two starts measured side by side is the figure gate 7 takes of the
     same two starts: one estimator, whichever question is asked of the pairs."""
-    from pytest_b70lab import gates
-    from pytest_b70lab.run_folder import Run, read_starts
+    from pytest_b70lab.evidence.run_folder import Run, read_starts
+    from pytest_b70lab.judge.folder import gates
 
     folder = BUNDLES / "mini-laguna-cpu"
     one, two = read_starts(folder)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_b70lab import throughput
+from pytest_b70lab.evidence import throughput
 
 
 def test_one_token_a_chunk() -> None:
@@ -60,7 +60,7 @@ def test_the_server_figure_counts_tokens_not_engine_steps() -> None:
     import json
     from pathlib import Path
 
-    from pytest_b70lab import metrics
+    from pytest_b70lab.evidence import metrics
 
     bundle = Path(__file__).resolve().parents[2] / "fixtures" / "evidence" / "mini-laguna-cpu"
     for start in sorted(bundle.glob("start-*/evidence.json")):

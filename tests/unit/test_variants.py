@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_b70lab import contract, variants
+from pytest_b70lab.contract import schema as contract
+from pytest_b70lab.contract import variants
 
 BASE = "mini-laguna-cpu"
 

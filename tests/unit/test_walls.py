@@ -1,10 +1,12 @@
-"""The package's walls, read from its imports (an AST walk of every module, lazy imports included): what runs
-inside vLLM's processes imports nothing of the harness, the data modules never reach pytest, an engine or
-judgement, judgement never starts an engine, nothing imports a pytest or command-line surface, and there is
-no import cycle. Each rule is checked on the tree as it is, and shown to fail on a planted import.
+"""The package's walls, read from its imports (an AST walk of every module, lazy imports included) and from
+each module's folder: what runs inside vLLM's processes imports nothing of the harness, the data folders
+never reach pytest, an engine or judgement, judgement never starts an engine, only a surface runs a
+workflow, nothing imports a pytest or command-line surface, and there is no import cycle. Each rule is
+checked on the tree as it is, and shown to fail on a planted import.
 
 Written here rather than with import-linter: its contracts are per layer of one package, and these rules
-also name third-party libraries (only syrupy through snapshots.py; in the engine, only vLLM, torch, psutil).
+also name third-party libraries (only syrupy through judge/snapshots.py; in the engine, only vLLM, torch,
+psutil).
 """
 
 from __future__ import annotations
@@ -17,52 +19,52 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pytest_b70lab"
-# Modules vLLM loads into its own processes: the in_engine folder, and the two thin modules at the paths the
-# engine command records (the launch command's module, the worker extension).
-IN_ENGINE = {"in_engine", "vllm_entry", "worker_ext"}
-# What they may import besides the standard library and each other. psutil: a rank's audit reports its own
-# process creation time, gate 7's evidence that a start is fresh.
+
+# Each folder of the package is one wall, read from the module's path: a module moved to another folder
+# changes wall with it, and a new folder must be given one here before any test passes.
+FOLDER_WALLS = {
+    "contract": "data",  # the experimental identity
+    "evidence": "data",  # what a start observed and how it is kept
+    "engine": "engine",  # driving vLLM from outside
+    "in_engine": "in-engine",  # runs inside vLLM's processes
+    "judge": "judgement",  # pure functions of evidence
+    "quality": "judgement",  # gate 8's checks, scoring and baseline
+    "isolation": "isolation",  # process groups and the sandbox for generated code
+    "mini": "mini",  # the generated tiny Laguna
+    "kernels": "kernels",  # the page-32 component implementations
+    # Workflows: each runs the stages in order for one command (a sweep: plan, starts, judging, table; a seal:
+    # judge a run and write or check its record). They may import every stage; only a surface imports them.
+    "records": "workflow",
+    "sweep": "workflow",
+    "plugin": "surface",
+    "cli": "surface",
+    "report": "surface",
+    "bench": "surface",
+}
+# The package's root holds the ground (one error base, one home for digests) and the two thin modules at the
+# paths the engine command records (the launch command's module, the worker extension), which run in vLLM.
+GROUND = {"", "errors", "digests"}
+ROOT_IN_ENGINE = {"vllm_entry", "worker_ext"}
+# What in-engine modules may import besides the standard library and each other. psutil: a rank's audit
+# reports its own process creation time, gate 7's evidence that a start is fresh.
 IN_ENGINE_LIBRARIES = {"vllm", "torch", "psutil"}
-DATA = {
-    "contract",
-    "promotion",
-    "evidence",
-    "digests",
-    "metrics",
-    "checkpoint",
-    "throughput",
-    "project",
-    "defaults",
-    "errors",
-    "host",
-    "run_folder",
-    "variants",
-    "sweep.plan",
-}
-# compare: a comparison of two runs' evidence is judgement, printed by two surfaces (`b70lab evidence diff`,
-# the plugin's --b70-baseline), so it lives here and not with them.
-JUDGEMENT = {
-    "gates",
-    "catalogue",
-    "judge",
-    "teacher",
-    "snapshots",
-    "verdict",
-    "replay",
-    "compare",
-    "quality.judge",
-    "quality.scoring",
-    "quality.checks",
-    "quality.baseline",
-    "quality.samples",
-    "sweep.table",
-}
-# sweep.runner launches the sweep's starts and the replays that judge them.
-ENGINE = {"engine", "capability", "sweep.runner"}
-# What the engine's teardown, the probe and the sandbox share: the sandbox's side of it runs where only the
-# standard library may be relied on.
-STDLIB_ONLY = {"processes"}
-SURFACES = {"plugin", "cli", "bench", "report"}
+# The walls a verdict is computed from: mypy types them strictly (pyproject.toml).
+STRICT_WALLS = {"ground", "data", "judgement", "workflow"}
+
+
+def wall_of(module: str) -> str:
+    """The wall of a module, from its folder (the root's modules by name: the ground and the shims)."""
+    if module in GROUND:
+        return "ground"
+    if module in ROOT_IN_ENGINE:
+        return "in-engine"
+    folder = module.split(".")[0]
+    if folder not in FOLDER_WALLS:
+        raise AssertionError(
+            f"pytest_b70lab.{module} has no wall: put it in the folder of its stage, or give its new folder a wall "
+            "in tests/unit/test_walls.py FOLDER_WALLS"
+        )
+    return FOLDER_WALLS[folder]
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -110,8 +112,40 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     return {n: imports_of(n, p, set(names)) for n, p in names.items()}
 
 
-def _in(module: str, group: set[str]) -> bool:
-    return any(module == g or module.startswith(g + ".") for g in group)
+def _rule(module: str, t: str, ext: str | None, stdlib: set[str]) -> str | None:
+    """The rule the import `module -> t` breaks, or None."""
+    wall = wall_of(module)
+    target = None if ext is not None else wall_of(t)
+    if wall == "in-engine":
+        if ext is not None and ext not in stdlib and ext not in IN_ENGINE_LIBRARIES:
+            return "in-engine modules import only the standard library, vLLM, torch and psutil"
+        if target is not None and target != "in-engine" and t not in ("", "errors"):
+            return "in-engine modules import no other module of the harness"
+    elif wall == "isolation":
+        if ext is not None and ext not in stdlib:
+            return "isolation imports only the standard library"
+        if target is not None and target != "isolation" and t != "":
+            return "isolation imports no other module of the harness"
+    elif wall == "ground":
+        if ext in ("pytest", "syrupy") or (target is not None and target not in ("ground", "in-engine")):
+            return "the ground imports only the ground (and in_engine's moments)"
+    elif wall == "mini":
+        if target is not None and target not in ("ground", "data", "mini", "isolation"):
+            return "mini imports only data and the sandbox it runs generated code in"
+    elif wall == "data":
+        if ext in ("pytest", "syrupy") or (target is not None and target not in ("ground", "data", "in-engine")):
+            return "data imports no pytest or syrupy, and of the harness only the ground and data"
+    elif wall == "judgement":
+        if ext == "pytest" or target in ("engine", "mini", "workflow", "surface"):
+            return "judgement imports no pytest, engine, mini, workflow or surface"
+    if ext == "syrupy" and module != "judge.snapshots":
+        return "syrupy is imported through judge/snapshots.py alone"
+    if target == "workflow" and wall not in ("workflow", "surface"):
+        return "only a surface imports a workflow"
+    dispatches = module.startswith("cli") or (module.startswith("plugin") and t.split(".")[0] == "report")
+    if target == "surface" and t.split(".")[0] != module.split(".")[0] and not dispatches:
+        return "nothing imports a surface"  # but the command line dispatches to the bench; a session renders its page
+    return None
 
 
 def breaches(graph: dict[str, set[str]]) -> list[str]:
@@ -119,43 +153,10 @@ def breaches(graph: dict[str, set[str]]) -> list[str]:
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     out = []
     for module, targets in sorted(graph.items()):
+        wall_of(module)  # every module has one, whether or not it imports anything
         for t in sorted(targets):
             ext = t.removeprefix("ext:") if t.startswith("ext:") else None
-            rule = None
-            if _in(module, IN_ENGINE):
-                if ext is not None and ext not in stdlib and ext not in IN_ENGINE_LIBRARIES:
-                    rule = "in-engine modules import only the standard library, vLLM, torch and psutil"
-                elif ext is None and not _in(t, IN_ENGINE) and t not in ("", "errors"):
-                    rule = "in-engine modules import no other module of the harness"
-            elif module in STDLIB_ONLY:
-                if ext is not None and ext not in stdlib:
-                    rule = "processes imports only the standard library"
-                elif ext is None and t != "":
-                    rule = "processes imports no other module of the harness"
-            elif _in(module, {"mini"}):
-                allowed = DATA | {"mini", "quality.sandbox", "processes"}
-                if ext is None and t not in ("", "quality") and not _in(t, allowed):
-                    rule = "mini imports only data and the sandbox it runs generated code in"
-            elif _in(module, DATA):
-                if ext in ("pytest", "syrupy") or (
-                    ext is None and _in(t, ENGINE | JUDGEMENT | SURFACES | {"mini", "quality"})
-                ):
-                    rule = "data modules import no pytest, syrupy, engine, judgement, mini or surface"
-            elif _in(module, JUDGEMENT):
-                if ext == "pytest" or (ext is None and _in(t, ENGINE | SURFACES | {"mini"})):
-                    rule = "judgement imports no pytest, engine, mini or surface"
-            if rule is None and ext == "syrupy" and module != "snapshots":
-                rule = "syrupy is imported through snapshots.py alone"
-            if (
-                rule is None
-                and ext is None
-                and _in(t, SURFACES)
-                and t.split(".")[0] != module.split(".")[0]
-                and module != "cli"
-                and not (module.startswith("plugin") and t.split(".")[0] == "report")
-            ):  # the command line dispatches to the bench; a session renders its page (--b70-report)
-                rule = "nothing imports a surface"
-            if rule:
+            if rule := _rule(module, t, ext, stdlib):
                 out.append(f"{module} -> {t.removeprefix('ext:')}: {rule}")
     return out
 
@@ -196,11 +197,13 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 def test_the_package_keeps_its_walls() -> None:
     graph = import_graph(PACKAGE)
-    assert {m for m in IN_ENGINE | DATA | JUDGEMENT | ENGINE | STDLIB_ONLY if m not in graph} == set(), (
-        "a module the walls name is gone: move the name with it"
-    )
     assert breaches(graph) == []
     assert cycles(graph) == []
+
+
+def test_the_package_root_holds_only_the_ground_and_the_recorded_shims() -> None:
+    """A module added at the root would sit outside every stage: the flat root the folders replaced."""
+    assert {m for m in import_graph(PACKAGE) if "." not in m} == GROUND | ROOT_IN_ENGINE | set(FOLDER_WALLS)
 
 
 def test_the_in_engine_package_imports_nothing() -> None:
@@ -209,26 +212,50 @@ def test_the_in_engine_package_imports_nothing() -> None:
     assert import_graph(PACKAGE)["in_engine"] == set()
 
 
+def test_a_module_in_a_folder_without_a_wall_is_named(tmp_path: Path) -> None:
+    tree = tmp_path / "pytest_b70lab"
+    shutil.copytree(PACKAGE, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "stages").mkdir()
+    (tree / "stages" / "__init__.py").write_text("")
+    with pytest.raises(AssertionError, match="pytest_b70lab.stages has no wall"):
+        breaches(import_graph(tree))
+
+
 @pytest.mark.parametrize(
     "module, planted, rule",
     [
-        ("in_engine.observe", "from .. import gates", "in-engine modules import no other module of the harness"),
+        ("in_engine.observe", "from ..judge import gates", "in-engine modules import no other module of the harness"),
         (
             "in_engine.worker_ext",
             "import numpy",
             "in-engine modules import only the standard library, vLLM, torch and psutil",
         ),
-        ("processes", "import psutil", "processes imports only the standard library"),
-        ("mini.evaluate", "from .. import gates", "mini imports only data and the sandbox it runs generated code in"),
-        ("evidence", "import pytest", "data modules import no pytest, syrupy, engine, judgement, mini or surface"),
+        ("worker_ext", "from .judge import gates", "in-engine modules import no other module of the harness"),
+        ("isolation.processes", "import psutil", "isolation imports only the standard library"),
+        ("isolation.sandbox", "from ..evidence import record", "isolation imports no other module of the harness"),
+        ("digests", "from .evidence import record", "the ground imports only the ground"),
         (
-            "throughput",
-            "from .engine import server",
-            "data modules import no pytest, syrupy, engine, judgement, mini or surface",
+            "mini.evaluate",
+            "from ..judge import gates",
+            "mini imports only data and the sandbox it runs generated code in",
         ),
-        ("gates", "from .engine.starts import run_starts", "judgement imports no pytest, engine, mini or surface"),
-        ("verdict", "import syrupy", "syrupy is imported through snapshots.py alone"),
+        ("evidence.record", "import pytest", "data imports no pytest or syrupy, and of the harness only the ground"),
+        (
+            "evidence.throughput",
+            "from ..engine import server",
+            "data imports no pytest or syrupy, and of the harness only the ground and data",
+        ),
+        ("contract.schema", "from ..judge import verdict", "data imports no pytest or syrupy, and of the harness"),
+        (
+            "judge.gates",
+            "from ..engine.starts import run_starts",
+            "judgement imports no pytest, engine, mini, workflow",
+        ),
+        ("quality.judge", "from ..records import store", "judgement imports no pytest, engine, mini, workflow"),
+        ("judge.verdict", "import syrupy", "syrupy is imported through judge/snapshots.py alone"),
+        ("engine.starts", "from ..sweep import runner", "only a surface imports a workflow"),
         ("engine.starts", "from ..plugin import state", "nothing imports a surface"),
+        ("sweep.runner", "from ..cli import main", "nothing imports a surface"),
     ],
 )
 def test_a_planted_forbidden_import_is_named(tmp_path: Path, module: str, planted: str, rule: str) -> None:
@@ -243,8 +270,9 @@ def test_a_planted_forbidden_import_is_named(tmp_path: Path, module: str, plante
 def test_a_planted_cycle_is_found(tmp_path: Path) -> None:
     tree = tmp_path / "pytest_b70lab"
     shutil.copytree(PACKAGE, tree, ignore=shutil.ignore_patterns("__pycache__"))
-    (tree / "digests.py").write_text((tree / "digests.py").read_text() + "\nfrom . import checkpoint\n")
-    assert {"digests", "checkpoint"} in cycles(import_graph(tree))
+    path = tree / "evidence" / "checkpoint.py"
+    path.write_text(path.read_text() + "\nfrom . import run_folder\n")
+    assert {"evidence.checkpoint", "evidence.run_folder"} in cycles(import_graph(tree))
 
 
 # Counted in statements (the lines on which one begins), not physical lines: ruff format puts each argument
@@ -274,12 +302,20 @@ def test_a_planted_long_function_is_named() -> None:
     assert statement_lines(tree.body[0]) == LONGEST_FUNCTION + 2  # the def line is a statement too
 
 
-def test_mypy_is_strict_exactly_where_the_walls_say_data_and_judgement() -> None:
-    """pyproject.toml's strict override lists the modules a verdict is computed from: the walls' data and
-    judgement modules. A module that moves between walls moves in both places, or this fails."""
+def strict_patterns() -> set[str]:
+    """The mypy module patterns of the strict walls: the ground by name, a folder with all it holds."""
+    ground = {f"pytest_b70lab.{m}" for m in GROUND if m}
+    folders = {f"pytest_b70lab.{f}.*" for f, wall in FOLDER_WALLS.items() if wall in STRICT_WALLS}
+    return ground | folders
+
+
+def test_mypy_is_strict_exactly_where_the_walls_say() -> None:
+    """pyproject.toml's strict override lists the walls a verdict is computed from (the ground, data,
+    judgement and the workflows), derived from the same folders: a folder that changes wall changes there too,
+    or this fails."""
     import tomllib
 
     overrides = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
     strict = [o for o in overrides if o.get("disallow_untyped_defs")]
     assert len(strict) == 1, "one strict override in pyproject.toml's [tool.mypy]"
-    assert {m.removeprefix("pytest_b70lab.") for m in strict[0]["module"]} == DATA | JUDGEMENT
+    assert set(strict[0]["module"]) == strict_patterns()

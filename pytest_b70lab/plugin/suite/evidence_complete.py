@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ... import catalogue
+from ...judge import catalogue
 from .from_catalogue import gate_tests
 
 pytestmark = pytest.mark.gates

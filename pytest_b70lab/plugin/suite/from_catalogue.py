@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ... import catalogue
+from ...judge import catalogue
 
 
 def _per_rank() -> Callable[..., None]:

@@ -1,11 +1,11 @@
 """Gates judged per fresh start and per tensor-parallel rank, from the per-rank audits. Each judges through the
-catalogue (pytest_b70lab/catalogue.py: what it reads, when it applies), as the in-process judge does."""
+catalogue (pytest_b70lab/judge/catalogue.py: what it reads, when it applies), as the in-process judge does."""
 
 from __future__ import annotations
 
 import pytest
 
-from ... import catalogue
+from ...judge import catalogue
 from .from_catalogue import gate_tests
 
 pytestmark = pytest.mark.gates

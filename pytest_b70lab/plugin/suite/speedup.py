@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from ... import compare
-from ...run_folder import Run, kind_dir
+from ...evidence.run_folder import Run, kind_dir
+from ...judge import compare
 
 pytestmark = [pytest.mark.gates, pytest.mark.b70_report_only]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ... import teacher
+from ...judge import teacher
 
 pytestmark = pytest.mark.teacher
 

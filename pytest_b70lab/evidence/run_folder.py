@@ -10,7 +10,7 @@
     RUN/promotion.json           the verdict of the last session that used the folder
 
 The engine's starts write it (engine/starts.py), the plugin replays it, `b70lab report`, `evidence diff` and
-the bench read it: all through `read`, which checks every evidence file as `evidence.read` does and each
+the bench read it: all through `read`, which checks every evidence file as `evidence.record.read` does and each
 against the folder it lies in.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the file names are read by the plugin's verdict at any session's end: no pydantic there
-    from .contract import Contract
-    from .evidence import Evidence
+    from ..contract.schema import Contract
+    from .record import Evidence
 
 PROMOTION = "promotion.json"
 TABLES_COPY = "checkpoint-tables.json"
@@ -62,12 +62,12 @@ class Run:
 
 
 def read(folder: Path, kind: str = "candidate", verdict: bool = True) -> Run:
-    """Every start-N/evidence.json of `kind` in start order (each checked as `evidence.read` does, and against
+    """Every start-N/evidence.json of `kind` in start order (each checked as `evidence.record.read` does, and against
     the folder it lies in) and, with `verdict`, RUN/promotion.json (None when no session recorded one). Any
     problem is an EvidenceError naming the file; a folder without starts is not one (the caller says what it
     needs)."""
-    from . import evidence
-    from .evidence import EvidenceError
+    from . import record as evidence
+    from .record import EvidenceError
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -95,7 +95,7 @@ def read_promotion(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
     """(promotion.json through its model, as a dict; what a reader should know of it), (None, []) when no
     session recorded one. A damaged or foreign file is an EvidenceError naming it."""
     from . import promotion
-    from .evidence import EvidenceError
+    from .record import EvidenceError
 
     path = Path(folder) / PROMOTION
     if not path.exists():
@@ -110,7 +110,7 @@ def read_promotion(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
 def read_starts(folder: Path, kind: str = "candidate") -> list[Evidence]:
     """The saved starts of `kind`, for replay with no engine: at least one, or an EvidenceError. The folder's
     promotion.json is not read: the replay writes its own."""
-    from .evidence import FILENAME, EvidenceError
+    from .record import FILENAME, EvidenceError
 
     starts = read(folder, kind, verdict=False).starts
     if not starts:
@@ -129,7 +129,8 @@ def tables_path(run_dir: Path, contract: Contract) -> Path:
 def read_tables(run_dir: Path, contract: Contract) -> dict[str, Any] | None:
     """The run folder's copy of the checkpoint tables (None when it has none), checked against the contract it
     was written for and against itself: an EvidenceError naming the file otherwise."""
-    from . import checkpoint, evidence
+    from . import checkpoint
+    from . import record as evidence
 
     path = tables_path(run_dir, contract)
     if not path.is_file():

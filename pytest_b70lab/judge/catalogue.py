@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contract.schema import Contract
+from ..evidence.record import Evidence
 from . import gates, teacher
-from .contract import Contract
-from .evidence import Evidence
 from .gates import Verdict
 
 # What a gate reads, as the docs' table says it.

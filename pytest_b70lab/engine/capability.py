@@ -34,10 +34,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import contract as contract_mod
-from . import host
-from .errors import LabError
-from .in_engine import cpu_emulation
+from ..contract import schema as contract_mod
+from ..errors import LabError
+from ..evidence import host
+from ..in_engine import cpu_emulation
 
 GIB = 1 << 30
 MIB = 1 << 20

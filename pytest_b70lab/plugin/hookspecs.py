@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from .catalogue import Gate
-    from .verdict import Decision, QualityDecision
+    from ..judge.catalogue import Gate
+    from ..judge.verdict import Decision, QualityDecision
 
 
 @pytest.hookspec

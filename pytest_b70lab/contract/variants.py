@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .contract import Contract, ContractError, format_errors
+from .schema import Contract, ContractError, format_errors
 
 NAMED = ("target-only", "unquantized-kv")
 # Fields that follow another: the verify width of a DFlash depth is the depth plus the bonus position.
@@ -174,7 +174,7 @@ def field_value(c: Contract, field: str) -> Any:
 
 def substance(c: Contract) -> str:
     """The contract's digest without its name and description: what a start of it would run and judge."""
-    from .digests import sha256_canonical
+    from ..digests import sha256_canonical
 
     data = c.canonical()
     data.pop("name")

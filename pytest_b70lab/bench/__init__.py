@@ -45,11 +45,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import LabError
+from ..errors import LabError
 
 PARTS = ("import", "replay", "audit", "start", "decode", "overhead", "reproduction", "steadiness")
 DEFAULT_PARTS = PARTS[:-2]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
 
 
@@ -182,7 +182,7 @@ def audit_rate(megabytes: int = 1024, repeats: int = 3) -> Figure:
     on an XPU rank each 64 MiB chunk is first copied to the host, so this is an upper bound there."""
     import torch
 
-    from .in_engine.worker_ext import _tensor_sha256
+    from ..in_engine.worker_ext import _tensor_sha256
 
     t = torch.ones(megabytes << 20, dtype=torch.uint8)
     rates = []
@@ -237,7 +237,7 @@ def _vllm_bench_serve(
     env: dict[str, str],
 ) -> float:
     """One `vllm bench serve` over the dataset's prompts against the running server: its decode rate."""
-    from .engine.command import ENTRY_MODULE
+    from ..engine.command import ENTRY_MODULE
 
     result = f"vllm-bench-serve-{round_no}.json"
     cmd = [
@@ -308,12 +308,12 @@ def decode_agreement(
     """One start; `rounds` times: the client streams every prompt (the server's histograms cover exactly
     those requests), then `vllm bench serve` sends the same prompts. Client and server are compared on the
     same requests; client and `vllm bench serve` on medians over rounds, as they cannot share a request."""
-    from . import contract as contract_mod
-    from . import throughput
-    from .engine.client import metrics_text, served_model, stream_completion
-    from .engine.command import TcpListen
-    from .engine.server import start_engine
-    from .engine.starts import resolve_models, serve_config
+    from ..contract import schema as contract_mod
+    from ..engine.client import metrics_text, served_model, stream_completion
+    from ..engine.command import TcpListen
+    from ..engine.server import start_engine
+    from ..engine.starts import resolve_models, serve_config
+    from ..evidence import throughput
 
     c = contract_mod.load(contract_name)
     prompts = contract_mod.load_prompts(c)
@@ -442,9 +442,9 @@ AOT_LOADED = "Directly load AOT compilation"
 def compile_reuse(contract_name: str, cache_root: Path, out_dir: Path, say: Callable[[str], None] = print) -> Figure:
     """Two starts sharing an engine-state folder that starts empty: the first compiles and saves vLLM's AOT
     artifacts, the second should load them. Whether it did is read from the ranks' logs, not assumed."""
-    from . import contract as contract_mod
-    from .engine.server import start_engine
-    from .engine.starts import resolve_models, serve_config
+    from ..contract import schema as contract_mod
+    from ..engine.server import start_engine
+    from ..engine.starts import resolve_models, serve_config
 
     c = contract_mod.load(contract_name)
     config = serve_config(c, resolve_models(c, cache_root))
@@ -497,10 +497,10 @@ def _bare_progress(say: Callable[[str], None], index: int) -> Callable[[str, flo
 def bare_starts(contract_name: str, cache_root: Path, out_dir: Path, say: Callable[[str], None] = print) -> float:
     """The gates' engine work and nothing else: the contract's fresh starts, each streaming every prompt
     once, no audit, no metrics, no evidence. Returns the wall time in seconds."""
-    from . import contract as contract_mod
-    from .engine.client import served_model, stream_completion
-    from .engine.server import start_engine
-    from .engine.starts import resolve_models, serve_config
+    from ..contract import schema as contract_mod
+    from ..engine.client import served_model, stream_completion
+    from ..engine.server import start_engine
+    from ..engine.starts import resolve_models, serve_config
 
     t0 = time.perf_counter()
     c = contract_mod.load(contract_name)
@@ -595,9 +595,10 @@ def _graph_source(start) -> str:
 
 def session_drift(run_dir: Path) -> SessionDrift:
     """start-2 / start-1 of a run folder; a run without two completed starts with decode rates is an error."""
-    from . import evidence, gates
-    from .replay import recorded_contract
-    from .run_folder import read_starts
+    from ..evidence import record as evidence
+    from ..evidence.run_folder import read_starts
+    from ..judge import gates
+    from ..judge.replay import recorded_contract
 
     try:
         starts = read_starts(run_dir)
@@ -676,7 +677,7 @@ def schedule_contracts(contract_name: str, schedule: str, out_dir: Path) -> list
     """The contract (name or TOML path) of each session of a round: the contract as it is, or written under
     `out_dir` with its reproduction schedule replaced (both: sequential then interleaved, in one round, so that
     the two schedules' figures come from the same stretch of the machine's time)."""
-    from . import contract as contract_mod
+    from ..contract import schema as contract_mod
 
     if schedule not in SCHEDULES:
         raise BenchError(f"schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
@@ -736,7 +737,7 @@ def across_schedules(sequential: Sequence[SessionDrift], interleaved: Sequence[S
     """Whether the verdict's tok/s means the same under both schedules: each round's interleaved session against
     its sequential one (same contract, same stretch of the machine's time), start by start, as the geometric
     mean over rounds of the endpoint medians' ratio, with a bootstrap interval over rounds."""
-    from .throughput import geometric_ratio
+    from ..evidence.throughput import geometric_ratio
 
     rounds = [
         statistics.fmean(math.log(i / s) for s, i in zip(a.medians, b.medians, strict=True))
@@ -798,8 +799,8 @@ class PassDrift:
 
 def _measured_pass(client, model: str, prompts, tokens: int, timeout_s: float) -> tuple[dict[str, float], float]:
     """Each prompt's decode rate, recomputed from its arrival times as gate 7 does, and the pass's steal."""
-    from . import throughput
-    from .engine.client import stream_completion
+    from ..engine.client import stream_completion
+    from ..evidence import throughput
 
     steal0, total0 = cpu_ticks()
     requests = [
@@ -822,10 +823,10 @@ def steadiness_sessions(
 ) -> list[Figure]:
     """`sessions` starts, each measuring the gate prompts twice `gap_s` apart, as a gates start measures them
     (no warm-up request, the contract's tokens per request)."""
-    from . import contract as contract_mod
-    from .engine.client import served_model
-    from .engine.server import start_engine
-    from .engine.starts import resolve_models, serve_config
+    from ..contract import schema as contract_mod
+    from ..engine.client import served_model
+    from ..engine.server import start_engine
+    from ..engine.starts import resolve_models, serve_config
 
     c = contract_mod.load(contract_name)
     prompts = contract_mod.load_prompts(c)
@@ -863,7 +864,7 @@ def steadiness_sessions(
 
 def pass_drift(first: dict[str, float], second: dict[str, float], steal: tuple[float, float]) -> PassDrift | None:
     """Pass-2 / pass-1 both ways gate 7 reads two starts; None when no prompt has a rate in both."""
-    from . import throughput
+    from ..evidence import throughput
 
     paired = throughput.paired_ratio(first, second)
     if paired is None:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .run_folder import PROMOTION
+from ..evidence.run_folder import PROMOTION
 
 Pair = tuple[str, str]
 Outcome = Literal["passed", "failed", "skipped"]
@@ -368,7 +368,7 @@ def quality_summary(q: QualityDecision) -> list[tuple[str, dict[str, bool]]]:
 
 def sandbox_line(layers: list[str], unisolated_allowed: bool) -> tuple[str, dict[str, bool]]:
     """Which isolation the model-written code had: the OS layers, or a warning that there were none."""
-    from .quality.sandbox import has_os_layer
+    from ..isolation.sandbox import has_os_layer
 
     shown = ", ".join(layers) or "none"
     if has_os_layer(layers):
@@ -395,7 +395,7 @@ def write_unjudged(run_dir: Path, why: str) -> Path:
     """promotion.json of a folder that this session has not judged (yet): not promotable, and why. A
     folder's promotion.json is the verdict of the last session that used it, so an older PROMOTABLE never
     outlives a session that stopped before it could judge (a damaged replay, a bad contract, Ctrl-C)."""
-    from . import promotion
+    from ..evidence import promotion
 
     data = {"promotable": False, "complete": False, "judged": False, "run_dir": str(run_dir), "problems": [why]}
     return promotion.write(promotion.build(**data), run_dir / PROMOTION)
@@ -417,6 +417,6 @@ def write(decision: Decision | None, run_dir: Path, quality: QualityDecision | N
     )
     if quality is not None:
         data["quality"] = quality_record(quality)
-    from . import promotion
+    from ..evidence import promotion
 
     return promotion.write(promotion.build(**data), path)

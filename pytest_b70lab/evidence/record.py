@@ -15,9 +15,9 @@ from typing import Any, Final, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .contract import Kind
-from .digests import sha256_canonical, text_sha256
-from .errors import LabError
+from ..contract.schema import Kind
+from ..digests import sha256_canonical, text_sha256
+from ..errors import LabError
 
 SCHEMA: Final = "b70lab.evidence"
 # Version 2 adds the interleaved schedule (`schedule`, `repeats`); version-1 files still read, and carry neither.
@@ -49,7 +49,7 @@ class ModelRef(ClosedRecord):
     revision: str | None = None
     manifest_digest: str | None = None  # the mini model's manifest `model_digest` (target and draft)
     manifest_path: str | None = None
-    digest: str | None = None  # this checkpoint folder's own digest (pytest_b70lab.checkpoint)
+    digest: str | None = None  # this checkpoint folder's own digest (pytest_b70lab.evidence.checkpoint)
 
 
 class EngineInfo(ClosedRecord):
@@ -569,8 +569,8 @@ def contradictions(evidence: Evidence) -> list[str]:
     """Every recorded figure that can be recomputed from what it was derived from, against its recomputation:
     decode rates and the endpoint median from the token arrival times, hashes from what they hash, vLLM's
     own decode figures from the two /metrics texts, the contract digest from the contract's text."""
+    from ..contract.schema import Contract
     from . import throughput
-    from .contract import Contract
 
     out: list[str] = []
     for at, r in _every_request(evidence):

@@ -9,9 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import catalogue, gates, run_folder, verdict
-from .contract import Contract, load_prompts, select_prompts
-from .evidence import Evidence, Failure
+from ..contract.schema import Contract, load_prompts, select_prompts
+from ..evidence import run_folder
+from ..evidence.record import Evidence, Failure
+from . import catalogue, gates, verdict
 from .verdict import Decision, GateOutcome, Outcome
 
 # The folder of this repository's gate tests: the in-process outcomes are named as a session's items are.
@@ -148,7 +149,7 @@ def judge_folder(run_dir: Path, teacher_snapshots: Path, named: str | None = Non
     """A run folder's verdict judged now, as a replay under its recorded contract would reach it, with the
     checkpoint tables of the folder's own copy (no checkpoint is read: the surfaces that call this show saved
     runs on any machine)."""
-    from .evidence import EvidenceError
+    from ..evidence.record import EvidenceError
     from .replay import damaged_copies, judged_contract, recorded_before_identity
 
     starts = run_folder.read_starts(run_dir)
@@ -166,7 +167,7 @@ def judge_folder(run_dir: Path, teacher_snapshots: Path, named: str | None = Non
 def unrecorded_headline(run_dir: Path, teacher_snapshots: Path) -> str:
     """What `b70lab report` and `evidence show` print for a folder without promotion.json: the verdict judged
     now, said to be no promotion (nothing was recorded), or why it cannot be judged."""
-    from .errors import LabError
+    from ..errors import LabError
 
     prefix = f"No verdict recorded: {run_dir.name} has no {run_folder.PROMOTION}"
     try:

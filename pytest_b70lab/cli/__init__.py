@@ -13,7 +13,7 @@ NAMED_VARIANTS = ("target-only", "unquantized-kv")
 
 
 def _mini_build(args: argparse.Namespace) -> int:
-    from . import mini
+    from .. import mini
 
     t0 = time.monotonic()
     out = mini.build(args.out, force=args.force)
@@ -24,7 +24,7 @@ def _mini_build(args: argparse.Namespace) -> int:
 
 
 def _mini_verify(args: argparse.Namespace) -> int:
-    from . import mini
+    from .. import mini
 
     manifest = mini.verify(Path(args.folder))
     print(
@@ -42,7 +42,7 @@ def _mini_verify(args: argparse.Namespace) -> int:
 
 
 def _mini_export(args: argparse.Namespace) -> int:
-    from . import mini
+    from .. import mini
 
     root = args.cache_dir / "mini" if args.cache_dir else None
     folder = mini.build_int4(root) if args.int4 else mini.build(root)
@@ -53,7 +53,7 @@ def _mini_export(args: argparse.Namespace) -> int:
 def _mini_train(args: argparse.Namespace, rest: list[str]) -> int:
     """Everything after `mini train` goes to the trainer's own parser (it runs where only torch and
     transformers are installed, so it keeps its options; `--help` prints them)."""
-    from .mini import train
+    from ..mini import train
 
     return train.main(rest)
 
@@ -94,7 +94,8 @@ def _derive_text(table: dict) -> str:
 
 
 def _contract_derive(args: argparse.Namespace) -> int:
-    from . import checkpoint, mini
+    from .. import mini
+    from ..evidence import checkpoint
 
     folder = checkpoint.locate(args.checkpoint)
     table = checkpoint.read_table(folder, args.cache_dir or mini.default_cache_root(), source=args.checkpoint)
@@ -103,8 +104,9 @@ def _contract_derive(args: argparse.Namespace) -> int:
 
 
 def _contract_show(args: argparse.Namespace) -> int:
-    from . import contract, mini
-    from .engine.starts import describe
+    from .. import mini
+    from ..contract import schema as contract
+    from ..engine.starts import describe
 
     c = contract.load(args.name)
     print(describe(c.teacher() if args.teacher else c, args.cache_dir or mini.default_cache_root()))
@@ -114,7 +116,9 @@ def _contract_show(args: argparse.Namespace) -> int:
 def _contract_vary(args: argparse.Namespace) -> int:
     """Exit 1 when this machine would refuse a variant (the capability preflight, per variant): a sweep
     refuses it before any start."""
-    from . import capability, contract, variants
+    from ..contract import schema as contract
+    from ..contract import variants
+    from ..engine import capability
 
     base = contract.load(args.name)
     named = tuple(n.strip() for n in args.named.split(",") if n.strip()) if args.named else ()
@@ -136,10 +140,13 @@ def _sweep(args: argparse.Namespace) -> int:
     any start); 2 for a usage problem (a field the contract lacks, a value its rules forbid)."""
     import datetime as dt
 
-    from . import capability, contract, host, variants
-    from .mini.build import default_cache_root
-    from .report import sweep as sweep_page
-    from .sweep import plan, runner, table
+    from ..contract import schema as contract
+    from ..contract import variants
+    from ..engine import capability
+    from ..evidence import host
+    from ..mini.build import default_cache_root
+    from ..report import sweep as sweep_page
+    from ..sweep import plan, runner, table
 
     asked = _sweep_arguments(args)
     base = contract.load(args.contract)
@@ -225,8 +232,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _sweep_arguments(args: argparse.Namespace) -> dict:
     """What the sweep is asked for, as plan.json keeps it; with --resume, read back from there into `args`."""
-    from .errors import LabError
-    from .sweep import runner
+    from ..errors import LabError
+    from ..sweep import runner
 
     keys = ("contract", "vary", "named", "rounds", "prompts", "no_probe", "schedule")
     if args.resume is not None:
@@ -244,14 +251,15 @@ def _sweep_arguments(args: argparse.Namespace) -> dict:
     elif args.contract is None or args.out is None:
         raise LabError("b70lab sweep needs --contract and --out (or --resume DIR to continue a sweep)")
     if args.schedule in (None, "contract"):
-        from . import contract
+        from ..contract import schema as contract
 
         args.schedule = contract.load(args.contract).reproduction.schedule
     return {key: getattr(args, key) for key in keys}
 
 
 def _contract_list(args: argparse.Namespace) -> int:
-    from . import contract, project
+    from ..contract import project
+    from ..contract import schema as contract
 
     names = contract.available()
     if not names:
@@ -269,7 +277,7 @@ def _contract_list(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from . import bench, mini
+    from .. import bench, mini
 
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if unknown := [p for p in parts if p not in bench.PARTS]:
@@ -294,9 +302,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _probe_collectives(args: argparse.Namespace) -> int:
-    from . import contract, mini
-    from .engine.probe import probe_collectives
-    from .engine.starts import probe_environment
+    from .. import mini
+    from ..contract import schema as contract
+    from ..engine.probe import probe_collectives
+    from ..engine.starts import probe_environment
 
     c = contract.load(args.contract)
     world = c.engine.tensor_parallel
@@ -313,7 +322,8 @@ def _probe_collectives(args: argparse.Namespace) -> int:
 
 def _probe_capability(args: argparse.Namespace) -> int:
     """One line per thing the engine would refuse here for the contract; exit 1 when there is any."""
-    from . import capability, contract
+    from ..contract import schema as contract
+    from ..engine import capability
 
     c = contract.load(args.contract)
     machine = capability.Machine.observe(c.engine.device)
@@ -330,7 +340,7 @@ def _probe_capability(args: argparse.Namespace) -> int:
 def _sandbox_capability() -> str:
     """Which isolation gate 8's generated code gets here, and why any layer is missing (reported, not a
     problem of the engine's: the quality lane refuses by itself where there is none)."""
-    from .quality import sandbox
+    from ..isolation import sandbox
 
     layers = sandbox.os_layers()
     missing = "; ".join(f"{layer}: {why}" for layer, why in sandbox.PROBE_FAILURES.items())
@@ -343,7 +353,7 @@ def _sandbox_capability() -> str:
 
 
 def _evidence_show(args: argparse.Namespace) -> int:
-    from . import compare
+    from ..judge import compare
 
     print(compare.show(compare.load_run(args.run_dir)))
     return 0
@@ -351,8 +361,8 @@ def _evidence_show(args: argparse.Namespace) -> int:
 
 def _evidence_diff(args: argparse.Namespace) -> int:
     """Exit 0 when only the speed changed (or nothing), 1 when anything else did: usable from a script."""
-    from . import compare
-    from .records import store
+    from ..judge import compare
+    from ..records import store
 
     run_a, run_b = store.run_or_seal(args.run_a), store.run_or_seal(args.run_b)
     c = compare.compare_runs(compare.load_run(run_a), compare.load_run(run_b))
@@ -361,7 +371,7 @@ def _evidence_diff(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from . import report
+    from .. import report
 
     print(report.write(args.run_dir, args.out))
     return 0
@@ -580,8 +590,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from .bench import BUNDLE, DEFAULT_PARTS, PARTS  # stdlib-only module: cheap
-    from .defaults import DEFAULT_CONTRACT
+    from ..bench import BUNDLE, DEFAULT_PARTS, PARTS  # stdlib-only module: cheap
+    from ..contract.defaults import DEFAULT_CONTRACT
 
     bench_p = sub.add_parser(
         "bench",
@@ -638,7 +648,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_probe(sub: argparse._SubParsersAction) -> None:
-    from .defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
+    from ..contract.defaults import DEFAULT_CONTRACT, PROBE_DEADLINE_S
 
     probe_p = sub.add_parser(
         "probe", help="preflight checks without an engine: the fabric's collectives, what this machine can run"
@@ -747,12 +757,12 @@ def _add_records(sub: argparse._SubParsersAction) -> None:
 
 
 def _seal(args: argparse.Namespace) -> int:
-    from . import project
-    from .records.seal import seal
+    from ..contract import project
+    from ..records.seal import seal
 
     snapshots = args.snapshots or project.find("tests/gates/__snapshots__")
     folder = seal(args.run_dir.resolve(), args.name, snapshots, args.root, args.supersedes)
-    from .records import store
+    from ..records import store
 
     document = store.read(folder).document
     print(
@@ -763,7 +773,7 @@ def _seal(args: argparse.Namespace) -> int:
 
 
 def _records_list(args: argparse.Namespace) -> int:
-    from .records import store
+    from ..records import store
 
     seals = store.listing(args.root)
     if not seals:
@@ -781,8 +791,8 @@ def _records_list(args: argparse.Namespace) -> int:
 
 def _records_verify(args: argparse.Namespace) -> int:
     """Exit 0 when every seal asked for holds; 1 naming each file that differs or a verdict that moved."""
-    from . import judge
-    from .records import store
+    from ..judge import folder as judge
+    from ..records import store
 
     folders = [store.resolve(args.name)] if args.name else [s.folder for s in store.listing(args.root)]
     failed = 0
@@ -813,11 +823,11 @@ def _add_schema(sub: argparse._SubParsersAction) -> None:
 
 def _schema(args: argparse.Namespace) -> int:
     if args.document == "promotion":
-        from . import promotion
+        from ..evidence import promotion
 
         schema = promotion.json_schema()
     else:
-        from . import evidence
+        from ..evidence import record as evidence
 
         schema = evidence.Evidence.model_json_schema(by_alias=True)
     print(json.dumps(schema, indent=1, sort_keys=True))
@@ -825,7 +835,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import LabError
+    from ..errors import LabError
 
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -836,7 +846,3 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as e:
         print(f"b70lab: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -467,7 +467,7 @@ def _launch_config(
 
 
 def _rlimits(cpu_s: int, memory_mb: int, file_mb: int, max_pids: int, *, unprivileged: bool) -> dict[str, list[int]]:
-    from .. import processes  # parent side only
+    from . import processes  # parent side only
 
     nproc = max_pids
     if not unprivileged and os.geteuid() != 0:
@@ -534,7 +534,7 @@ def _teardown(proc: subprocess.Popen[bytes], cgroup: _PidsCgroup | None) -> int:
     orphan would go to this machine's init, which reaps only now and then), and with a PID namespace it is
     the namespace init's parent.
     """
-    from .. import processes  # parent side only: the launcher runs this file isolated, without the package
+    from . import processes  # parent side only: the launcher runs this file isolated, without the package
 
     if cgroup is not None:
         cgroup.kill()
@@ -568,14 +568,14 @@ def _teardown(proc: subprocess.Popen[bytes], cgroup: _PidsCgroup | None) -> int:
 
 
 def _signal(pid: int) -> None:
-    from .. import processes  # parent side only: the launcher runs this file isolated, without the package
+    from . import processes  # parent side only: the launcher runs this file isolated, without the package
 
     processes.signal_process(pid)
 
 
 def _kill_session(sid: int) -> int:
     """Kill live processes of the launcher's session (psutil does not expose the session id); count them."""
-    from .. import processes
+    from . import processes
 
     left = 0
     for _ in range(100):

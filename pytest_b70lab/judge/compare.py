@@ -14,12 +14,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import evidence, host, run_folder, throughput
+from ..errors import LabError
+from ..evidence import host, run_folder, throughput
+from ..evidence import record as evidence
+from ..evidence.record import Evidence
+from ..evidence.run_folder import Run
 from . import verdict as verdict_mod
-from .errors import LabError
-from .evidence import Evidence
 from .gates import first_difference
-from .run_folder import Run
 
 PROMOTION = run_folder.PROMOTION
 # Launch flags that name where this one start lived, not what it ran.
@@ -252,7 +253,8 @@ def headline(run: Run) -> tuple[str, str]:
     """(kind, line) of a run folder's verdict as `evidence show` and `b70lab report` print it: the recorded one,
     else the verdict judged now from the evidence (kind "none": nothing was recorded, nothing is promoted)."""
     if run.promotion is None and run.starts:
-        from . import judge, project
+        from ..contract import project
+        from . import folder as judge
 
         return "none", judge.unrecorded_headline(run.folder, project.find("tests/gates") / "__snapshots__")
     return verdict_mod.recorded_headline(run.promotion, run.starts, run.folder)

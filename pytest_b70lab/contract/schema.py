@@ -22,9 +22,9 @@ from pydantic import (
     model_validator,
 )
 
+from ..digests import bytes_sha256, sha256_canonical
+from ..errors import LabError
 from . import project
-from .digests import bytes_sha256, sha256_canonical
-from .errors import LabError
 
 # What a contract's starts are: the candidate promoted, its target-only teacher, or the unquantized-KV reference.
 Kind = Literal["candidate", "teacher", "reference"]
@@ -406,7 +406,7 @@ def load(name_or_path: str | Path) -> Contract:
 
 def repo_path(file: str) -> Path:
     """A file a contract names: relative paths are relative to the lab's repository (where fixtures/ is;
-    see pytest_b70lab.project)."""
+    see pytest_b70lab.contract.project)."""
     return project.find(file)
 
 
@@ -497,7 +497,7 @@ def read_pinned_jsonl(
 
 
 def available() -> list[str]:
-    """The contracts found by name: those of the first folder (pytest_b70lab.project.bases) that has any."""
+    """The contracts found by name: those of the first folder (pytest_b70lab.contract.project.bases) that has any."""
     return sorted(p.stem for p in project.find(CONTRACTS).glob("*.toml"))
 
 

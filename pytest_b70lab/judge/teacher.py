@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .contract import Contract
-from .digests import text_sha256
-from .errors import LabError
-from .evidence import Evidence, read_json, sha256_ids
+from ..contract.schema import Contract
+from ..digests import text_sha256
+from ..errors import LabError
+from ..evidence.record import Evidence, read_json, sha256_ids
 
 if TYPE_CHECKING:
     from .snapshots import JSONSnapshotExtension

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from .evidence import EvidenceError
+from ..evidence.record import EvidenceError
 
 RESERVE = ".b70lab-reserve"
 # A failed start's evidence holds every rank's last lines (~100 KB for the mini's six ranks), a served one

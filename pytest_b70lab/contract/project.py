@@ -12,7 +12,7 @@ from pathlib import Path
 
 # The folder above the package: the checkout of an editable install; site-packages for an installed wheel,
 # where the lookups below simply find nothing.
-_BESIDE_PACKAGE = Path(__file__).resolve().parent.parent
+_BESIDE_PACKAGE = Path(__file__).resolve().parents[2]
 _root: Path | None = None
 
 

@@ -46,8 +46,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .digests import add_moments, canonical_json, file_sha256, kv_scale_digest, moments, sha256_canonical
-from .errors import LabError
+from ..digests import add_moments, canonical_json, file_sha256, kv_scale_digest, moments, sha256_canonical
+from ..errors import LabError
 
 if TYPE_CHECKING:
     from _hashlib import HASH

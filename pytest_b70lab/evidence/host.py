@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .in_engine import cpu_emulation
+from ..in_engine import cpu_emulation
 
 CPUINFO = Path("/proc/cpuinfo")
 # The flags that matter to vLLM's CPU build and to torch's kernels, in the kernel's spelling.

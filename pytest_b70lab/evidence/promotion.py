@@ -10,7 +10,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import LabError
+from ..errors import LabError
 
 SCHEMA: Final = "b70lab.promotion"
 VERSION: Final = 1

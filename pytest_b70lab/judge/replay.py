@@ -13,11 +13,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import project
-from .contract import Contract, ContractError, load, resolve_path
-from .digests import bytes_sha256
-from .evidence import Evidence, EvidenceError
-from .run_folder import KIND_FOLDERS, PROMPTS_COPY, kind_dir
+from ..contract import project
+from ..contract.schema import Contract, ContractError, load, resolve_path
+from ..digests import bytes_sha256
+from ..evidence.record import Evidence, EvidenceError
+from ..evidence.run_folder import KIND_FOLDERS, PROMPTS_COPY, kind_dir
 
 # NAME@DIGEST: the recorded contract by its digest (a prefix of 12 or more hex digits is enough to name it).
 PINNED = re.compile(r"^(?P<name>[^@]+)@(?P<digest>[0-9a-f]{12,64})$")

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import throughput
-from .contract import Contract
-from .digests import add_moments, kv_scale_digest
-from .evidence import Evidence, Request, sha256_ids
-from .metrics import counter_by_label, counter_total, has_counter, info_labels
+from ..contract.schema import Contract
+from ..digests import add_moments, kv_scale_digest
+from ..evidence import throughput
+from ..evidence.metrics import counter_by_label, counter_total, has_counter, info_labels
+from ..evidence.record import Evidence, Request, sha256_ids
 
 # Every gate a promotion needs, and what it is judged per: each (start, rank), (start, prompt), start, or
 # the run as a whole. The verdict derives the required (gate, subject) pairs from this and the contract.
@@ -1212,7 +1212,7 @@ def load_audit(
     sum and sum of squares of what the ranks loaded equal those of the checkpoint tensors each engine
     parameter is made of. Moments see through tensor-parallel sharding, fusion, kernel repacking and zero
     padding; a tensor left at its initial value (a router bias at zero) or loaded from the wrong place
-    changes them. `target` / `draft` are checkpoint tables (pytest_b70lab.checkpoint); a checkpoint tensor
+    changes them. `target` / `draft` are checkpoint tables (pytest_b70lab.evidence.checkpoint); a checkpoint tensor
     that no parameter is made of fails, unless the contract exempts it by name with a reason."""
     c = _Check("load-audit", subject(start.start_index))
     if not _started(c, start):
