@@ -254,12 +254,10 @@ def _ask_quality(
     index: int,
     say: Progress,
 ) -> None:
-    from ..quality.judge import variants
-
     assert contract.quality is not None
     t0, failed = time.monotonic(), 0
     for sample in samples:
-        for variant in variants(sample):
+        for variant in sample.variants:
             answer = quality_answer(client, model, sample, variant, timeout_s=contract.quality.request_s)
             failed += answer.error is not None
             record.quality.append(answer)

@@ -21,11 +21,6 @@ from .samples import QualitySample
 Key = tuple[str, str]  # (sample id, variant)
 
 
-def variants(sample: QualitySample) -> tuple[str, ...]:
-    """The requests one sample makes: structured output is asked guided and unguided."""
-    return ("guided", "unguided") if sample.family == "structured" else ("",)
-
-
 def figure_of(sample: QualitySample, variant: str) -> str:
     if sample.family == "structured":
         return f"structured/{variant}"
@@ -37,7 +32,7 @@ def figure_of(sample: QualitySample, variant: str) -> str:
 def keys_by_figure(samples: Iterable[QualitySample]) -> dict[str, list[Key]]:
     out: dict[str, list[Key]] = {}
     for s in samples:
-        for v in variants(s):
+        for v in s.variants:
             out.setdefault(figure_of(s, v), []).append((s.id, v))
     return dict(sorted(out.items()))
 

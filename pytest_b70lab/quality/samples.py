@@ -65,6 +65,11 @@ class QualitySample(BaseModel):
             raise ValueError(f"a {self.family} sample needs {', '.join(missing)}")
         return self
 
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The requests this sample makes: structured output is asked guided and unguided."""
+        return ("guided", "unguided") if self.family == "structured" else ("",)
+
 
 def load(path: Path, sha256: str, count: int) -> list[QualitySample]:
     """The pinned quality prompt set, checked against its sha256 and count, ids unique."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import checks
-from .judge import Key, variants
+from .judge import Key
 from .samples import QualitySample
 
 
@@ -42,7 +42,7 @@ def score_all(
     return {
         (s.id, v): checks.score(s, answers[(s.id, v)], run=run, limits=limits)
         for s in samples
-        for v in variants(s)
+        for v in s.variants
         if (s.id, v) in answers
     }
 

@@ -48,6 +48,8 @@ ROOT_IN_ENGINE = {"vllm_entry", "worker_ext"}
 # What in-engine modules may import besides the standard library and each other. psutil: a rank's audit
 # reports its own process creation time, gate 7's evidence that a start is fresh.
 IN_ENGINE_LIBRARIES = {"vllm", "torch", "psutil"}
+# The one module of a judgement folder that the engine reads: the quality prompt set a start is asked.
+SERVED_SAMPLES = "quality.samples"
 # The walls a verdict is computed from: mypy types them strictly (pyproject.toml).
 STRICT_WALLS = {"ground", "data", "judgement", "workflow"}
 
@@ -112,32 +114,70 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     return {n: imports_of(n, p, set(names)) for n, p in names.items()}
 
 
+def _in_engine(t: str, ext: str | None, target: str | None, stdlib: set[str]) -> str | None:
+    if ext is not None and ext not in stdlib and ext not in IN_ENGINE_LIBRARIES:
+        return "in-engine modules import only the standard library, vLLM, torch and psutil"
+    if target is not None and target != "in-engine" and t not in ("", "errors"):
+        return "in-engine modules import no other module of the harness"
+    return None
+
+
+def _isolation(t: str, ext: str | None, target: str | None, stdlib: set[str]) -> str | None:
+    if ext is not None and ext not in stdlib:
+        return "isolation imports only the standard library"
+    if target is not None and target != "isolation" and t != "":
+        return "isolation imports no other module of the harness"
+    return None
+
+
+def _ground(t: str, ext: str | None, target: str | None, stdlib: set[str]) -> str | None:
+    if ext in ("pytest", "syrupy") or (target is not None and target not in ("ground", "in-engine")):
+        return "the ground imports only the ground (and in_engine's moments)"
+    return None
+
+
+def _mini(t: str, ext: str | None, target: str | None, stdlib: set[str]) -> str | None:
+    if target is not None and target not in ("ground", "data", "mini", "isolation"):
+        return "mini imports only data and the sandbox it runs generated code in"
+    return None
+
+
+def _data(t: str, ext: str | None, target: str | None, stdlib: set[str]) -> str | None:
+    if ext in ("pytest", "syrupy") or (target is not None and target not in ("ground", "data", "in-engine")):
+        return "data imports no pytest or syrupy, and of the harness only the ground and data"
+    return None
+
+
+def _engine(t: str, ext: str | None, target: str | None, stdlib: set[str]) -> str | None:
+    if target in ("judgement", "workflow") and t != SERVED_SAMPLES:
+        return "the engine imports no judgement (of quality/, only the samples it serves)"
+    return None
+
+
+def _judgement(t: str, ext: str | None, target: str | None, stdlib: set[str]) -> str | None:
+    if ext == "pytest" or target in ("engine", "mini", "workflow", "surface"):
+        return "judgement imports no pytest, engine, mini, workflow or surface"
+    return None
+
+
+# Each wall's own rule; the rules below them hold for every wall.
+WALL_RULES = {
+    "in-engine": _in_engine,
+    "isolation": _isolation,
+    "ground": _ground,
+    "mini": _mini,
+    "data": _data,
+    "engine": _engine,
+    "judgement": _judgement,
+}
+
+
 def _rule(module: str, t: str, ext: str | None, stdlib: set[str]) -> str | None:
     """The rule the import `module -> t` breaks, or None."""
     wall = wall_of(module)
     target = None if ext is not None else wall_of(t)
-    if wall == "in-engine":
-        if ext is not None and ext not in stdlib and ext not in IN_ENGINE_LIBRARIES:
-            return "in-engine modules import only the standard library, vLLM, torch and psutil"
-        if target is not None and target != "in-engine" and t not in ("", "errors"):
-            return "in-engine modules import no other module of the harness"
-    elif wall == "isolation":
-        if ext is not None and ext not in stdlib:
-            return "isolation imports only the standard library"
-        if target is not None and target != "isolation" and t != "":
-            return "isolation imports no other module of the harness"
-    elif wall == "ground":
-        if ext in ("pytest", "syrupy") or (target is not None and target not in ("ground", "in-engine")):
-            return "the ground imports only the ground (and in_engine's moments)"
-    elif wall == "mini":
-        if target is not None and target not in ("ground", "data", "mini", "isolation"):
-            return "mini imports only data and the sandbox it runs generated code in"
-    elif wall == "data":
-        if ext in ("pytest", "syrupy") or (target is not None and target not in ("ground", "data", "in-engine")):
-            return "data imports no pytest or syrupy, and of the harness only the ground and data"
-    elif wall == "judgement":
-        if ext == "pytest" or target in ("engine", "mini", "workflow", "surface"):
-            return "judgement imports no pytest, engine, mini, workflow or surface"
+    if (own := WALL_RULES.get(wall)) and (rule := own(t, ext, target, stdlib)):
+        return rule
     if ext == "syrupy" and module != "judge.snapshots":
         return "syrupy is imported through judge/snapshots.py alone"
     if target == "workflow" and wall not in ("workflow", "surface"):
@@ -253,7 +293,10 @@ def test_a_module_in_a_folder_without_a_wall_is_named(tmp_path: Path) -> None:
         ),
         ("quality.judge", "from ..records import store", "judgement imports no pytest, engine, mini, workflow"),
         ("judge.verdict", "import syrupy", "syrupy is imported through judge/snapshots.py alone"),
-        ("engine.starts", "from ..sweep import runner", "only a surface imports a workflow"),
+        ("engine.live", "from ..quality.judge import figure_of", "the engine imports no judgement"),
+        ("engine.capability", "from ..judge import verdict", "the engine imports no judgement"),
+        ("engine.starts", "from ..sweep import runner", "the engine imports no judgement"),
+        ("kernels.cpu", "from ..sweep import runner", "only a surface imports a workflow"),
         ("engine.starts", "from ..plugin import state", "nothing imports a surface"),
         ("sweep.runner", "from ..cli import main", "nothing imports a surface"),
     ],

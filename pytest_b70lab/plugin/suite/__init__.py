@@ -1,7 +1,7 @@
 """The gate suite the plugin ships: the tests of `pytest -m gates` and `pytest -m teacher`, collected in the
 lab's gates folder (`b70_gates_dir`, default tests/gates) as if they were files there, so that a lab repository
-that only installs the plugin has them. Each test is one call of the catalogue (catalogue.py), as the
-in-process judge (judge.py) is.
+that only installs the plugin has them. Each test is one call of the catalogue (judge/catalogue.py), as the
+in-process judge (judge/folder.py) is.
 
 A module here is collected under the file name in MODULES: the node ids (`tests/gates/test_rank_gates.py::
 test_launch_flags[start-2-rank-0]`), JUnit names and syrupy's snapshot paths (`__snapshots__/<folder>/
