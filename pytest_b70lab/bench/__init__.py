@@ -597,7 +597,7 @@ def session_drift(run_dir: Path) -> SessionDrift:
     """start-2 / start-1 of a run folder; a run without two completed starts with decode rates is an error."""
     from ..evidence import record as evidence
     from ..evidence.run_folder import read_starts
-    from ..judge import gates
+    from ..judge import reproduction
     from ..judge.replay import recorded_contract
 
     try:
@@ -613,7 +613,7 @@ def session_drift(run_dir: Path) -> SessionDrift:
         c = recorded_contract(starts, run_dir)
     except evidence.EvidenceError as e:
         raise BenchError(str(e)) from None
-    figures = gates.speed_figures(starts[:2], c)
+    figures = reproduction.speed_figures(starts[:2], c)
     medians, paired = figures.medians, figures.paired[0]
     if figures.problems:
         raise BenchError(f"{run_dir}: " + "; ".join(figures.problems))

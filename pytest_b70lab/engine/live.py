@@ -39,7 +39,7 @@ LOG_FINDINGS = {
 }
 # Also found, not by a pattern: "exception", the last line of every traceback a process printed for an
 # exception it raised (TracebackEnds; the tracebacks of exceptions Python ignored are left out). What
-# judges each kind, or why it is only informational: gates.LOG_FINDING_KINDS.
+# judges each kind, or why it is only informational: evidence_checks.LOG_FINDING_KINDS.
 EXCEPTION_FINDING = "exception"
 
 

@@ -20,7 +20,7 @@ from ..evidence import record as evidence
 from ..evidence.record import Evidence
 from ..evidence.run_folder import Run
 from . import verdict as verdict_mod
-from .gates import first_difference
+from .exactness import first_difference
 
 PROMOTION = run_folder.PROMOTION
 # Launch flags that name where this one start lived, not what it ran.

@@ -12,7 +12,7 @@ from typing import Any
 from ..contract.schema import Contract, load_prompts, select_prompts
 from ..evidence import run_folder
 from ..evidence.record import Evidence, Failure
-from . import catalogue, gates, verdict
+from . import catalogue, verdict
 from .verdict import Decision, GateOutcome, Outcome
 
 # The folder of this repository's gate tests: the in-process outcomes are named as a session's items are.
@@ -132,7 +132,7 @@ def judge(
     return Decision(
         contract.name,
         contract.digest,
-        gates.required_subjects(contract, every, {g.name: g.scope for g in added}),
+        catalogue.required_subjects(contract, every, {g.name: g.scope for g in added}),
         outcomes(inputs, blocked, added),
         list(problems),
         [blocked] if blocked else [],

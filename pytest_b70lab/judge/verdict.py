@@ -1,6 +1,6 @@
 """The promotion verdict: what a promotion needs, what actually ran, and what that allows one to say.
 
-The required (gate, subject) pairs come from the contract alone (`gates.required_subjects`); the outcomes
+The required (gate, subject) pairs come from the contract alone (`catalogue.required_subjects`); the outcomes
 come from the gate tests' reports. PROMOTABLE means every required pair ran and passed and no other gate
 test failed. A required pair that never ran (deselected with -k, --deselect, --lf or a marker subset, lost
 with an xdist worker, or never collected) makes the run incomplete; one that was skipped counts as failed,

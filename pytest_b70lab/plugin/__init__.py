@@ -395,19 +395,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.user_properties.append((GATE_TEST_PROPERTY, True))
         if (mark := item.get_closest_marker("b70_gate")) is None:
             continue
-        from ..judge import gates
+        from ..judge import catalogue, rules
 
         name = mark.args[0] if mark.args else None
         extra = item.config.stash[STATE].extra_gates
-        if name not in gates.SCOPES and name not in extra:
+        if name not in catalogue.SCOPES and name not in extra:
             added = f"; added by plugins: {', '.join(extra)}" if extra else ""
             pytest.exit(
                 f"b70lab: {item.nodeid}: b70_gate({name!r}) is not a gate of the catalogue "
-                f"({', '.join(gates.CATALOGUE)}){added}",
+                f"({', '.join(catalogue.GATE_NAMES)}){added}",
                 returncode=pytest.ExitCode.USAGE_ERROR,
             )
         params = item.callspec.params if hasattr(item, "callspec") else {}
-        subject = gates.subject(params.get("b70_start"), params.get("b70_rank"), params.get("b70_prompt"))
+        subject = rules.subject(params.get("b70_start"), params.get("b70_rank"), params.get("b70_prompt"))
         item.user_properties += [(GATE_PROPERTY, name), (SUBJECT_PROPERTY, subject)]
 
 

@@ -196,7 +196,7 @@ class VerdictReporter:
     def decision(self) -> Decision | None:
         """Decided once, after the last report (None when no gate test ran: not a gates session)."""
         if self._decision is None and self.outcomes:
-            from ..judge import gates, verdict
+            from ..judge import catalogue, verdict
 
             problems: list[str] = []
             required: list[tuple[str, str]] = []
@@ -205,7 +205,7 @@ class VerdictReporter:
                 contract = self.state.contract
                 name, digest = contract.name, contract.digest
                 problems += self.state.contract_problems
-                required = gates.required_subjects(
+                required = catalogue.required_subjects(
                     contract, [p.id for p in prompt_set(self.state.config, contract)], self.state.extra_gates
                 )
             except lab_errors() as e:

@@ -201,16 +201,16 @@ def contract_setting(config: pytest.Config) -> str | None:
 
 
 def declared_gates(config: pytest.Config, catalogued: Mapping[str, Any] | None = None) -> dict[str, str]:
-    from ..judge import gates
+    from ..judge import catalogue
 
     declared: dict[str, str] = {}
     answers = [*config.hook.pytest_b70lab_gates(config=config), {n: g.scope for n, g in (catalogued or {}).items()}]
     for answer in answers:
         for name, scope in dict(answer or {}).items():
-            if name in gates.SCOPES:
+            if name in catalogue.SCOPES:
                 problem = f"{name!r} is a gate of the catalogue already"
-            elif scope not in gates.SCOPE_NAMES:
-                problem = f"gate {name!r} has scope {scope!r}; a scope is one of {', '.join(gates.SCOPE_NAMES)}"
+            elif scope not in catalogue.SCOPE_NAMES:
+                problem = f"gate {name!r} has scope {scope!r}; a scope is one of {', '.join(catalogue.SCOPE_NAMES)}"
             elif declared.get(name, scope) != scope:
                 problem = f"gate {name!r} is declared with two scopes, {declared[name]!r} and {scope!r}"
             else:

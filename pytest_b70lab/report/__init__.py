@@ -21,9 +21,9 @@ from ..evidence import record as evidence_mod
 from ..evidence.metrics import ACCEPTED_PER_POS, DRAFTS, Acceptance, acceptance
 from ..evidence.record import Evidence, EvidenceError, ModelRef, Request
 from ..evidence.run_folder import Run
-from ..judge import gates
+from ..judge import reproduction
+from ..judge.catalogue import GATE_NAMES as CATALOGUE
 from ..judge.compare import headline as run_headline
-from ..judge.gates import CATALOGUE
 from ..judge.replay import recorded_contract
 
 FILENAME = "report.html"
@@ -76,16 +76,16 @@ def tolerance(start: Evidence, figure: str = "throughput_tolerance") -> float | 
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def speed(starts: Sequence[Evidence]) -> gates.SpeedFigures | None:
+def speed(starts: Sequence[Evidence]) -> reproduction.SpeedFigures | None:
     """Gate 7's figures of these starts under the contract they were recorded with (its schedule decides how
     they are taken: per prompt over the passes, when interleaved); None when there is no one recorded contract."""
     try:
-        return gates.speed_figures(list(starts), recorded_contract(starts, Path("<run folder>")))
+        return reproduction.speed_figures(list(starts), recorded_contract(starts, Path("<run folder>")))
     except EvidenceError:
         return None
 
 
-def _median(figures: gates.SpeedFigures | None, starts: Sequence[Evidence], start: Evidence) -> float | None:
+def _median(figures: reproduction.SpeedFigures | None, starts: Sequence[Evidence], start: Evidence) -> float | None:
     at = next((i for i, s in enumerate(starts) if s is start), None)
     if figures is not None and at is not None:
         return figures.medians[at]

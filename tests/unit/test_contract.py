@@ -56,16 +56,16 @@ def test_the_teacher_expects_the_targets_graphs_alone() -> None:
     """On CPU each model's forward is one compiled graph: the teacher lacks the draft's. The recorded teacher
     bundle compiled exactly that many on every rank; elsewhere (XPU, piecewise) nothing is assumed."""
     from pytest_b70lab.evidence import record as evidence
-    from pytest_b70lab.judge.folder import gates
+    from pytest_b70lab.judge import topology
 
     c = contract.load("mini-laguna-cpu")
     assert (c.expect.compile_graphs, c.teacher().expect.compile_graphs) == (2, 1)
     recorded = evidence.read(Path(__file__).parents[2] / "fixtures/evidence/mini-laguna-cpu-teacher/start-1")
     for rank in range(c.engine.tensor_parallel):
-        assert gates.compile_topology(recorded, rank, c.teacher()).passed
-        assert not gates.compile_topology(recorded, rank, c.teacher().model_copy(update={"expect": c.expect})).passed, (
-            "the candidate's count is not the target's alone"
-        )
+        assert topology.compile_topology(recorded, rank, c.teacher()).passed
+        assert not topology.compile_topology(
+            recorded, rank, c.teacher().model_copy(update={"expect": c.expect})
+        ).passed, "the candidate's count is not the target's alone"
     production = contract.load("laguna-s-2.1-int4-fp8kv-b70")
     assert production.teacher().expect.compile_graphs == production.expect.compile_graphs
 

@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 from pytest_b70lab.contract import schema as contract_mod
 from pytest_b70lab.contract.schema import Contract, ContractError
 from pytest_b70lab.evidence import record as evidence
-from pytest_b70lab.judge import teacher
-from pytest_b70lab.judge.folder import gates
+from pytest_b70lab.judge import exactness, teacher
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = REPO / "fixtures" / "contracts" / "mini-laguna-cpu.toml"
@@ -191,7 +190,7 @@ def test_an_edited_teacher_identity_fails_the_exactness_gate_naming_the_snapshot
     snap["teacher"][field] = (
         value + junk if isinstance(value, str) else [*value, junk] if field == "engine_speculative_config" else [junk]
     )
-    verdict = gates.teacher_exactness(start, prompt, run["contract"], snap, str(path))
+    verdict = exactness.teacher_exactness(start, prompt, run["contract"], snap, str(path))
     assert not verdict.passed
     assert str(path) in verdict.explain()
 

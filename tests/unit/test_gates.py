@@ -20,8 +20,19 @@ from pytest_b70lab.engine.starts import checkpoint_tables
 from pytest_b70lab.evidence import metrics
 from pytest_b70lab.evidence.record import Evidence, sha256_ids
 from pytest_b70lab.evidence.run_folder import PROMPTS_COPY, read_starts
-from pytest_b70lab.judge import teacher
-from pytest_b70lab.judge.folder import gates
+from pytest_b70lab.judge import (
+    catalogue,
+    cold_prompts,
+    engine_resolution,
+    evidence_checks,
+    exactness,
+    load_audit,
+    reproduction,
+    rules,
+    scale_audits,
+    teacher,
+    topology,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
@@ -59,38 +70,38 @@ class Run:
         return [p.id for p in load_prompts(self.contract, fallback=BUNDLE / PROMPTS_COPY)]
 
 
-def all_verdicts(run: Run) -> list[gates.Verdict]:
+def all_verdicts(run: Run) -> list[rules.Verdict]:
     c = run.contract
-    out: list[gates.Verdict] = []
+    out: list[rules.Verdict] = []
     target, draft = run.tables.get("target"), run.tables.get("draft")
     for s in run.starts:
         for r in run.ranks:
             out += [
-                gates.target_scale_audit(s, r, c, (target or {}).get("kv_scales")),
-                gates.draft_cache_audit(s, r, c),
-                gates.engine_resolution(s, r, c),
-                gates.compile_topology(s, r, c),
-                gates.launch_flags(s, r, c),
+                scale_audits.target_scale_audit(s, r, c, (target or {}).get("kv_scales")),
+                scale_audits.draft_cache_audit(s, r, c),
+                engine_resolution.engine_resolution(s, r, c),
+                topology.compile_topology(s, r, c),
+                engine_resolution.launch_flags(s, r, c),
             ]
-        out.append(gates.load_audit(s, c, target, draft, run.tables.get("problems")))
+        out.append(load_audit.load_audit(s, c, target, draft, run.tables.get("problems")))
         for p in run.prompts:
             out += [
-                gates.cold_prompt(s, p),
-                gates.token_count(s, p, c),
-                gates.teacher_exactness(s, p, c, run.snapshots.get(p), f"<snapshot {p}>"),
+                cold_prompts.cold_prompt(s, p),
+                exactness.token_count(s, p, c),
+                exactness.teacher_exactness(s, p, c, run.snapshots.get(p), f"<snapshot {p}>"),
             ]
-        out += [gates.metrics_agree(s, c), gates.spec_counters(s, c)]
+        out += [engine_resolution.metrics_agree(s, c), engine_resolution.spec_counters(s, c)]
         out += [
-            gates.evidence_start(s),
-            gates.evidence_ranks(s, c, run.log_sizes.get(s.start_index)),
-            gates.evidence_metrics(s),
-            gates.evidence_prompts(s, run.prompts, c),
-            gates.evidence_teardown(s),
-            gates.evidence_exposure(s),
-            gates.evidence_probe(s, c),
-            gates.evidence_logs(s),
+            evidence_checks.evidence_start(s),
+            evidence_checks.evidence_ranks(s, c, run.log_sizes.get(s.start_index)),
+            evidence_checks.evidence_metrics(s),
+            evidence_checks.evidence_prompts(s, run.prompts, c),
+            evidence_checks.evidence_teardown(s),
+            evidence_checks.evidence_exposure(s),
+            evidence_checks.evidence_probe(s, c),
+            evidence_checks.evidence_logs(s),
         ]
-    out.append(gates.reproduction(run.starts, c))
+    out.append(reproduction.reproduction(run.starts, c))
     return out
 
 
@@ -174,10 +185,10 @@ def test_a_declared_allreduce_fallback_is_not_a_backend_fallback(recorded: Run) 
     for s in run.starts:
         s.engine.environment["VLLM_CPU_SHM_ALLREDUCE"] = "0"
         s.log_findings["backend_fallback"] = [SHM_ALLREDUCE_FALLBACK]
-    assert all(gates.engine_resolution(s, r, run.contract).passed for s in run.starts for r in run.ranks)
+    assert all(engine_resolution.engine_resolution(s, r, run.contract).passed for s in run.starts for r in run.ranks)
     backend_fallback_logged(run)
     run.starts[0].log_findings["backend_fallback"].insert(0, SHM_ALLREDUCE_FALLBACK)
-    verdict = gates.engine_resolution(run.starts[0], 0, run.contract)
+    verdict = engine_resolution.engine_resolution(run.starts[0], 0, run.contract)
     assert not verdict.passed and "Cannot use AttentionBackendEnum.FLASH_ATTN" in verdict.explain()
 
 
@@ -272,7 +283,7 @@ def test_the_recorded_run_compiled_once_and_loaded_once(recorded: Run) -> None:
             audit = _audit(recorded, index, r)
             assert {m["source"] for m in audit["compiled_modules"]} == {source}
             assert len(audit["compiled_modules"]) == c.expect.compile_graphs
-            verdict = gates.compile_topology(recorded.starts[index], r, c)
+            verdict = topology.compile_topology(recorded.starts[index], r, c)
             assert verdict.passed, verdict.explain()
     assert _audit(recorded, 1, 0)["compile_counters"]["dynamo_unique_graphs"] == 0
 
@@ -295,7 +306,7 @@ def _every(start: Evidence) -> list:
 def _recorded_paired(run: Run) -> float:
     """Start-2 / start-1 of the recorded bundle, as gate 7 figures it: a mutation that sets the paired figure
     scales from it (stretching every request of a start by f moves every pair's ratio, so the figure, by 1/f)."""
-    paired = gates.reproduction(run.starts, run.contract).observed.get("paired_ratio_start2")
+    paired = reproduction.reproduction(run.starts, run.contract).observed.get("paired_ratio_start2")
     assert paired is not None
     return paired
 
@@ -597,7 +608,7 @@ def no_server_log(run: Run) -> None:
 
 
 def no_rank_log(run: Run) -> None:
-    run.starts[1].logs.pop(gates.rank_log_name(run.contract, 1))
+    run.starts[1].logs.pop(engine_resolution.rank_log_name(run.contract, 1))
 
 
 def log_not_scanned(run: Run) -> None:
@@ -879,30 +890,30 @@ def test_each_gate_fails_closed_when_its_data_is_removed(recorded: Run, remove, 
 
 def test_the_required_subjects_come_from_the_contract(recorded: Run) -> None:
     c = recorded.contract
-    required = gates.required_subjects(c, recorded.prompts)
+    required = catalogue.required_subjects(c, recorded.prompts)
     starts, ranks, prompts = c.reproduction.fresh_starts, c.engine.tensor_parallel, len(recorded.prompts)
-    checks = len(gates.EVIDENCE_CHECK_SCOPES)
+    checks = len(catalogue.EVIDENCE_CHECK_SCOPES)
     assert len(required) == len(set(required)) == starts * (5 * ranks + 3 * prompts + 3 + checks) + 1
     assert ("cold-prompt", f"start-2 prompt:{recorded.prompts[-1]}") in required and (
         "fresh-start-reproduction",
         "run",
     ) in required
-    teacher_only = {g for g, _ in gates.required_subjects(c.teacher(), recorded.prompts)}
-    assert teacher_only == set(gates.CATALOGUE) - gates.SPECULATIVE_GATES
+    teacher_only = {g for g, _ in catalogue.required_subjects(c.teacher(), recorded.prompts)}
+    assert teacher_only == set(catalogue.GATE_NAMES) - catalogue.SPECULATIVE_GATES
 
 
 def test_each_verdict_is_of_its_declared_subject(recorded: Run) -> None:
-    required = set(gates.required_subjects(recorded.contract, recorded.prompts))
+    required = set(catalogue.required_subjects(recorded.contract, recorded.prompts))
     assert {(v.gate, v.subject) for v in all_verdicts(recorded)} == required
 
 
 def test_every_gate_has_a_mutation_that_fails_it() -> None:
     covered = {gate for _, gate, _ in MUTATIONS}
-    assert covered == set(gates.CATALOGUE)
+    assert covered == set(catalogue.GATE_NAMES)
 
 
 def test_every_gate_has_a_removal_that_fails_it() -> None:
-    assert {gate for _, gate, _ in REMOVALS} == set(gates.CATALOGUE)
+    assert {gate for _, gate, _ in REMOVALS} == set(catalogue.GATE_NAMES)
 
 
 # --- the teacher belongs to the target -----------------------------------------------------------------
@@ -926,7 +937,7 @@ def test_candidates_differing_only_in_the_draft_share_one_teacher(recorded: Run)
         SNAPSHOTS, recorded.contract, "x"
     )
     verdicts = [
-        gates.teacher_exactness(s, p, run.contract, run.snapshots[p], f"<snapshot {p}>")
+        exactness.teacher_exactness(s, p, run.contract, run.snapshots[p], f"<snapshot {p}>")
         for s in run.starts
         for p in run.prompts
     ]
@@ -936,7 +947,7 @@ def test_candidates_differing_only_in_the_draft_share_one_teacher(recorded: Run)
 def test_a_candidate_with_another_target_meets_a_foreign_teacher(recorded: Run) -> None:
     run = recorded.clone()
     run.starts[0].target.digest = "a" * 64
-    v = gates.teacher_exactness(run.starts[0], run.prompts[0], run.contract, run.snapshots[run.prompts[0]], "<s>")
+    v = exactness.teacher_exactness(run.starts[0], run.prompts[0], run.contract, run.snapshots[run.prompts[0]], "<s>")
     assert not v.passed and any("foreign teacher: <s> was recorded on target checkpoint" in r for r in v.reasons), (
         v.reasons
     )
@@ -946,7 +957,7 @@ def test_a_teacher_mismatch_names_the_first_differing_token_and_the_text(recorde
     run = recorded.clone()
     changed_token(run)
     r = run.starts[1].requests[0]
-    v = gates.teacher_exactness(run.starts[1], r.prompt_id, run.contract, run.snapshots[r.prompt_id], "<s>")
+    v = exactness.teacher_exactness(run.starts[1], r.prompt_id, run.contract, run.snapshots[r.prompt_id], "<s>")
     want = run.snapshots[r.prompt_id]["token_ids"][5]
     assert any(
         f"from token 5 on (this run {r.token_ids[5]}, teacher {want})" in x and "text here" in x for x in v.reasons
@@ -968,13 +979,13 @@ def test_a_consistent_per_prompt_shift_fails_whatever_the_medians_do(recorded: R
     data = run.contract.canonical()
     data["reproduction"]["paired_tolerance"] = 0.10
     tight = Contract.model_validate(data, strict=False)
-    verdict = gates.reproduction(run.starts, tight)
+    verdict = reproduction.reproduction(run.starts, tight)
     assert not verdict.passed and len(verdict.reasons) == 1, verdict.reasons
     assert "paired figure start-2 / start-1" in verdict.reasons[0] and "tolerance 10%" in verdict.reasons[0]
     level = recorded.clone()  # the same starts with start-2 brought to a paired figure of 1: it passes
     for r in _every(level.starts[1]):
         r.chunk_times = [t * _recorded_paired(recorded) for t in r.chunk_times]
-    before = gates.reproduction(level.starts, tight)
+    before = reproduction.reproduction(level.starts, tight)
     assert before.passed, before.reasons
     shifted, unshifted = verdict.observed["paired_ratio_start2"], before.observed["paired_ratio_start2"]
     assert unshifted == pytest.approx(1, abs=1e-3) and shifted == pytest.approx(1 / 1.15, abs=1e-3)
@@ -987,14 +998,15 @@ def test_an_unquantized_kv_contract_wants_the_cache_in_the_model_dtype(recorded)
     that, and the FP8-only gates (the scale audit, teacher exactness) are not the reference's to pass."""
     run = recorded.clone()
     auto = run.contract.model_copy(update={"engine": run.contract.engine.model_copy(update={"kv_cache_dtype": "auto"})})
-    verdict = gates.engine_resolution(run.starts[0], 0, auto)
+    verdict = engine_resolution.engine_resolution(run.starts[0], 0, auto)
     assert not verdict.passed
     assert "KV cache tensor is 'uint8', the contract's KV dtype 'auto' stores it as 'float32'" in verdict.explain()
     reference = run.contract.unquantized_kv_reference()
     assert (
-        set(gates.CATALOGUE) - set(gates.applicable_gates(reference)) == gates.SPECULATIVE_GATES | gates.FP8_ONLY_GATES
+        set(catalogue.GATE_NAMES) - set(catalogue.applicable_gates(reference))
+        == catalogue.SPECULATIVE_GATES | catalogue.FP8_ONLY_GATES
     )
-    assert set(gates.applicable_gates(run.contract)) == set(gates.CATALOGUE)
+    assert set(catalogue.applicable_gates(run.contract)) == set(catalogue.GATE_NAMES)
 
 
 def test_ranks_past_ten_are_in_numeric_order(recorded: Run) -> None:
@@ -1005,6 +1017,6 @@ def test_ranks_past_ten_are_in_numeric_order(recorded: Run) -> None:
     contract = Contract.model_validate(data, strict=False)
     start = run.starts[0]
     start.audits = [{**start.audits[0], "tp_rank": r} for r in reversed(range(12))]
-    verdict = gates.evidence_ranks(start, contract)
+    verdict = evidence_checks.evidence_ranks(start, contract)
     assert verdict.observed["audited_ranks"] == list(range(12))
     assert not any("audits from TP ranks" in reason for reason in verdict.reasons), verdict.reasons

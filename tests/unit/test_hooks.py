@@ -34,7 +34,7 @@ def pytest_b70lab_verdict(config, decision, quality, run_dir):
 LATENCY_TEST = """
 import os
 import pytest
-from pytest_b70lab.judge import gates
+from pytest_b70lab.judge import rules
 
 pytestmark = pytest.mark.gates
 
@@ -43,7 +43,7 @@ def test_first_token_latency(b70_start_evidence, b70_start, b70_verdict):
     limit = float(os.environ["FIRST_TOKEN_LIMIT_S"])
     slowest = max(r.chunk_times[0] for r in b70_start_evidence.requests)
     reasons = [] if slowest <= limit else [f"slowest first token {slowest:.3f} s > {limit} s"]
-    b70_verdict(gates.Verdict("first-token-latency", gates.subject(b70_start), not reasons, reasons,
+    b70_verdict(rules.Verdict("first-token-latency", rules.subject(b70_start), not reasons, reasons,
                               {"slowest_first_token_s": slowest}))
 """
 
@@ -148,13 +148,13 @@ def test_a_gate_nobody_declared_is_refused_naming_the_declared_ones(pytester) ->
 # inputs, its test one call of b70_gate_check, and the in-process judge takes the same entry.
 CATALOGUED_PLUGIN = """
 import os
-from pytest_b70lab.judge import catalogue, gates
+from pytest_b70lab.judge import catalogue, rules
 
 def first_token_latency(inputs, subject):
     limit = float(os.environ["FIRST_TOKEN_LIMIT_S"])
     slowest = max(r.chunk_times[0] for r in subject.start.requests)
     reasons = [] if slowest <= limit else [f"slowest first token {slowest:.3f} s > {limit} s"]
-    return gates.Verdict("first-token-latency", subject.name, not reasons, reasons, {"slowest_first_token_s": slowest})
+    return rules.Verdict("first-token-latency", subject.name, not reasons, reasons, {"slowest_first_token_s": slowest})
 
 FIRST_TOKEN = catalogue.Gate(
     "first-token-latency", (catalogue.START,), "test_latency.py::test_first_token_latency", first_token_latency,

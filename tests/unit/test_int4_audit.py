@@ -19,7 +19,7 @@ from pytest_b70lab.contract.schema import Contract
 from pytest_b70lab.engine.starts import checkpoint_tables
 from pytest_b70lab.evidence.record import Evidence
 from pytest_b70lab.evidence.run_folder import read_starts
-from pytest_b70lab.judge.folder import gates
+from pytest_b70lab.judge import engine_resolution, load_audit, rules
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu-int4"
@@ -40,8 +40,8 @@ class Int4Run:
     def audit(self, rank: int, start: int = 0) -> dict:
         return next(a for a in self.starts[start].audits if a["tp_rank"] == rank)
 
-    def load_audit(self, start: int = 0) -> gates.Verdict:
-        return gates.load_audit(
+    def load_audit(self, start: int = 0) -> rules.Verdict:
+        return load_audit.load_audit(
             self.starts[start], self.contract, self.tables["target"], self.tables["draft"], self.tables.get("problems")
         )
 
@@ -68,7 +68,7 @@ def test_the_recorded_int4_run_passes_the_load_audit_over_every_packed_tensor(re
 def test_the_recorded_int4_run_ran_the_portable_path_on_every_rank(recorded: Int4Run) -> None:
     for start in recorded.starts:
         for rank in range(2):
-            verdict = gates.engine_resolution(start, rank, recorded.contract)
+            verdict = engine_resolution.engine_resolution(start, rank, recorded.contract)
             assert verdict.passed, verdict.explain()
             layers = verdict.observed["int4_layers"]
             assert set(layers) == {"linear portable", "moe portable"} and layers["moe portable"] == 3, layers
@@ -125,12 +125,12 @@ def test_a_fused_weight_shape_may_be_any_members_and_nothing_else(recorded: Int4
 
 def test_loaded_alternatives_split_only_a_fused_weight_shape() -> None:
     parts = [f"m.layers.0.self_attn.{p}_proj.weight_shape" for p in "qkv"]
-    alternatives = gates.loaded_alternatives("m.layers.0.self_attn.qkv_proj.weight_shape", parts)
+    alternatives = load_audit.loaded_alternatives("m.layers.0.self_attn.qkv_proj.weight_shape", parts)
     assert sorted(alternatives) == sorted([p] for p in parts)
     packed = [p.replace("weight_shape", "weight_packed") for p in parts]
-    assert gates.loaded_alternatives("m.layers.0.self_attn.qkv_proj.weight_packed", packed) == [packed]
+    assert load_audit.loaded_alternatives("m.layers.0.self_attn.qkv_proj.weight_packed", packed) == [packed]
     experts = [f"m.experts.{e}.{p}.weight_shape" for e in range(2) for p in ("gate_proj", "up_proj")]
-    alternatives = gates.loaded_alternatives("m.experts.w13_weight_shape", experts)
+    alternatives = load_audit.loaded_alternatives("m.experts.w13_weight_shape", experts)
     assert alternatives == [[e for e in experts if "gate_proj" in e], [e for e in experts if "up_proj" in e]]
 
 
@@ -155,6 +155,6 @@ def test_gate_3_holds_the_int4_path_to_the_contract(recorded: Int4Run, accepted:
         del audit["int4"]
     elif mutate == "none":
         audit["int4"].update(linear={}, moe={})
-    verdict = gates.engine_resolution(run.starts[0], 1, contract)
+    verdict = engine_resolution.engine_resolution(run.starts[0], 1, contract)
     assert not verdict.passed and message in verdict.explain(), verdict.explain()
     assert "rank 1" in verdict.explain()

@@ -204,16 +204,16 @@ def test_version_1_evidence_still_reads_and_is_judged_sequentially() -> None:
     """The embedded default's bundle as recorded before the schedule existed (version 1, its two starts one after
     the other, under the contract of then): it reads, and gate 7 judges it as it did, one request per prompt."""
     from pytest_b70lab.evidence.run_folder import read_starts
-    from pytest_b70lab.judge.folder import gates
+    from pytest_b70lab.judge import reproduction
 
     starts = read_starts(SEQUENTIAL_V1)
     assert [(s.version, s.schedule, s.repeats) for s in starts] == [(1, None, [])] * 2
     recorded = contract.Contract.model_validate(starts[0].contract.canonical, strict=False)
     assert recorded.reproduction.schedule == "sequential"
-    verdict = gates.reproduction(starts, recorded)
+    verdict = reproduction.reproduction(starts, recorded)
     assert verdict.passed, verdict.reasons
     paired = throughput.paired_ratio(*(throughput.arrival_rates(s.requests)[0] for s in starts))
     assert paired is not None and verdict.observed["paired_ratio_start2"] == round(paired.ratio, 4)
     # The same starts judged under today's interleaved contract: no schedule in the evidence, named.
-    today = gates.reproduction(starts, contract.load("mini-laguna-cpu"))
+    today = reproduction.reproduction(starts, contract.load("mini-laguna-cpu"))
     assert not today.passed and any("evidence.schedule is absent" in r for r in today.reasons), today.reasons

@@ -18,9 +18,8 @@ from pytest_b70lab.engine.logs import failure_headline
 from pytest_b70lab.engine.starts import tables_or_why
 from pytest_b70lab.evidence import record as evidence
 from pytest_b70lab.evidence.run_folder import TABLES_COPY, read_starts
+from pytest_b70lab.judge import catalogue, replay, verdict
 from pytest_b70lab.judge import folder as judge
-from pytest_b70lab.judge import replay
-from pytest_b70lab.judge.folder import catalogue, gates, verdict
 from pytest_b70lab.plugin import suite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,14 +117,14 @@ def _one_per_gate() -> list[tuple[Any, str]]:
         for mutate, gate, _ in [*MUTATIONS, (a_request_one_token_short, "evidence-prompts", "")]:
             if gate not in chosen and _carried(mutate, Path(tmp)):
                 chosen[gate] = mutate
-    return sorted(chosen.items(), key=lambda kv: list(gates.CATALOGUE).index(kv[0]))
+    return sorted(chosen.items(), key=lambda kv: list(catalogue.GATE_NAMES).index(kv[0]))
 
 
 ONE_PER_GATE = _one_per_gate()
 
 
 def test_every_gate_has_a_folder_mutation() -> None:
-    assert {gate for gate, _ in ONE_PER_GATE} == set(gates.CATALOGUE)
+    assert {gate for gate, _ in ONE_PER_GATE} == set(catalogue.GATE_NAMES)
 
 
 @pytest.mark.parametrize(("gate", "mutate"), ONE_PER_GATE, ids=[g for g, _ in ONE_PER_GATE])
@@ -148,7 +147,7 @@ def test_the_catalogue_is_the_sessions_gate_tests(pytester: pytest.Pytester) -> 
         "tests/gates/" + line.split("[")[0].split("tests/gates/")[-1] for line in result.stdout.lines if "::" in line
     }
     assert {f"tests/gates/{g.test}" for g in catalogue.CATALOGUE} <= collected
-    assert sorted(g.name for g in catalogue.CATALOGUE) == sorted(gates.CATALOGUE)
+    assert sorted(g.name for g in catalogue.CATALOGUE) == sorted(catalogue.GATE_NAMES)
 
 
 def test_the_markers_and_the_documented_table_are_the_catalogues() -> None:
@@ -166,5 +165,5 @@ def test_the_markers_and_the_documented_table_are_the_catalogues() -> None:
     assert marked == {g.test: g.name for g in catalogue.CATALOGUE}
     page = (REPO / "docs" / "gates.md").read_text()
     for g in catalogue.CATALOGUE:
-        row = f"| {g.name} | {g.scope} |" if g.name in gates.GATE_SCOPES else f"| {g.name} |"
+        row = f"| {g.name} | {g.scope} |" if g.name in catalogue.GATE_SCOPES else f"| {g.name} |"
         assert row in page, f"docs/gates.md has no row {row!r}"

@@ -16,8 +16,7 @@ from pytest_b70lab.engine.starts import tables_or_why
 from pytest_b70lab.evidence import promotion, run_folder
 from pytest_b70lab.evidence.record import EvidenceError
 from pytest_b70lab.judge import folder as judge
-from pytest_b70lab.judge import replay
-from pytest_b70lab.judge.folder import verdict
+from pytest_b70lab.judge import replay, verdict
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"

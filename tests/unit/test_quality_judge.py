@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab.contract import schema as contract
-from pytest_b70lab.judge.folder import verdict
+from pytest_b70lab.judge import verdict
 from pytest_b70lab.quality import checks, judge, samples
 
 REPO = Path(__file__).resolve().parents[2]

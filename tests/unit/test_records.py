@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_b70lab.contract import project
 from pytest_b70lab.contract import schema as contract_mod
-from pytest_b70lab.contract.schema import project
 from pytest_b70lab.evidence import record as evidence
 from pytest_b70lab.judge import folder as judge
 from pytest_b70lab.records import reproduce, store

@@ -17,7 +17,7 @@ import pytest
 
 from pytest_b70lab.contract.schema import Contract
 from pytest_b70lab.evidence import record as evidence
-from pytest_b70lab.judge.folder import gates
+from pytest_b70lab.judge import reproduction
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
@@ -201,7 +201,7 @@ def test_the_verdict_judges_and_prints_the_medians_of_the_arrival_times(pytester
     shutil.copytree(BUNDLE, run)
     starts = [evidence.read(run / f"start-{n}") for n in (1, 2)]
     recorded = Contract.model_validate(starts[0].contract.canonical, strict=False)
-    before = gates.speed_figures(starts, recorded).medians  # each start's medians as gate 7 takes them
+    before = reproduction.speed_figures(starts, recorded).medians  # each start's medians as gate 7 takes them
     _stretch(run, 2, 2.0, rederive=True)
     result = _replay(pytester, run)
     assert result.ret != 0

@@ -43,6 +43,7 @@ RETIRED = {
     "vllm_draft_capture": "in_engine.draft_capture",
     "vllm_faults": "in_engine.faults",
     "vllm_observe": "in_engine.observe",
+    "gates": "judge/: rules, catalogue and one module per family of gates",
 }
 TICKED = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\(\))?$")
@@ -194,7 +195,7 @@ def test_every_name_the_prose_gives_still_exists() -> None:
         ("launch.engine_environment", "module launch is gone"),
         ("session.log_findings", "module session is gone"),
         ("vllm_faults.py", "module vllm_faults is gone"),
-        ("gates.no_such_rule", "defines no no_such_rule"),
+        ("catalogue.no_such_rule", "defines no no_such_rule"),
         ("evidence.Evidence.no_such_field", "defines no Evidence.no_such_field"),
         ("pytest_b70lab.engine.nowhere", "not in the package"),
         ("engine/nowhere.py", "no file of the repository ends with it"),
@@ -207,7 +208,7 @@ def test_a_stale_name_is_found(name: str, finds: str) -> None:
 def test_a_retired_module_is_found_without_backticks(tmp_path: Path) -> None:
     planted = tmp_path / "planted.py"
     planted.write_text(
-        '"""Chosen by launch.root_cause, as `gates.required_subjects` says."""\n# see engine_client.open\n'
+        '"""Chosen by launch.root_cause, as `catalogue.required_subjects` says."""\n# see engine_client.open\n'
     )
     assert [stale(name) is not None for _, name in named(planted)] == [False, True, True]
 
@@ -215,7 +216,7 @@ def test_a_retired_module_is_found_without_backticks(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "name",
     [
-        "gates.required_subjects",
+        "catalogue.required_subjects",
         "engine.live.LiveStart",
         "evidence.record.Evidence.counted",
         "pytest_b70lab.worker_ext.AuditExtension",

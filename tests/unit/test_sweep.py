@@ -112,13 +112,13 @@ def test_two_starts_of_one_session_compare_as_gate_7_compares_them() -> None:
     """The sweep's variant-to-base figure of two starts measured side by side is the figure gate 7 takes of the
     same two starts: one estimator, whichever question is asked of the pairs."""
     from pytest_b70lab.evidence.run_folder import Run, read_starts
-    from pytest_b70lab.judge.folder import gates
+    from pytest_b70lab.judge import reproduction
 
     folder = BUNDLES / "mini-laguna-cpu"
     one, two = read_starts(folder)
     as_variant = two.model_copy(update={"start_index": 1})
     figure = table.interleaved_to_base(Run(folder, (one,), None), Run(folder, (as_variant,), None))
-    gate = gates.speed_figures([one, two], contract.load("mini-laguna-cpu")).paired[0]
+    gate = reproduction.speed_figures([one, two], contract.load("mini-laguna-cpu")).paired[0]
     assert figure is not None and gate is not None
     assert (figure.ratio, figure.low, figure.high) == pytest.approx((gate.ratio, gate.low, gate.high), rel=1e-12)
     assert table.interleaved_to_base(Run(folder, (one,), None), Run(folder, (two,), None)) is None  # no start-1

@@ -287,7 +287,7 @@ def test_a_module_in_a_folder_without_a_wall_is_named(tmp_path: Path) -> None:
         ),
         ("contract.schema", "from ..judge import verdict", "data imports no pytest or syrupy, and of the harness"),
         (
-            "judge.gates",
+            "judge.reproduction",
             "from ..engine.starts import run_starts",
             "judgement imports no pytest, engine, mini, workflow",
         ),

@@ -3,7 +3,7 @@
 The promotion gates proper evaluate this evidence; these say it is all there: the start succeeded, every rank
 answered the audit and has its own log, metrics were scraped before and after, every prompt produced the
 contract's token count, teardown left no process behind, only its owner could reach the engine, and the
-collective probe passed first. Each is a required subject of the verdict (`gates.EVIDENCE_CHECK_SCOPES`).
+collective probe passed first. Each is a required subject of the verdict (`catalogue.EVIDENCE_CHECK_SCOPES`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,230 @@
+"""Gate 7, fresh-start reproduction: a second fresh start gives identical outputs, and its speed is within the
+contract's tolerance by the endpoint medians and by the paired per-prompt figure with its interval."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..contract.schema import Contract
+from ..evidence import throughput
+from ..evidence.record import Evidence
+from .exactness import first_difference
+from .rules import (
+    Check,
+    Verdict,
+    started,
+    subject,
+)
+
+
+def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
+    """Every later start reproduces the first one's output exactly, its endpoint median decode rate within
+    the contract's throughput tolerance, and its paired figure (the geometric mean of per-prompt
+    start-N / start-1 decode-rate ratios, recomputed from the token arrival times) within the paired
+    tolerance: a consistent per-prompt shift fails whatever the medians do. Under the interleaved schedule
+    every pass of every prompt is output, and the figures come from the pairs measured side by side
+    (throughput.interleaved_ratio); a pair measured while the other start was busy fails."""
+    c = Check("fresh-start-reproduction", subject())
+    need = contract.reproduction.fresh_starts
+    c.expect(len(starts) == need, f"{len(starts)} fresh starts recorded, the contract asks for {need}")
+    if not all(started(c, s) for s in starts) or len(starts) < 2:
+        c.expect(len(starts) >= 2 or need < 2, "reproduction needs at least two starts")
+        return c.done()
+    first = starts[0]
+    _fresh_starts(c, starts)
+    if not c.expect(bool(first.requests), "start-1 recorded no requests: there is no output to reproduce"):
+        return c.done()
+    for later in starts[1:]:
+        _same_output(c, first, later)
+    if not _schedule_matches(c, starts, contract):
+        return c.done()
+    figures = speed_figures(starts, contract)
+    for problem in figures.problems:
+        c.expect(False, problem)
+    c.observe(endpoint_medians=figures.medians)
+    for later, later_median, later_paired in zip(starts[1:], figures.medians[1:], figures.paired, strict=True):
+        _judge_speed(c, later.start_index, figures.medians[0], later_median, later_paired, contract)
+    return c.done()
+
+
+@dataclass(frozen=True)
+class SpeedFigures:
+    """What gate 7 judges of speed: each start's endpoint median, each later start's paired figure against
+    start-1, and every reason a figure could not be trusted (a request without a rate, a pair measured while
+    the other start was busy). The bench reads the same figures from here."""
+
+    medians: list[float | None]
+    paired: list[throughput.PairedRatio | None]
+    problems: list[str]
+
+
+def speed_figures(starts: list[Evidence], contract: Contract) -> SpeedFigures:
+    """Every figure from the token arrival times, never from what the evidence says they came to: sequentially,
+    each start's one request per prompt; interleaved, the pairs of each pass (_interleaved_figures)."""
+    if contract.reproduction.schedule == "interleaved":
+        return _interleaved_figures(starts)
+    problems: list[str] = []
+    rates = []
+    for s in starts:
+        found, why = throughput.arrival_rates(s.requests)
+        problems += [f"start-{s.start_index} {prompt_id}: {reason}" for prompt_id, reason in why.items()]
+        rates.append(found)
+    medians = [throughput.endpoint_median(list(r.values())) if r else None for r in rates]
+    return SpeedFigures(medians, [throughput.paired_ratio(rates[0], r) for r in rates[1:]], problems)
+
+
+def _same_output(c: Check, first: Evidence, later: Evidence) -> None:
+    """Every request of `later` (every pass and attempt) gives start-1's tokens and text for its prompt; so does
+    every later pass of start-1 itself."""
+    n = later.start_index
+    for r in first.requests:
+        if not c.expect(later.request(r.prompt_id) is not None, f"start-{n} has no request for {r.prompt_id}"):
+            continue
+        others = [(f"start-{n}", o) for o in later.every_request(r.prompt_id)]
+        others += [("a later pass of start-1", o) for o in first.repeats if o.prompt_id == r.prompt_id]
+        for who, other in others:
+            if (at := first_difference(other.token_ids, r.token_ids)) is not None:
+                c.expect(False, f"{r.prompt_id}: {who} differs from start-1 at token {at}")
+            elif other.text_sha256 != r.text_sha256:
+                c.expect(False, f"{r.prompt_id}: decoded text differs between start-1 and {who}")
+
+
+def _schedule_matches(c: Check, starts: list[Evidence], contract: Contract) -> bool:
+    """Each start was measured under the contract's schedule, by this b70lab's quiet rule."""
+    want = contract.reproduction
+    ok = True
+    for s in starts:
+        got = s.schedule
+        where = f"start-{s.start_index} evidence.schedule"
+        if want.schedule == "sequential":
+            ok &= c.expect(
+                got is None, f"{where} says {got.name if got else None}; the contract's schedule is sequential"
+            )
+            continue
+        if not c.expect(got is not None, f"{where} is absent; the contract's schedule is interleaved"):
+            ok = False
+            continue
+        assert got is not None
+        ok &= c.expect(
+            got.passes == want.passes, f"{where}.passes is {got.passes}; the contract asks for {want.passes}"
+        )
+        for problem in got.rule_differences():
+            ok &= c.expect(False, f"start-{s.start_index}: {problem}")
+    return ok
+
+
+def _interleaved_figures(starts: list[Evidence]) -> SpeedFigures:
+    """Per start, the endpoint median over prompts of each prompt's median rate over the passes; per later
+    start, its figure against start-1 from the pairs of each (pass, prompt) (throughput.interleaved_ratio).
+    Every counted measurement must be clean: one measured while the other start was busy is named."""
+    problems: list[str] = []
+    rates: list[dict[tuple[int, str], float]] = []
+    for s in starts:
+        kept = s.counted()
+        schedule = s.schedule
+        assert schedule is not None
+        problems += [
+            f"start-{s.start_index} {prompt_id} pass {pass_index}: {dirty}, in all {m.attempt} attempts: no clean "
+            f"measurement"
+            for (pass_index, prompt_id), (m, _r) in sorted(kept.items())
+            if (dirty := schedule.contamination(m)) is not None
+        ]
+        found, why = throughput.counted_rates(s)
+        problems += [f"start-{s.start_index} {key[1]} pass {key[0]}: {reason}" for key, reason in why.items()]
+        rates.append(found)
+    medians = [throughput.pass_endpoint(found) for found in rates]
+    paired = []
+    for found in rates[1:]:
+        both = [k for k in rates[0] if k in found]
+        paired.append(throughput.interleaved_ratio(throughput.by_prompt([(rates[0][k], found[k]) for k in both], both)))
+    return SpeedFigures(medians, paired, problems)
+
+
+def _judge_speed(
+    c: Check,
+    n: int,
+    m0: float | None,
+    m1: float | None,
+    paired: throughput.PairedRatio | None,
+    contract: Contract,
+) -> None:
+    tolerance, paired_tolerance = contract.reproduction.throughput_tolerance, contract.reproduction.paired
+    if c.expect(
+        m0 is not None and m1 is not None and m0 > 0,
+        f"start-1 or start-{n}: no request has a decode rate from its arrival times, so no endpoint median",
+    ):
+        assert m0 is not None and m1 is not None
+        drift = abs(m1 - m0) / m0
+        c.observe(**{f"throughput_drift_start{n}": round(drift, 4)})
+        c.expect(
+            drift <= tolerance,
+            f"endpoint median {m1:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
+            f"{drift:.1%} apart, tolerance {tolerance:.0%}",
+        )
+    if c.expect(paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: no paired figure"):
+        assert paired is not None
+        c.observe(
+            **{
+                f"paired_ratio_start{n}": round(paired.ratio, 4),
+                f"paired_interval_start{n}": [round(paired.low, 4), round(paired.high, 4)],
+            }
+        )
+        c.expect(
+            paired.drift <= paired_tolerance,
+            f"paired figure start-{n} / start-1 {paired.line()}: the geometric mean of the per-prompt "
+            f"decode-rate ratios is {paired.drift:.1%} from 1, tolerance {paired_tolerance:.0%}",
+        )
+
+
+def _fresh_starts(c: Check, starts: list[Evidence]) -> None:
+    """Each start is a start of its own: it has an identity, every rank echoes its nonce (and no other start's),
+    and no two starts share a nonce, a launch time or a rank process (pid and creation time)."""
+    owner: dict[str, int] = {s.identity.nonce: s.start_index for s in starts if s.identity is not None}
+    seen_nonce: dict[str, int] = {}
+    seen_launch: dict[str, int] = {}
+    seen_process: dict[tuple[Any, Any], int] = {}
+    for s in starts:
+        n = s.start_index
+        if not c.expect(
+            s.identity is not None,
+            f"start-{n} records no start identity (evidence recorded before each start got a nonce): "
+            f"nothing shows that it was a fresh start; re-record the run",
+        ):
+            continue
+        assert s.identity is not None
+        nonce = s.identity.nonce
+        if (other := seen_nonce.setdefault(nonce, n)) != n:
+            c.expect(
+                False,
+                f"start-{n} has start-{other}'s identity (nonce {nonce[:12]}...): a copy of one start, "
+                f"not a second fresh start",
+            )
+            continue
+        if (other := seen_launch.setdefault(s.identity.launched_at, n)) != n:
+            c.expect(
+                False,
+                f"start-{n} was launched at {s.identity.launched_at}, as start-{other} was: not a "
+                f"fresh start of its own",
+            )
+        for audit in s.audits:
+            rank, echoed = audit.get("tp_rank"), audit.get("start_nonce")
+            if echoed != nonce:
+                whose = f"start-{owner[echoed]}'s" if echoed in owner else "another"
+                c.expect(
+                    False,
+                    f"start-{n} rank {rank} echoes {whose} nonce ({str(echoed)[:12]}...), not its own "
+                    f"start's ({nonce[:12]}...): its audit is not of this start",
+                )
+            process = (audit.get("pid"), audit.get("process_started"))
+            if not c.expect(
+                isinstance(process[1], float),
+                f"start-{n} rank {rank}: the audit records no process creation time ({process[1]!r})",
+            ):
+                continue
+            if (other := seen_process.setdefault(process, n)) != n:
+                c.expect(
+                    False,
+                    f"start-{n} rank {rank} is process {process[0]} created at {process[1]}, a rank of "
+                    f"start-{other}: the same engine, not a fresh start",
+                )
