@@ -43,8 +43,8 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
     for problem in figures.problems:
         c.expect(False, problem)
     c.observe(endpoint_medians=figures.medians)
-    for later, later_median, later_paired in zip(starts[1:], figures.medians[1:], figures.paired, strict=True):
-        _judge_speed(c, later.start_index, figures.medians[0], later_median, later_paired, contract)
+    for decision in speed_decisions(starts, figures, contract):
+        _judge_speed(c, decision, figures.medians[0])
     return c.done()
 
 
@@ -141,39 +141,72 @@ def _interleaved_figures(starts: list[Evidence]) -> SpeedFigures:
     return SpeedFigures(medians, paired, problems)
 
 
-def _judge_speed(
-    c: Check,
-    n: int,
-    m0: float | None,
-    m1: float | None,
-    paired: throughput.PairedRatio | None,
-    contract: Contract,
-) -> None:
-    tolerance, paired_tolerance = contract.reproduction.throughput_tolerance, contract.reproduction.paired
+@dataclass(frozen=True)
+class SpeedDecision:
+    """Gate 7's decision on one later start's speed: each figure, how far from start-1's, and whether that is
+    within the contract's tolerance (None where the figure is missing). The report prints these; it never
+    decides again."""
+
+    start: int
+    endpoint: float | None  # this start's endpoint median, tok/s
+    endpoint_drift: float | None  # |median - start-1's| / start-1's
+    endpoint_tolerance: float
+    paired: throughput.PairedRatio | None
+    paired_tolerance: float
+
+    @property
+    def endpoint_within(self) -> bool | None:
+        return None if self.endpoint_drift is None else self.endpoint_drift <= self.endpoint_tolerance
+
+    @property
+    def paired_within(self) -> bool | None:
+        return None if self.paired is None else self.paired.drift <= self.paired_tolerance
+
+
+def speed_decisions(starts: list[Evidence], figures: SpeedFigures, contract: Contract) -> list[SpeedDecision]:
+    """One decision per later start, against start-1, under the contract's tolerances."""
+    m0 = figures.medians[0]
+    found = []
+    for later, m1, paired in zip(starts[1:], figures.medians[1:], figures.paired, strict=True):
+        drift = abs(m1 - m0) / m0 if m0 is not None and m1 is not None and m0 > 0 else None
+        found.append(
+            SpeedDecision(
+                later.start_index,
+                m1,
+                drift,
+                contract.reproduction.throughput_tolerance,
+                paired,
+                contract.reproduction.paired,
+            )
+        )
+    return found
+
+
+def _judge_speed(c: Check, d: SpeedDecision, m0: float | None) -> None:
+    n = d.start
     if c.expect(
-        m0 is not None and m1 is not None and m0 > 0,
+        d.endpoint_drift is not None,
         f"start-1 or start-{n}: no request has a decode rate from its arrival times, so no endpoint median",
     ):
-        assert m0 is not None and m1 is not None
-        drift = abs(m1 - m0) / m0
-        c.observe(**{f"throughput_drift_start{n}": round(drift, 4)})
+        assert d.endpoint_drift is not None and d.endpoint is not None and m0 is not None
+        c.observe(**{f"throughput_drift_start{n}": round(d.endpoint_drift, 4)})
         c.expect(
-            drift <= tolerance,
-            f"endpoint median {m1:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
-            f"{drift:.1%} apart, tolerance {tolerance:.0%}",
+            bool(d.endpoint_within),
+            f"endpoint median {d.endpoint:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
+            f"{d.endpoint_drift:.1%} apart, tolerance {d.endpoint_tolerance:.0%}",
         )
-    if c.expect(paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: no paired figure"):
-        assert paired is not None
+    if c.expect(d.paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: no paired figure"):
+        assert d.paired is not None
         c.observe(
             **{
-                f"paired_ratio_start{n}": round(paired.ratio, 4),
-                f"paired_interval_start{n}": [round(paired.low, 4), round(paired.high, 4)],
+                f"paired_ratio_start{n}": round(d.paired.ratio, 4),
+                f"paired_interval_start{n}": [round(d.paired.low, 4), round(d.paired.high, 4)],
             }
         )
         c.expect(
-            paired.drift <= paired_tolerance,
-            f"paired figure start-{n} / start-1 {paired.line()}: the geometric mean of the per-prompt "
-            f"decode-rate ratios is {paired.drift:.1%} from 1, tolerance {paired_tolerance:.0%}",
+            bool(d.paired_within),
+            f"paired figure start-{n} / start-1 {d.paired.line()}: the geometric mean of the per-prompt "
+            f"decode-rate ratios is {d.paired.drift:.1%} from 1, tolerance {d.paired_tolerance:.0%}",
         )
 
 

@@ -22,7 +22,7 @@ from ..evidence.metrics import ACCEPTED_PER_POS, DRAFTS, Acceptance, acceptance
 from ..evidence.record import Evidence, EvidenceError, ModelRef, Request
 from ..evidence.run_folder import Run
 from ..judge import reproduction
-from ..judge.catalogue import GATE_NAMES as CATALOGUE
+from ..judge.catalogue import GATE_NAMES
 from ..judge.compare import headline as run_headline
 from ..judge.replay import recorded_contract
 
@@ -67,22 +67,23 @@ def decode_rate(start: Evidence, request: Request) -> float | None:
     return throughput.arrival_rates([request])[0].get(request.prompt_id)
 
 
-def tolerance(start: Evidence, figure: str = "throughput_tolerance") -> float | None:
-    """The contract's tolerance of one gate-7 figure; the paired figure's falls back to the medians'."""
-    reproduction = start.contract.canonical.get("reproduction") or {}
-    value = reproduction.get(figure)
-    if value is None and figure == "paired_tolerance":
-        value = reproduction.get("throughput_tolerance")
-    return float(value) if isinstance(value, (int, float)) else None
-
-
 def speed(starts: Sequence[Evidence]) -> reproduction.SpeedFigures | None:
     """Gate 7's figures of these starts under the contract they were recorded with (its schedule decides how
     they are taken: per prompt over the passes, when interleaved); None when there is no one recorded contract."""
+    judged = _judged_speed(starts)
+    return judged[0] if judged is not None else None
+
+
+def _judged_speed(
+    starts: Sequence[Evidence],
+) -> tuple[reproduction.SpeedFigures, list[reproduction.SpeedDecision]] | None:
+    """Gate 7's figures and its decision on each later start's speed, as the judge takes them."""
     try:
-        return reproduction.speed_figures(list(starts), recorded_contract(starts, Path("<run folder>")))
+        contract = recorded_contract(starts, Path("<run folder>"))
     except EvidenceError:
         return None
+    figures = reproduction.speed_figures(list(starts), contract)
+    return figures, reproduction.speed_decisions(list(starts), figures, contract)
 
 
 def _median(figures: reproduction.SpeedFigures | None, starts: Sequence[Evidence], start: Evidence) -> float | None:
@@ -311,7 +312,7 @@ def _gates(run: Run) -> Raw:
             cells.setdefault((g["gate"], g["subject"]), []).append(g)
     pairs = set(cells) | required
     names = {gate for gate, _ in pairs}
-    columns = [g for g in CATALOGUE if g in names] + sorted(names - set(CATALOGUE))
+    columns = [g for g in GATE_NAMES if g in names] + sorted(names - set(GATE_NAMES))
     prompts = prompt_order(run.starts)
     subjects = sorted({subj for _, subj in pairs}, key=lambda s: _subject_key(s, prompts))
     rows = [
@@ -404,7 +405,8 @@ def _decode(run: Run, plots: _Plots) -> Raw:
                 marker={"size": 11, "color": palette[i % len(palette)]},
             )
         )
-    figures = speed(starts)
+    judged = _judged_speed(starts)
+    figures, decisions = judged if judged is not None else (None, [])
     interleaved = any(s.schedule is not None for s in starts)
     notes = [
         "Each point is one request's (N - 1) / (t_N - t_1); a start's endpoint figure is its median."
@@ -423,8 +425,10 @@ def _decode(run: Run, plots: _Plots) -> Raw:
                 annotation_text=f"start-{s.start_index} median {m:.2f}",
                 annotation_position=("top left", "bottom right", "top right", "bottom left")[i % 4],
             )
-    ref, tol = starts[0], tolerance(starts[0])
-    if (m0 := _median(figures, starts, ref)) is not None and tol is not None:
+    ref = starts[0]
+    m0 = _median(figures, starts, ref)
+    if m0 is not None and decisions:
+        tol = decisions[0].endpoint_tolerance
         fig.add_hrect(
             y0=m0 * (1 - tol), y1=m0 * (1 + tol), fillcolor="#2ca02c", opacity=0.12, line_width=0, layer="below"
         )
@@ -433,23 +437,17 @@ def _decode(run: Run, plots: _Plots) -> Raw:
             f"({m0 * (1 - tol):.2f} - {m0 * (1 + tol):.2f} tok/s), the band fresh-start reproduction "
             "accepts for every later start's median."
         )
-        for s in starts[1:]:
-            if (m := _median(figures, starts, s)) is not None and m0 > 0:
-                drift = abs(m - m0) / m0
+        for d in decisions:
+            if d.endpoint is not None and d.endpoint_drift is not None:
                 notes.append(
-                    f"start-{s.start_index}: {m:.2f} tok/s, {drift:.1%} from start-{ref.start_index}: "
-                    + ("inside the band." if drift <= tol else "OUTSIDE the band.")
+                    f"start-{d.start}: {d.endpoint:.2f} tok/s, {d.endpoint_drift:.1%} from start-{ref.start_index}: "
+                    + ("inside the band." if d.endpoint_within else "OUTSIDE the band.")
                 )
-    paired_tol = tolerance(ref, "paired_tolerance")
-    for k, s in enumerate(starts[1:]):
-        if (paired := figures.paired[k] if figures is not None else None) is not None:
-            where = (
-                ""
-                if paired_tol is None
-                else (f"; tolerance {paired_tol:.0%}: " + ("inside." if paired.drift <= paired_tol else "OUTSIDE."))
-            )
+    for d in decisions:
+        if (paired := d.paired) is not None:
+            where = f"; tolerance {d.paired_tolerance:.0%}: " + ("inside." if d.paired_within else "OUTSIDE.")
             notes.append(
-                f"Paired figure start-{s.start_index} / start-{ref.start_index} {paired.line()}: the "
+                f"Paired figure start-{d.start} / start-{ref.start_index} {paired.line()}: the "
                 f"geometric mean of the per-prompt decode-rate ratios (from the arrival times"
                 + ("; each prompt's median over the passes of its side-by-side ratio" if interleaved else "")
                 + f"), {paired.drift:.1%} from 1{where}"

@@ -20,6 +20,8 @@ from browser import Node, Tree, browse, chromium, points, traces  # tests/browse
 from pytest_b70lab import cli, report
 from pytest_b70lab.contract import schema as contract_mod
 from pytest_b70lab.evidence import record as evidence
+from pytest_b70lab.evidence.run_folder import Run
+from pytest_b70lab.judge import replay, reproduction
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
@@ -367,3 +369,24 @@ def test_the_page_shows_the_paired_figure_gate_7_judged(run: Path) -> None:
     tolerance = contract_mod.load("mini-laguna-cpu").reproduction.paired
     assert tolerance is not None and "geometric mean of the per-prompt decode-rate ratios" in page
     assert f"; tolerance {tolerance:.0%}: inside." in page
+
+
+def test_the_page_prints_gate_7s_decision_where_the_speed_fails() -> None:
+    """Every counted pass of start-2 slowed by 1.6: gate 7 fails on both figures, and the report's decode section
+    states the judge's decisions (OUTSIDE) with the same figures, rather than judging the tolerance again."""
+    starts = _starts(BUNDLE)
+    for _key, (_m, r) in starts[1].counted().items():
+        r.chunk_times = [t * 1.6 for t in r.chunk_times]
+    contract = replay.recorded_contract(starts, BUNDLE)
+    verdict = reproduction.reproduction(starts, contract)
+    assert not verdict.passed
+    assert any("paired figure start-2 / start-1" in r for r in verdict.reasons), verdict.reasons
+    figures, (decision,) = report._judged_speed(starts)
+    assert decision.paired_within is False and decision.endpoint_within is False
+    assert [decision.paired.low, decision.paired.high] == pytest.approx(
+        verdict.observed["paired_interval_start2"], abs=1e-4
+    )
+    section = report._decode(Run(folder=BUNDLE, starts=tuple(starts), promotion=None), report._Plots())
+    text = html.unescape(str(section))
+    assert f"Paired figure start-2 / start-1 {decision.paired.line()}" in text
+    assert "OUTSIDE." in text and "OUTSIDE the band." in text

@@ -17,6 +17,7 @@ import pytest
 from browser import Tree  # tests/browser.py
 
 from pytest_b70lab import cli
+from pytest_b70lab.cli import sweep as sweep_cli
 from pytest_b70lab.contract import schema as contract
 from pytest_b70lab.contract import variants
 from pytest_b70lab.engine import capability
@@ -125,7 +126,7 @@ def test_two_starts_of_one_session_compare_as_gate_7_compares_them() -> None:
 
 
 def test_the_command_line_names_the_named_variants_as_variants_does() -> None:
-    assert cli.NAMED_VARIANTS == variants.NAMED
+    assert sweep_cli.NAMED_VARIANTS == variants.NAMED
 
 
 @pytest.fixture(scope="module")
