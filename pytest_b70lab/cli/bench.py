@@ -68,6 +68,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from .. import bench, mini
+    from ..bench.figures import table as bench_table
 
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if unknown := [p for p in parts if p not in bench.PARTS]:
@@ -86,6 +87,6 @@ def _bench(args: argparse.Namespace) -> int:
         gap_s=args.gap_s,
         schedule=args.schedule,
     )
-    print(bench.table(figures))
+    print(bench_table(figures))
     print(f"\nwritten: {out / 'bench.json'}", file=sys.stderr)
     return 0
