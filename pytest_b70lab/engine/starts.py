@@ -293,20 +293,34 @@ def write_run_files(folder: Path, contract: Contract, models: ResolvedModels) ->
     (folder / run_folder.PROMPTS_COPY).write_bytes(contract_mod.prompts_path(contract).read_bytes())
 
 
-def run_starts(
-    contract: Contract,
-    run_dir: Path,
-    cache_root: Path,
-    progress: Progress | None = None,
-    starts: int | None = None,
-    quality: list[QualitySample] | None = None,
-    probe: ProbeOptions | None = None,
-    prompt_ids: list[str] | None = None,
-) -> list[evidence.Evidence]:
-    """Every fresh start of `contract`; quality samples (if any) are asked on start-1 only: the later starts
-    exist to reproduce the gate evidence. The capability preflight comes first (milliseconds), then the models
-    are checked (seconds), then the preflight probe runs (its result goes into each start's evidence), then
-    the starts. --b70-no-probe turns off both preflights."""
+@dataclass(frozen=True)
+class StartRequest:
+    """What a kind's fresh starts are asked for: the contract (candidate, teacher or reference), where their run
+    folder and caches are, how progress is said, how many starts (None: the contract's), the quality samples to
+    ask on start-1, the preflights, and the prompts (None: the whole set)."""
+
+    contract: Contract
+    run_dir: Path
+    cache_root: Path
+    progress: Progress | None = None
+    starts: int | None = None
+    quality: list[QualitySample] | None = None
+    probe: ProbeOptions | None = None
+    prompt_ids: list[str] | None = None
+
+
+def run_starts(request: StartRequest) -> list[evidence.Evidence]:
+    """Every fresh start of the request's contract; quality samples (if any) are asked on start-1 only: the later
+    starts exist to reproduce the gate evidence. The capability preflight comes first (milliseconds), then the
+    models are checked (seconds), then the preflight probe runs (its result goes into each start's evidence),
+    then the starts. --b70-no-probe turns off both preflights."""
+    contract, run_dir, cache_root, progress, probe = (
+        request.contract,
+        request.run_dir,
+        request.cache_root,
+        request.progress,
+        request.probe,
+    )
     preflights = probe is not None and probe.enabled
     if preflights:
         capability_preflight(contract, progress)
@@ -324,7 +338,16 @@ def run_starts(
     disk.hold_reserve(reserve_dir)
     try:
         return _launch_starts(
-            contract, run_dir, reserve_dir, cache_root, models, probe_result, progress, starts, quality, prompt_ids
+            contract,
+            run_dir,
+            reserve_dir,
+            cache_root,
+            models,
+            probe_result,
+            progress,
+            request.starts,
+            request.quality,
+            request.prompt_ids,
         )
     finally:
         disk.drop_reserve(reserve_dir)
@@ -379,20 +402,12 @@ def _launch_starts(
     return records
 
 
-def run_starts_once(
-    contract: Contract,
-    run_dir: Path,
-    cache_root: Path,
-    progress: Progress | None = None,
-    starts: int | None = None,
-    quality: list[QualitySample] | None = None,
-    probe: ProbeOptions | None = None,
-    prompt_ids: list[str] | None = None,
-) -> list[evidence.Evidence]:
+def run_starts_once(request: StartRequest) -> list[evidence.Evidence]:
     """Collect under a file lock: the first pytest-xdist worker to get it runs the engine, every other one
     (and any later call) reads the evidence it wrote."""
     from filelock import FileLock
 
+    contract, run_dir, quality, prompt_ids = request.contract, request.run_dir, request.quality, request.prompt_ids
     run_dir.mkdir(parents=True, exist_ok=True)
     mark = run_dir / run_folder.DONE_MARK.format(kind=contract.kind)
     with FileLock(str(run_dir / f".collect-{contract.kind}.lock")):
@@ -414,7 +429,7 @@ def run_starts_once(
                     f"use a new --b70-run-dir to judge quality"
                 )
             return [evidence.read(run_dir / rel) for rel in done["starts"]]
-        records = run_starts(contract, run_dir, cache_root, progress, starts, quality, probe, prompt_ids)
+        records = run_starts(request)
         mark.write_text(
             json.dumps(
                 {

@@ -4,7 +4,6 @@ the work is in the modules around it."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator
 from pathlib import Path
 
@@ -44,18 +43,9 @@ from .state import (
     QUALITY_PROPERTY,
     STATE,
     SUBJECT_PROPERTY,
-    WORKER_BLOCK_MARK,
-    WORKER_RUN_DIR,
     LabState,
-    contract_or_exit,
-    contract_or_usage_error,
-    contract_setting,
-    ini_path,
     lab_errors,
-    prompt_set,
     quality_keys,
-    runs_root,
-    updating_snapshots,
 )
 from .workers import WorkerFinished, XdistHooks, blocked_elsewhere, blocked_reason
 
@@ -235,10 +225,9 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     from ..contract import project
-
-    # B70LAB_EMULATE_CPU=avx2: this process too runs as on an AVX2-only CPU (the kernel lane calls vLLM's ops
     from ..in_engine import cpu_emulation
 
+    # B70LAB_EMULATE_CPU=avx2: this process too runs as on an AVX2-only CPU (the kernel lane calls vLLM's ops
     # here), before anything loads torch or vLLM. Unset, nothing is imported.
     if cpu_emulation.requested():
         cpu_emulation.apply_from_environment()
@@ -246,41 +235,24 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     project.use_root(config.rootpath)  # contracts, prompt sets and the mini's weights are found from here
-    replay = config.getoption("--b70-evidence")
-    worker_input = getattr(config, "workerinput", None)
-    if worker_input is not None and worker_input.get(WORKER_RUN_DIR):
-        run_dir = Path(worker_input[WORKER_RUN_DIR])
-    elif replay is not None:
-        run_dir = replay.resolve()
-    else:
-        chosen = config.getoption("--b70-run-dir")
-        run_dir = (chosen or runs_root(config) / time.strftime("%Y%m%d-%H%M%S")).resolve()
     if config.getoption("--b70-reproduce") is not None:
         use_sealed_contract(config)
-    config.stash[STATE] = LabState(
-        config=config,
-        run_dir=run_dir,
-        cache_dir_option=config.getoption("--b70-cache-dir") or ini_path(config, "b70_cache_dir"),
-        contract_name=contract_setting(config) or DEFAULT_CONTRACT,
-        replay_dir=replay.resolve() if replay else None,
-        block_mark=Path(worker_input[WORKER_BLOCK_MARK])
-        if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK)
-        else None,
-    )
+    state = config.stash[STATE] = LabState.from_config(config)
+    worker_input = getattr(config, "workerinput", None)
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(XdistHooks(config.stash[STATE]), "b70lab-xdist")
-    if worker_input is not None and worker_input.get(WORKER_BLOCK_MARK):
-        config.pluginmanager.register(WorkerFinished(Path(worker_input[WORKER_BLOCK_MARK])), "b70lab-worker-finished")
+        config.pluginmanager.register(XdistHooks(state), "b70lab-xdist")
+    if state.block_mark is not None:
+        config.pluginmanager.register(WorkerFinished(state.block_mark), "b70lab-worker-finished")
     _guard_snapshot_update(config)
     _teacher_snapshots_of_other_contracts_are_not_errors(config)
     if not hasattr(config, "workerinput"):
-        reporter = VerdictReporter(config.stash[STATE])
+        reporter = VerdictReporter(state)
         config.pluginmanager.register(reporter, "b70lab-verdict")
         reporter.begin()  # before anything here can stop the session
-    if contract_setting(config) is not None or replay is not None:
-        contract_or_usage_error(config)  # named explicitly: a bad contract or evidence is a usage error now
-    if config.getoption("--b70-reproduce") is not None and worker_input is None and replay is None:
-        refuse_drift(config, config.stash[STATE])
+    if state.settings.contract is not None or state.replay_dir is not None:
+        state.contract_or_usage_error()  # named explicitly: a bad contract or evidence is a usage error now
+    if config.getoption("--b70-reproduce") is not None and worker_input is None and state.replay_dir is None:
+        refuse_drift(config, state)
 
 
 def _guard_snapshot_update(config: pytest.Config) -> None:
@@ -383,7 +355,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             figure = item.callspec.params.get("b70_quality_figure") if hasattr(item, "callspec") else None
             if figure:
                 item.user_properties.append((QUALITY_PROPERTY, figure))
-                if updating_snapshots(item.config):  # before its fixtures: no candidate engine is started
+                if item.config.stash[
+                    STATE
+                ].settings.updating_snapshots:  # before its fixtures: no candidate engine is started
                     item.add_marker(
                         pytest.mark.skip(
                             reason="recording the quality baseline: judge the candidate "
@@ -418,7 +392,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     )
     if not wanted:
         return
-    contract = contract_or_exit(metafunc.config)
+    state = metafunc.config.stash[STATE]
+    contract = state.contract_or_exit()
     if "b70_quality_figure" in wanted:
         figures = list(quality_keys(contract))
         metafunc.parametrize("b70_quality_figure", figures, ids=figures)
@@ -436,7 +411,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         n = contract.engine.tensor_parallel
         metafunc.parametrize("b70_rank", range(n), ids=[f"rank-{r}" for r in range(n)])
     if "b70_prompt" in wanted:
-        ids = [p.id for p in prompt_set(metafunc.config, contract, selected=True)]
+        ids = [p.id for p in state.prompts(contract, selected=True)]
         metafunc.parametrize("b70_prompt", ids, ids=ids)
 
 

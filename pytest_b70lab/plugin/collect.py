@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .state import contract_setting, ini_path
+from .state import STATE, Settings
 from .suite import MODULES
 
 DEFAULT_GATES_DIR = "tests/gates"
@@ -23,8 +23,10 @@ def gates_folder(config: pytest.Config) -> Path | None:
     """The folder the suite is collected in, or None where the project has not asked for gates: it names
     `b70_gates_dir` or a contract in its ini file, or the command line names a contract or evidence. (A plugin
     installed beside other projects must not grow tests in their tests/gates.)"""
-    named = ini_path(config, "b70_gates_dir")
-    asked = named is not None or contract_setting(config) is not None or config.getoption("--b70-evidence") is not None
+    state = config.stash.get(STATE, None)
+    settings = state.settings if state is not None else Settings.from_config(config)
+    named = settings.gates_dir
+    asked = named is not None or settings.contract is not None or settings.replay_dir is not None
     if not asked:
         return None
     if named is not None:

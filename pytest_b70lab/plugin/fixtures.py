@@ -11,6 +11,7 @@ import pytest
 
 from .state import (
     GATE_PROPERTY,
+    KIND_LABELS,
     SANDBOX_PROPERTY,
     STATE,
     SUBJECT_PROPERTY,
@@ -18,11 +19,7 @@ from .state import (
     LabState,
     lab_errors,
     model_errors,
-    probe_options,
-    prompt_set,
-    quality_for,
     quality_samples,
-    selected_prompt_ids,
 )
 from .workers import blocked_reason, claim_block, sigterm_as_interrupt
 
@@ -86,18 +83,17 @@ def block_session(request: pytest.FixtureRequest, state: LabState, message: str)
     pytest.skip(blocked_reason(first))
 
 
-def collect_or_block(
-    request: pytest.FixtureRequest, state: LabState, label: str, collect: Callable[[], list[evidence_mod.Evidence]]
-) -> list[evidence_mod.Evidence]:
-    """The starts' evidence, or one failure that names the start, the cause and where to look: a start
-    that could not begin (a model that fails its manifest, a missing checkpoint), or one that failed."""
+def collect_or_block(request: pytest.FixtureRequest, state: LabState, kind: str) -> list[evidence_mod.Evidence]:
+    """A kind's evidence (LabState.evidence), or one failure that names the start, the cause and where to look:
+    a start that could not begin (a model that fails its manifest, a missing checkpoint), or one that failed."""
     from ..engine.logs import failure_headline
     from ..judge.folder import blocked_by
 
+    label = KIND_LABELS[kind]
     cause = None
     try:
         with sigterm_as_interrupt():
-            records = collect()
+            records = state.evidence(kind)
     except lab_errors() + model_errors() as e:
         cause = str(e)
     except Exception as e:  # a defect of ours: the cause in one line, the traceback in a file
@@ -115,30 +111,25 @@ def collect_or_block(
     return records
 
 
+def one_start_of(request: pytest.FixtureRequest, state: LabState, kind: str) -> evidence_mod.Evidence:
+    """The one start of the teacher or the reference: replayed as recorded (a folder without it fails the test
+    that asks), launched as the candidate's starts are."""
+    try:
+        state.kind_contract(kind)
+        if state.replay_dir is not None:
+            return state.evidence(kind)[0]
+    except lab_errors() as e:
+        pytest.fail(str(e), pytrace=False)
+    return collect_or_block(request, state, kind)[0]
+
+
 @pytest.fixture(scope="session")
 def b70_evidence(
     request: pytest.FixtureRequest, b70_state: LabState, b70_contract: contract_mod.Contract
 ) -> list[evidence_mod.Evidence]:
     """Evidence of every fresh start of the contract: launched once per session (once across xdist
     workers), or read from --b70-evidence."""
-    from ..engine.starts import run_starts_once
-
-    def collect() -> list[evidence_mod.Evidence]:
-        if b70_state.replay_dir is not None:
-            return b70_state.replay_evidence()
-        b70_state.run_dir.mkdir(parents=True, exist_ok=True)
-        b70_state.say(f"run folder {b70_state.run_dir}")
-        return run_starts_once(
-            b70_contract,
-            b70_state.run_dir,
-            b70_state.cache_root,
-            b70_state.say,
-            quality=quality_for(b70_state, b70_contract),
-            probe=probe_options(b70_state.config),
-            prompt_ids=selected_prompt_ids(b70_state.config),
-        )
-
-    return collect_or_block(request, b70_state, "", collect)
+    return collect_or_block(request, b70_state, "candidate")
 
 
 @pytest.fixture
@@ -160,7 +151,7 @@ def b70_start_evidence(
 @pytest.fixture(scope="session")
 def b70_prompt_ids(b70_state: LabState, b70_contract: contract_mod.Contract) -> list[str]:
     """The ids of the prompt set the session judges, in the contract's order."""
-    return [p.id for p in prompt_set(b70_state.config, b70_contract, selected=True)]
+    return [p.id for p in b70_state.prompts(b70_contract, selected=True)]
 
 
 @pytest.fixture(scope="session")
@@ -184,29 +175,7 @@ def b70_teacher_evidence(
     request: pytest.FixtureRequest, b70_state: LabState, b70_contract: contract_mod.Contract
 ) -> evidence_mod.Evidence:
     """One start of the contract's teacher (target only), launched once per session."""
-    from ..engine.starts import run_starts_once
-    from ..evidence.run_folder import read_starts
-
-    teacher = b70_contract.teacher()
-    if b70_state.replay_dir is not None:
-        try:
-            return read_starts(b70_state.replay_dir, kind="teacher")[0]
-        except lab_errors() as e:
-            pytest.fail(str(e), pytrace=False)
-    return collect_or_block(
-        request,
-        b70_state,
-        "teacher ",
-        lambda: run_starts_once(
-            teacher,
-            b70_state.run_dir,
-            b70_state.cache_root,
-            b70_state.say,
-            starts=1,
-            quality=quality_for(b70_state, teacher),
-            probe=probe_options(b70_state.config),
-        ),
-    )[0]
+    return one_start_of(request, b70_state, "teacher")
 
 
 @pytest.fixture(scope="session")
@@ -215,29 +184,7 @@ def b70_reference_evidence(
 ) -> evidence_mod.Evidence:
     """One start of the contract's unquantized-KV reference (target without its KV scheme, KV dtype auto),
     with the quality samples."""
-    from ..engine.starts import run_starts_once
-    from ..evidence.run_folder import read_starts
-
-    try:
-        reference = b70_contract.unquantized_kv_reference()
-        if b70_state.replay_dir is not None:
-            return read_starts(b70_state.replay_dir, kind="reference")[0]
-    except lab_errors() as e:
-        pytest.fail(str(e), pytrace=False)
-    return collect_or_block(
-        request,
-        b70_state,
-        "reference ",
-        lambda: run_starts_once(
-            reference,
-            b70_state.run_dir,
-            b70_state.cache_root,
-            b70_state.say,
-            starts=1,
-            quality=quality_samples(b70_contract),
-            probe=probe_options(b70_state.config),
-        ),
-    )[0]
+    return one_start_of(request, b70_state, "reference")
 
 
 @pytest.fixture(scope="session")

@@ -24,9 +24,7 @@ from .state import (
     LabState,
     NoQuality,
     lab_errors,
-    prompt_set,
     quality_set,
-    runs_root,
 )
 
 if TYPE_CHECKING:
@@ -71,7 +69,7 @@ def baseline_comparison(config: pytest.Config, state: LabState) -> list[str]:
     from ..records import store
 
     wanted = str(config.getoption("--b70-baseline"))
-    root = runs_root(config)
+    root = state.settings.runs_root
     if wanted == "last":
         found = compare.last_promoted_run(root, exclude=state.run_dir)
         if found is None:
@@ -206,7 +204,7 @@ class VerdictReporter:
                 name, digest = contract.name, contract.digest
                 problems += self.state.contract_problems
                 required = catalogue.required_subjects(
-                    contract, [p.id for p in prompt_set(self.state.config, contract)], self.state.extra_gates
+                    contract, [p.id for p in self.state.prompts(contract)], self.state.extra_gates
                 )
             except lab_errors() as e:
                 problems.append(f"the required gate subjects cannot be known: {e}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ..errors import LabError
-from .state import LabState, contract_setting
+from .state import LabState, Settings
 
 SEAL_FOLDER = pytest.StashKey[Path]()
 DRIFT = pytest.StashKey[list[str]]()
@@ -26,7 +26,7 @@ def use_sealed_contract(config: pytest.Config) -> None:
     try:
         folder = store.verified(store.resolve(value)).folder
         sealed = folder / store.CONTRACT_FILE
-        given = contract_setting(config)
+        given = Settings.from_config(config).contract
         if given is not None and load(given).digest != load(sealed).digest:
             raise pytest.UsageError(
                 f"--b70-reproduce {value} launches the sealed contract ({sealed}); --b70-contract {given} is another"

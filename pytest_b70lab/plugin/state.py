@@ -3,7 +3,6 @@ first use, and the prompt and quality sets the gates are parametrized by."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +39,71 @@ BLOCKED_PROPERTY = "b70_blocked"
 ENGINE_EVIDENCE = ("b70_evidence", "b70_teacher_evidence", "b70_reference_evidence")
 
 
+@dataclass(frozen=True)
+class Settings:
+    """Every b70lab option and ini value a session reads, read once (an option overrides the ini; a path in the
+    ini is relative to the ini file)."""
+
+    contract: str | None  # --b70-contract, else the ini's b70_contract; None: the embedded default
+    replay_dir: Path | None  # --b70-evidence
+    run_dir: Path | None  # --b70-run-dir
+    runs_root: Path  # where each session makes its <timestamp> run folder (and --b70-baseline last looks)
+    cache_dir: Path | None  # --b70-cache-dir, else b70_cache_dir
+    gates_dir: Path | None  # b70_gates_dir
+    prompt_ids: list[str] | None  # --b70-prompts: only these prompts are asked and judged
+    probe: bool  # not --b70-no-probe
+    probe_deadline_s: float
+    probe_stall_rank: int | None
+    updating_snapshots: bool  # syrupy's --snapshot-update
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        replay = config.getoption("--b70-evidence")
+        prompts = config.getoption("--b70-prompts", None)
+        return cls(
+            contract=_contract_setting(config),
+            replay_dir=replay.resolve() if replay else None,
+            run_dir=config.getoption("--b70-run-dir"),
+            runs_root=_ini_path(config, "b70_runs_dir") or Path(config.rootpath) / "data" / "runs",
+            cache_dir=config.getoption("--b70-cache-dir") or _ini_path(config, "b70_cache_dir"),
+            gates_dir=_ini_path(config, "b70_gates_dir"),
+            prompt_ids=[v.strip() for v in prompts.split(",") if v.strip()] if prompts else None,
+            probe=not config.getoption("--b70-no-probe"),
+            probe_deadline_s=config.getoption("--b70-probe-deadline"),
+            probe_stall_rank=config.getoption("--b70-probe-stall"),
+            updating_snapshots=bool(getattr(config.option, "update_snapshots", False)),
+        )
+
+
+def _ini_path(config: pytest.Config, name: str) -> Path | None:
+    value = str(config.getini(name) or "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (config.inipath.parent if config.inipath else config.rootpath) / path
+
+
+def _contract_setting(config: pytest.Config) -> str | None:
+    """--b70-contract, else the ini's b70_contract (a TOML path there is relative to the ini file)."""
+    if config.getoption("--b70-contract") is not None:
+        return str(config.getoption("--b70-contract"))
+    value = str(config.getini("b70_contract") or "").strip()
+    if value.endswith(".toml"):
+        return str(_ini_path(config, "b70_contract"))
+    return value or None
+
+
+# The label a kind's failed start is named with in the session's one failure.
+KIND_LABELS = {"candidate": "", "teacher": "teacher ", "reference": "reference "}
+
+
 @dataclass
 class LabState:
-    """Per-process state: the options, the contract (loaded on first use) and the collected evidence."""
+    """Per-process state: the settings, the contract (loaded on first use) and the collected evidence. Built
+    once, in pytest_configure (from_config); the hooks and fixtures call its methods."""
 
     config: pytest.Config
+    settings: Settings
     run_dir: Path
     cache_dir_option: Path | None
     contract_name: str
@@ -69,12 +128,38 @@ class LabState:
     # starts had an identity): the verdict's problems.
     contract_problems: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> LabState:
+        """The session's state from its options and ini: the run folder is the controller's on an xdist worker,
+        the replayed folder, the one --b70-run-dir names, or a new <timestamp> folder under the runs folder."""
+        import time
+
+        from ..contract.defaults import DEFAULT_CONTRACT
+
+        settings = Settings.from_config(config)
+        worker = getattr(config, "workerinput", None) or {}
+        if worker.get(WORKER_RUN_DIR):
+            run_dir = Path(worker[WORKER_RUN_DIR])
+        elif settings.replay_dir is not None:
+            run_dir = settings.replay_dir
+        else:
+            run_dir = (settings.run_dir or settings.runs_root / time.strftime("%Y%m%d-%H%M%S")).resolve()
+        return cls(
+            config=config,
+            settings=settings,
+            run_dir=run_dir,
+            cache_dir_option=settings.cache_dir,
+            contract_name=settings.contract or DEFAULT_CONTRACT,
+            replay_dir=settings.replay_dir,
+            block_mark=Path(worker[WORKER_BLOCK_MARK]) if worker.get(WORKER_BLOCK_MARK) else None,
+        )
+
     @property
     def extra_gates(self) -> dict[str, str]:
         """The gates other plugins add ({name: scope}: hookspecs pytest_b70lab_gates and
         pytest_b70lab_catalogue), asked once."""
         if self._extra_gates is None:
-            self._extra_gates = declared_gates(self.config, self.added_catalogue)
+            self._extra_gates = self._declared_gates()
         return self._extra_gates
 
     @property
@@ -111,7 +196,7 @@ class LabState:
                 from ..judge.replay import damaged_copies, judged_contract, recorded_before_identity
 
                 starts = self.replay_evidence()
-                self._contract, problems = judged_contract(starts, self.replay_dir, contract_setting(self.config))
+                self._contract, problems = judged_contract(starts, self.replay_dir, self.settings.contract)
                 self.contract_problems = (
                     problems
                     + recorded_before_identity(starts, self.replay_dir)
@@ -136,6 +221,108 @@ class LabState:
             return {}
         checked = tables.get("checked") if isinstance(tables, dict) else None
         return dict(checked) if isinstance(checked, dict) else {}
+
+    def _declared_gates(self) -> dict[str, str]:
+        """The gates other plugins declare ({name: scope}), each checked against the catalogue."""
+        from ..judge import catalogue
+
+        declared: dict[str, str] = {}
+        answers = [
+            *self.config.hook.pytest_b70lab_gates(config=self.config),
+            {n: g.scope for n, g in self.added_catalogue.items()},
+        ]
+        for answer in answers:
+            for name, scope in dict(answer or {}).items():
+                if name in catalogue.SCOPES:
+                    problem = f"{name!r} is a gate of the catalogue already"
+                elif scope not in catalogue.SCOPE_NAMES:
+                    problem = f"gate {name!r} has scope {scope!r}; a scope is one of {', '.join(catalogue.SCOPE_NAMES)}"
+                elif declared.get(name, scope) != scope:
+                    problem = f"gate {name!r} is declared with two scopes, {declared[name]!r} and {scope!r}"
+                else:
+                    declared[name] = scope
+                    continue
+                pytest.exit(
+                    f"b70lab: a plugin's pytest_b70lab_gates: {problem}", returncode=pytest.ExitCode.USAGE_ERROR
+                )
+        return declared
+
+    def contract_or_usage_error(self) -> contract_mod.Contract:
+        try:
+            return self.contract
+        except lab_errors() as e:
+            self.stop_reason = str(e)
+            raise pytest.UsageError(str(e)) from e
+
+    def contract_or_exit(self) -> contract_mod.Contract:
+        """During collection a UsageError would become a collection traceback: end the run with the message."""
+        try:
+            return self.contract
+        except lab_errors() as e:
+            self.stop_reason = str(e)
+            pytest.exit(f"b70lab: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+    def prompts(self, contract: contract_mod.Contract, selected: bool = False) -> list[contract_mod.Prompt]:
+        """The contract's prompt set (never the evidence's requests: a prompt missing there must still be
+        judged). A replayed run folder carries a copy, checked against the same pinned sha256. `selected`: only
+        the prompts --b70-prompts names (the required pairs always come from the whole set)."""
+        from ..contract import schema
+        from ..evidence.run_folder import PROMPTS_COPY
+
+        copy = self.replay_dir / PROMPTS_COPY if self.replay_dir is not None else None
+        prompts = schema.load_prompts(contract, fallback=copy)
+        return schema.select_prompts(prompts, self.settings.prompt_ids, "--b70-prompts") if selected else prompts
+
+    def quality_for(self, contract: contract_mod.Contract) -> list[Any] | None:
+        """The samples a start must also ask: only when a selected test judges quality."""
+        if not self.wants_quality or contract.quality is None:
+            return None
+        try:
+            return quality_set(contract)
+        except NoQuality:
+            return None  # the quality tests fail with the reason; the gate evidence is collected as always
+
+    def probe_options(self) -> Any:
+        from ..engine.starts import ProbeOptions
+
+        s = self.settings
+        return ProbeOptions(enabled=s.probe, deadline_s=s.probe_deadline_s, stall_rank=s.probe_stall_rank)
+
+    def kind_contract(self, kind: str) -> contract_mod.Contract:
+        """The contract a kind of start runs: the candidate, its teacher (target only) or its unquantized-KV
+        reference."""
+        if kind == "teacher":
+            return self.contract.teacher()
+        if kind == "reference":
+            return self.contract.unquantized_kv_reference()
+        return self.contract
+
+    def evidence(self, kind: str) -> list[evidence_mod.Evidence]:
+        """A kind's evidence: read from the replayed run folder, or launched once per session (once across xdist
+        workers). The candidate's fresh starts ask the selected prompts and, when a quality test is selected,
+        the quality samples; the teacher is one start; the reference is one start asking the quality samples."""
+        from ..engine.starts import StartRequest, run_starts_once
+        from ..evidence.run_folder import read_starts
+
+        contract = self.kind_contract(kind)
+        if self.replay_dir is not None:
+            return self.replay_evidence() if kind == "candidate" else read_starts(self.replay_dir, kind=kind)[:1]
+        if kind == "candidate":
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.say(f"run folder {self.run_dir}")
+        quality = quality_samples(self.contract) if kind == "reference" else self.quality_for(contract)
+        return run_starts_once(
+            StartRequest(
+                contract,
+                self.run_dir,
+                self.cache_root,
+                self.say,
+                starts=None if kind == "candidate" else 1,
+                quality=quality,
+                probe=self.probe_options(),
+                prompt_ids=self.settings.prompt_ids if kind == "candidate" else None,
+            )
+        )
 
     def replay_evidence(self) -> list[evidence_mod.Evidence]:
         from ..evidence.run_folder import read_starts
@@ -177,86 +364,6 @@ def lab_errors() -> tuple[type[Exception], ...]:
     return ContractError, EvidenceError
 
 
-def ini_path(config: pytest.Config, name: str) -> Path | None:
-    value = str(config.getini(name) or "").strip()
-    if not value:
-        return None
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (config.inipath.parent if config.inipath else config.rootpath) / path
-
-
-def runs_root(config: pytest.Config) -> Path:
-    """Where each session makes its <timestamp> run folder (and where `--b70-baseline last` looks)."""
-    return ini_path(config, "b70_runs_dir") or Path(config.rootpath) / "data" / "runs"
-
-
-def contract_setting(config: pytest.Config) -> str | None:
-    """--b70-contract, else the ini's b70_contract (a TOML path there is relative to the ini file)."""
-    if config.getoption("--b70-contract") is not None:
-        return config.getoption("--b70-contract")
-    value = str(config.getini("b70_contract") or "").strip()
-    if value.endswith(".toml"):
-        return str(ini_path(config, "b70_contract"))
-    return value or None
-
-
-def declared_gates(config: pytest.Config, catalogued: Mapping[str, Any] | None = None) -> dict[str, str]:
-    from ..judge import catalogue
-
-    declared: dict[str, str] = {}
-    answers = [*config.hook.pytest_b70lab_gates(config=config), {n: g.scope for n, g in (catalogued or {}).items()}]
-    for answer in answers:
-        for name, scope in dict(answer or {}).items():
-            if name in catalogue.SCOPES:
-                problem = f"{name!r} is a gate of the catalogue already"
-            elif scope not in catalogue.SCOPE_NAMES:
-                problem = f"gate {name!r} has scope {scope!r}; a scope is one of {', '.join(catalogue.SCOPE_NAMES)}"
-            elif declared.get(name, scope) != scope:
-                problem = f"gate {name!r} is declared with two scopes, {declared[name]!r} and {scope!r}"
-            else:
-                declared[name] = scope
-                continue
-            pytest.exit(f"b70lab: a plugin's pytest_b70lab_gates: {problem}", returncode=pytest.ExitCode.USAGE_ERROR)
-    return declared
-
-
-def contract_or_usage_error(config: pytest.Config) -> contract_mod.Contract:
-    try:
-        return config.stash[STATE].contract
-    except lab_errors() as e:
-        config.stash[STATE].stop_reason = str(e)
-        raise pytest.UsageError(str(e)) from e
-
-
-def contract_or_exit(config: pytest.Config) -> contract_mod.Contract:
-    """During collection a UsageError would become a collection traceback: end the run with the message."""
-    try:
-        return config.stash[STATE].contract
-    except lab_errors() as e:
-        config.stash[STATE].stop_reason = str(e)
-        pytest.exit(f"b70lab: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
-
-
-def prompt_set(
-    config: pytest.Config, contract: contract_mod.Contract, selected: bool = False
-) -> list[contract_mod.Prompt]:
-    """The contract's prompt set (never the evidence's requests: a prompt missing there must still be
-    judged). A replayed run folder carries a copy, checked against the same pinned sha256. `selected`: only
-    the prompts --b70-prompts names (the required pairs always come from the whole set)."""
-    state = config.stash[STATE]
-    from ..contract import schema as contract_mod
-    from ..evidence.run_folder import PROMPTS_COPY
-
-    copy = state.replay_dir / PROMPTS_COPY if state.replay_dir is not None else None
-    prompts = contract_mod.load_prompts(contract, fallback=copy)
-    return contract_mod.select_prompts(prompts, selected_prompt_ids(config), "--b70-prompts") if selected else prompts
-
-
-def selected_prompt_ids(config: pytest.Config) -> list[str] | None:
-    value = config.getoption("--b70-prompts", None)
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
-
-
 class NoQuality(Exception):
     """The contract cannot judge gate 8 (no [quality] table, or its prompt set is missing or changed)."""
 
@@ -295,20 +402,6 @@ def quality_keys(contract: contract_mod.Contract) -> dict:
         return {NO_QUALITY: []}
 
 
-def updating_snapshots(config: pytest.Config) -> bool:
-    return bool(getattr(config.option, "update_snapshots", False))
-
-
-def quality_for(state: LabState, contract: contract_mod.Contract) -> list | None:
-    """The samples a start must also ask: only when a selected test judges quality."""
-    if not state.wants_quality or contract.quality is None:
-        return None
-    try:
-        return quality_set(contract)
-    except NoQuality:
-        return None  # the quality tests fail with the reason; the gate evidence is collected as always
-
-
 def model_errors() -> tuple[type[Exception], ...]:
     """What stops a start before it begins besides a bad contract: the model, the preflight probe, the
     capability preflight."""
@@ -317,13 +410,3 @@ def model_errors() -> tuple[type[Exception], ...]:
     from ..mini import MiniModelError
 
     return MiniModelError, ProbeError, CapabilityError
-
-
-def probe_options(config: pytest.Config):
-    from ..engine.starts import ProbeOptions
-
-    return ProbeOptions(
-        enabled=not config.getoption("--b70-no-probe"),
-        deadline_s=config.getoption("--b70-probe-deadline"),
-        stall_rank=config.getoption("--b70-probe-stall"),
-    )

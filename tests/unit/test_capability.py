@@ -363,12 +363,12 @@ def test_a_session_stops_at_the_capability_preflight_before_anything_else(tmp_pa
     monkeypatch.setattr(starts, "resolve_models", not_reached)
     c = contract.load(PRODUCTION)
     with pytest.raises(CapabilityError) as e:
-        starts.run_starts(c, tmp_path / "run", tmp_path / "cache", probe=ProbeOptions())
+        starts.run_starts(starts.StartRequest(c, tmp_path / "run", tmp_path / "cache", probe=ProbeOptions()))
     assert str(e.value).startswith("capability preflight: page size: needs block_size 32"), str(e.value)
     assert "page size" in _checks(e.value.problems)
     assert not (tmp_path / "run").exists()
     with pytest.raises(LookupError):
-        starts.run_starts(c, tmp_path / "run", tmp_path / "cache", probe=ProbeOptions(enabled=False))
+        starts.run_starts(starts.StartRequest(c, tmp_path / "run", tmp_path / "cache", probe=ProbeOptions(enabled=False)))
 
 
 def test_verdict_text_has_one_line_per_problem() -> None:
