@@ -105,9 +105,6 @@ class LabState:
     config: pytest.Config
     settings: Settings
     run_dir: Path
-    cache_dir_option: Path | None
-    contract_name: str
-    replay_dir: Path | None
     _contract: contract_mod.Contract | None = None
     _evidence: list[evidence_mod.Evidence] | None = None
     # Set at collection: a selected test judges quality, so the starts ask the quality samples too.
@@ -134,8 +131,6 @@ class LabState:
         the replayed folder, the one --b70-run-dir names, or a new <timestamp> folder under the runs folder."""
         import time
 
-        from ..contract.defaults import DEFAULT_CONTRACT
-
         settings = Settings.from_config(config)
         worker = getattr(config, "workerinput", None) or {}
         if worker.get(WORKER_RUN_DIR):
@@ -148,9 +143,6 @@ class LabState:
             config=config,
             settings=settings,
             run_dir=run_dir,
-            cache_dir_option=settings.cache_dir,
-            contract_name=settings.contract or DEFAULT_CONTRACT,
-            replay_dir=settings.replay_dir,
             block_mark=Path(worker[WORKER_BLOCK_MARK]) if worker.get(WORKER_BLOCK_MARK) else None,
         )
 
@@ -179,10 +171,21 @@ class LabState:
         return self._added_catalogue
 
     @property
+    def replay_dir(self) -> Path | None:
+        """The run folder replayed (--b70-evidence), or None for a live session."""
+        return self.settings.replay_dir
+
+    @property
+    def contract_name(self) -> str:
+        from ..contract.defaults import DEFAULT_CONTRACT
+
+        return self.settings.contract or DEFAULT_CONTRACT
+
+    @property
     def cache_root(self) -> Path:
         from ..mini.build import default_cache_root
 
-        return (self.cache_dir_option or default_cache_root()).resolve()
+        return (self.settings.cache_dir or default_cache_root()).resolve()
 
     @property
     def contract(self) -> contract_mod.Contract:

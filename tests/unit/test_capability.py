@@ -368,7 +368,9 @@ def test_a_session_stops_at_the_capability_preflight_before_anything_else(tmp_pa
     assert "page size" in _checks(e.value.problems)
     assert not (tmp_path / "run").exists()
     with pytest.raises(LookupError):
-        starts.run_starts(starts.StartRequest(c, tmp_path / "run", tmp_path / "cache", probe=ProbeOptions(enabled=False)))
+        starts.run_starts(
+            starts.StartRequest(c, tmp_path / "run", tmp_path / "cache", probe=ProbeOptions(enabled=False))
+        )
 
 
 def test_verdict_text_has_one_line_per_problem() -> None:
