@@ -150,6 +150,21 @@ def _rank_shares(
     return shares
 
 
+def _share_mismatch(
+    name: str, rank: Any, moments: dict[str, Any], own: list[tuple[dict[str, Any], str]], held: list[tuple[Any, str]]
+) -> str:
+    """What one rank holds instead of its share: another rank's (named), or values of no rank's share."""
+    if held:
+        other, how = held[0]
+        return (
+            f"{name} on rank {rank}: rank {rank} holds rank {other}'s share ({how}), "
+            f"not its own (" + " or ".join(h for _, h in own) + ")"
+        )
+    return f"{name} on rank {rank}: {_described(moments)}; its share of the checkpoint " + " or ".join(
+        f"({how}) {_described(m)}" for m, how in own
+    )
+
+
 def _sharded_mismatches(
     name: str,
     seen: dict[Any, dict[str, Any]],
@@ -168,13 +183,11 @@ def _sharded_mismatches(
         for i, r in enumerate(ranks)
     }
     fits = {r: any(_same_values(seen[r], m) for m, _ in shares[r]) for r in ranks}
-    if all(shares.values()) and any(fits.values()) and not all(fits.values()):
-        return [
-            f"{name} on rank {r}: {_described(seen[r])}; its share of the checkpoint "
-            + " or ".join(f"({how}) {_described(m)}" for m, how in shares[r])
-            for r in ranks
-            if not fits[r]
-        ]
+    # A rank that holds another rank's share: two ranks that swapped theirs fit none of their own, and their
+    # total is the checkpoint's, so the whole alone would pass them.
+    held = {r: [(q, how) for q in ranks if q != r for m, how in shares[q] if _same_values(seen[r], m)] for r in ranks}
+    if all(shares.values()) and not all(fits.values()) and (any(fits.values()) or any(held.values())):
+        return [_share_mismatch(name, r, seen[r], shares[r], held[r]) for r in ranks if not fits[r]]
     if whole_ok:
         return []
     return [

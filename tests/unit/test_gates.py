@@ -340,6 +340,20 @@ def expert_weights_from_the_wrong_rank(run: Run) -> None:
     audits[1]["parameters"][name]["moments"] = dict(audits[0]["parameters"][name]["moments"])
 
 
+def _swap_ranks(run: Run, ending: str) -> None:
+    audits = {a["tp_rank"]: a for a in run.starts[1].audits}
+    name = next(n for n in audits[0]["parameters"] if n.endswith(ending))
+    a, b = audits[0]["parameters"][name], audits[1]["parameters"][name]
+    a["moments"], b["moments"] = b["moments"], a["moments"]
+
+
+def expert_blocks_swapped(run: Run) -> None:
+    """Ranks 0 and 1 loaded each other's block of experts: neither fits its own share, their total is the
+    checkpoint's. (A swapped tensor-parallel shard is tested on the INT4 bundle: this bundle's table copy
+    predates the shard moments that cut a 2-D tensor rank by rank.)"""
+    _swap_ranks(run, "w13_weight")
+
+
 def draft_norm_not_loaded(run: Run) -> None:
     """A draft norm left at its initial ones on every rank."""
     for audit in run.starts[1].audits:
@@ -556,7 +570,9 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
     (stretched_second_start, "fresh-start-reproduction", "paired figure start-2 / start-1 0.5"),
     (nan_arrival_time, "fresh-start-reproduction", "its arrival times give a decode rate of nan"),
     (zero_router_bias, "load-audit", "e_score_correction_bias on rank 0: sum 0"),
-    (expert_weights_from_the_wrong_rank, "load-audit", "w13_weight on rank 1: sum"),
+    (expert_weights_from_the_wrong_rank, "load-audit", "w13_weight on rank 1: rank 1 holds rank 0's share"),
+    (expert_blocks_swapped, "load-audit", "w13_weight on rank 0: rank 0 holds rank 1's share (experts 4-7)"),
+    (expert_blocks_swapped, "load-audit", "w13_weight on rank 1: rank 1 holds rank 0's share (experts 0-3)"),
     (
         draft_norm_not_loaded,
         "load-audit",

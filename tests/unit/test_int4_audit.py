@@ -110,6 +110,39 @@ def test_an_expert_rank_holding_the_other_ranks_experts_is_named(recorded: Int4R
     assert not verdict.passed and f"{name} on rank 1:" in verdict.explain() and "experts 4-7" in verdict.explain()
 
 
+@pytest.mark.parametrize(
+    "name, share0, share1",
+    [
+        # row parallel: each rank holds half the packed words along the input dimension
+        ("model.layers.2.self_attn.o_proj.weight_packed", "part 1 of 2 along dim 1", "part 2 of 2 along dim 1"),
+        # fused and column parallel
+        ("model.layers.0.self_attn.qkv_proj.weight_scale", "part 1 of 2 along dim 0", "part 2 of 2 along dim 0"),
+    ],
+)
+def test_two_ranks_that_swapped_their_tp_shares_are_both_named(
+    recorded: Int4Run, name: str, share0: str, share1: str
+) -> None:
+    """Neither rank fits its own share and their total is the checkpoint's: the audit names who holds whose."""
+    run = recorded.mutated()
+    a, b = run.audit(0)["parameters"][name], run.audit(1)["parameters"][name]
+    a["moments"], b["moments"] = b["moments"], a["moments"]
+    verdict = run.load_audit()
+    assert not verdict.passed
+    assert f"{name} on rank 0: rank 0 holds rank 1's share ({share1})" in verdict.explain(), verdict.explain()
+    assert f"{name} on rank 1: rank 1 holds rank 0's share ({share0})" in verdict.explain(), verdict.explain()
+
+
+def test_two_ranks_that_swapped_their_experts_are_both_named(recorded: Int4Run) -> None:
+    run = recorded.mutated()
+    name = next(n for n in run.audit(0)["parameters"] if n.endswith("w2_weight_packed"))
+    a, b = run.audit(0)["parameters"][name], run.audit(1)["parameters"][name]
+    a["moments"], b["moments"] = b["moments"], a["moments"]
+    verdict = run.load_audit()
+    assert not verdict.passed
+    assert f"{name} on rank 0: rank 0 holds rank 1's share (experts 4-7)" in verdict.explain(), verdict.explain()
+    assert f"{name} on rank 1: rank 1 holds rank 0's share (experts 0-3)" in verdict.explain(), verdict.explain()
+
+
 def test_a_fused_weight_shape_may_be_any_members_and_nothing_else(recorded: Int4Run) -> None:
     name = "model.layers.1.self_attn.qkv_proj.weight_shape"
     assert _one_rank(recorded, 0, name)["sum"] == 512.0, "k's or v's shape, as vLLM 0.32 leaves it"
