@@ -65,7 +65,11 @@ def _records_list(args: argparse.Namespace) -> int:
             print(f"{s.name}: unreadable: {d['error']}")
             continue
         superseded = f"; supersedes {d['supersedes']}" if d.get("supersedes") else ""
-        print(f"{s.name}: contract {d['contract']['name']}, sealed {d['sealed_at']}{superseded}\n  {d['headline']}")
+        unsealed = "" if s.metadata_sealed else f" ({store.METADATA_NOT_SEALED})"
+        print(
+            f"{s.name}: contract {d['contract']['name']}, sealed {d['sealed_at']}{superseded}{unsealed}\n"
+            f"  {d['headline']}"
+        )
     return 0
 
 
@@ -83,8 +87,11 @@ def _records_verify(args: argparse.Namespace) -> int:
             line = judge.headline_line(decision, folder)
             if not decision.promotable:
                 problems.append(f"judged again from its own files, the seal is not promotable: {line}")
+            if moved := store.headline_problem(store.read(folder), line):
+                problems.append(moved)
         failed += bool(problems)
-        print(f"{folder.name}: " + ("FAILS\n  " + "\n  ".join(problems) if problems else f"holds; {line}"))
+        unsealed = "" if problems or store.read(folder).metadata_sealed else f" ({store.METADATA_NOT_SEALED})"
+        print(f"{folder.name}: " + ("FAILS\n  " + "\n  ".join(problems) if problems else f"holds; {line}{unsealed}"))
     if not folders:
         print("no sealed records to verify")
     return 1 if failed else 0

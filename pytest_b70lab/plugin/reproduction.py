@@ -86,7 +86,7 @@ def _doubling_as_reproduction(state: LabState) -> list[str]:
         return []
     try:
         contract = state.contract
-        seals = [s for s in store.listing() if s.document.get("contract", {}).get("digest") == contract.digest]
+        seals = [s for s in store.listing() if "error" not in s.document and s.contract_digest() == contract.digest]
         if not seals:
             return []
         seal = max(seals, key=lambda s: str(s.document.get("sealed_at")))

@@ -156,10 +156,8 @@ def judge(seal_folder: Path, run_dir: Path, contract: Contract, drift: list[str]
     seal = store.read(seal_folder)
     name = f"{store.REPRO}/{seal.name}"
     reasons = []
-    if seal.document.get("contract", {}).get("digest") != contract.digest:
-        reasons.append(
-            f"contract digest {contract.digest[:16]}..., sealed {seal.document['contract']['digest'][:16]}..."
-        )
+    if (sealed_digest := seal.contract_digest()) != contract.digest:
+        reasons.append(f"contract digest {contract.digest[:16]}..., sealed {sealed_digest[:16]}...")
     comparison = compare_runs(load_run(seal_folder), load_run(run_dir))
     differing = [p for p in comparison.prompts if not p.identical or not p.starts_agree_b]
     for p in differing[:5]:

@@ -195,6 +195,7 @@ def _write_seal_file(
         "supersedes": supersedes,
         "bytes": size,
         "files": files,
-        "digest": store.overall_digest(files),
     }
+    document["field_digests"] = store.field_digests(document)
+    document["digest"] = store.content_digest(document)
     (folder / store.SEAL_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import project
-from ..digests import file_sha256
+from ..digests import file_sha256, sha256_canonical
 from ..errors import LabError
 from ..evidence.record import read_json
 
@@ -24,7 +24,10 @@ RECORD_FILE = "record.json"
 CONTRACT_FILE = "contract.toml"
 SNAPSHOTS = "__snapshots__"
 SCHEMA = "b70lab.seal"
-VERSION = 1
+# 2: the digest covers the whole of SEAL.json but itself (1: only its list of files). Both read.
+VERSION = 2
+READS = (1, 2)
+METADATA_NOT_SEALED = "metadata not sealed (seal format 1: only the file list is under its digest)"
 
 
 class SealError(LabError, ValueError):
@@ -47,6 +50,21 @@ def overall_digest(files: dict[str, str]) -> str:
     """One digest over the sealed files: sha256 of `<path> <sha256>` lines, sorted by path."""
     lines = "".join(f"{path} {files[path]}\n" for path in sorted(files))
     return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def content_digest(document: dict[str, Any]) -> str:
+    """Format 2's digest: sha256 of SEAL.json's canonical JSON without its own `digest`, so that its name, time,
+    contract, headline, supersedes, size and file list are all under it."""
+    return sha256_canonical({k: v for k, v in document.items() if k != "digest"})
+
+
+# The fields of SEAL.json a reader uses, each also digested on its own (under the content digest), so that an
+# edit is named by field.
+SEALED_FIELDS = ("name", "sealed_at", "run", "contract", "headline", "supersedes", "bytes", "files")
+
+
+def field_digests(document: dict[str, Any]) -> dict[str, str]:
+    return {f: sha256_canonical(document.get(f)) for f in SEALED_FIELDS}
 
 
 def records_root() -> Path:
@@ -78,7 +96,19 @@ class Seal:
 
     @property
     def name(self) -> str:
-        return str(self.document.get("name") or self.folder.name)
+        """The folder's name: SEAL.json's must equal it (verify), but the folder is what a reader looks up."""
+        return self.folder.name
+
+    @property
+    def metadata_sealed(self) -> bool:
+        return self.document.get("version") == 2
+
+    def contract_digest(self) -> str:
+        """The digest of the sealed contract.toml as it loads (its bytes are under the seal's digest), not
+        SEAL.json's claim of it."""
+        from ..contract import schema as contract_mod
+
+        return contract_mod.load(self.folder / CONTRACT_FILE).digest
 
     @property
     def files(self) -> dict[str, str]:
@@ -99,8 +129,11 @@ def read(folder: Path) -> Seal:
     document = _json(folder / SEAL_FILE, "SEAL.json")
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise SealError(f"{folder / SEAL_FILE} is not a b70lab seal (schema {SCHEMA!r} expected)")
-    if document.get("version") != VERSION:
-        raise SealError(f"{folder / SEAL_FILE}: seal version {document.get('version')!r}, this b70lab reads {VERSION}")
+    if document.get("version") not in READS:
+        raise SealError(
+            f"{folder / SEAL_FILE}: seal version {document.get('version')!r}, this b70lab reads "
+            + " and ".join(map(str, READS))
+        )
     files = document.get("files")
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
         raise SealError(f"{folder / SEAL_FILE}: `files` must map each sealed file to its sha256")
@@ -123,12 +156,55 @@ def verify(folder: Path) -> list[str]:
         for p in sorted(set(sealed) & set(present))
         if sealed[p] != present[p]
     ]
-    if overall_digest(sealed) != seal.document.get("digest"):
+    return problems + _metadata_problems(seal, files_hold=not problems)
+
+
+def _metadata_problems(seal: Seal, files_hold: bool) -> list[str]:
+    """SEAL.json against its digest, and (where its files hold: an edited file is named alone) what it says
+    against what its files say: its name against the folder's, its contract digest against contract.toml's and
+    record.json's."""
+    document, where = seal.document, seal.folder / SEAL_FILE
+    claimed = str(document.get("digest"))
+    problems = []
+    if seal.metadata_sealed and content_digest(document) != claimed:
+        recorded = document.get("field_digests") or {}
+        edited = [f for f, d in field_digests(document).items() if recorded.get(f) != d]
+        what = f"its {', '.join(edited)} edited" if edited else "edited, its field digests with it"
         problems.append(
-            f"{folder / SEAL_FILE}: its digest {str(seal.document.get('digest'))[:16]}... is not the digest of the "
-            f"files it lists ({overall_digest(sealed)[:16]}...): SEAL.json itself was edited"
+            f"{where}: its digest {claimed[:16]}... is not the digest of its content "
+            f"({content_digest(document)[:16]}...): SEAL.json was {what} after sealing"
+        )
+    if not seal.metadata_sealed and overall_digest(seal.files) != claimed:
+        problems.append(
+            f"{where}: its digest {claimed[:16]}... is not the digest of the files it lists "
+            f"({overall_digest(seal.files)[:16]}...): SEAL.json itself was edited"
+        )
+    if not files_hold:
+        return problems
+    if document.get("name") != seal.folder.name:
+        problems.append(f"{where}: name {document.get('name')!r} is not the folder's, {seal.folder.name!r}")
+    try:
+        loaded = seal.contract_digest()
+        recorded = (seal.record().get("contract") or {}).get("digest")
+    except LabError as e:
+        return [*problems, f"{seal.folder}: the sealed contract or record cannot be read: {e}"]
+    said = (document.get("contract") or {}).get("digest")
+    if said != loaded:
+        problems.append(f"{where}: contract digest {str(said)[:16]}... is not contract.toml's, {loaded[:16]}...")
+    if recorded != loaded:
+        problems.append(
+            f"{seal.folder / RECORD_FILE}: contract digest {str(recorded)[:16]}... is not contract.toml's, "
+            f"{loaded[:16]}..."
         )
     return problems
+
+
+def headline_problem(seal: Seal, judged_line: str) -> str | None:
+    """SEAL.json's headline against the verdict its files judge to now."""
+    said = seal.document.get("headline")
+    if said == judged_line:
+        return None
+    return f"{seal.folder / SEAL_FILE}: headline {said!r} is not what its files judge to: {judged_line!r}"
 
 
 def verified(folder: Path) -> Seal:

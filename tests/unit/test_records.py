@@ -40,6 +40,19 @@ def _edit_token(folder: Path, start: str, prompt_id: str, at: int) -> tuple[int,
     return old, old + 1
 
 
+def _reseal_as_a_forger_would(folder: Path) -> None:
+    """SEAL.json written again over edited files, consistent in every field (its name the folder's), in the
+    seal's own format: what an unsigned seal cannot tell from a real one."""
+    files = store.file_digests(folder)
+    document = {**store.read(folder).document, "files": files, "name": folder.name}
+    if document["version"] == 1:
+        document["digest"] = store.overall_digest(files)
+    else:
+        document["field_digests"] = store.field_digests(document)
+        document["digest"] = store.content_digest(document)
+    (folder / store.SEAL_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+
+
 @pytest.fixture
 def sealed(tmp_path: Path) -> Path:
     """A copy of the newest committed seal of the embedded default, to edit."""
@@ -92,6 +105,80 @@ def test_a_missing_an_added_file_and_an_edited_seal_file_are_named(sealed: Path)
         "is not valid JSON (Expecting property name enclosed in double quotes: "
         "line 1 column 2 (char 1)): the file is corrupted"
     )
+
+
+@pytest.fixture
+def sealed_v2(sealed: Path, tmp_path: Path) -> Path:
+    """The newest committed seal sealed again in today's format (2: all of SEAL.json under its digest)."""
+    return seal(sealed, "again", sealed / store.SNAPSHOTS, root=tmp_path / "records")
+
+
+def _edit_seal_file(folder: Path, **fields: object) -> None:
+    document = json.loads((folder / store.SEAL_FILE).read_text())
+    document.update(fields)
+    (folder / store.SEAL_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("headline", "PROMOTABLE at 999.00 / 999.00 tok/s median (start-1 / start-2)"),
+        ("sealed_at", "2027-01-01T00:00:00+00:00"),
+        ("supersedes", "mini-laguna-cpu-20261204"),
+        ("bytes", 1),
+    ],
+)
+def test_an_edited_field_of_a_format_2_seal_file_is_named(sealed_v2: Path, field: str, value: object) -> None:
+    assert store.read(sealed_v2).metadata_sealed and store.verify(sealed_v2) == []
+    _edit_seal_file(sealed_v2, **{field: value})
+    (problem,) = store.verify(sealed_v2)
+    assert problem.endswith(f"SEAL.json was its {field} edited after sealing"), problem
+
+
+def test_a_format_2_seal_names_a_renamed_folder_and_a_claimed_contract(sealed_v2: Path, tmp_path: Path) -> None:
+    """Name and contract are checked against the files too: a SEAL.json re-digested after the edit still fails
+    on them (and only a signature would catch the rest)."""
+    moved = Path(shutil.move(sealed_v2, tmp_path / "renamed"))
+    assert store.verify(moved) == [f"{moved / store.SEAL_FILE}: name 'again' is not the folder's, 'renamed'"]
+    assert store.read(moved).name == "renamed", "a reader takes the folder's name, never the document's"
+    document = json.loads((moved / store.SEAL_FILE).read_text())
+    document["name"], document["contract"] = "renamed", {**document["contract"], "digest": "0" * 64}
+    document["field_digests"] = store.field_digests(document)
+    document["digest"] = store.content_digest(document)
+    (moved / store.SEAL_FILE).write_text(json.dumps(document))
+    loaded = contract_mod.load(moved / store.CONTRACT_FILE).digest
+    assert store.verify(moved) == [
+        f"{moved / store.SEAL_FILE}: contract digest 0000000000000000... is not contract.toml's, {loaded[:16]}..."
+    ]
+
+
+def test_records_verify_names_a_headline_its_files_do_not_judge_to(sealed_v2: Path) -> None:
+    document = json.loads((sealed_v2 / store.SEAL_FILE).read_text())
+    document["headline"] = document["headline"].replace("PROMOTABLE at", "PROMOTABLE at 1")
+    document["field_digests"] = store.field_digests(document)
+    document["digest"] = store.content_digest(document)
+    (sealed_v2 / store.SEAL_FILE).write_text(json.dumps(document))
+    assert store.verify(sealed_v2) == []  # consistent: only the verdict the files judge to can tell
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_b70lab.cli", "records", "verify", str(sealed_v2)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "SEAL.json: headline 'PROMOTABLE at 1" in out.stdout and "is not what its files judge to" in out.stdout
+
+
+def test_a_format_1_seal_still_reads_and_says_its_metadata_is_not_sealed(sealed: Path) -> None:
+    assert not store.read(sealed).metadata_sealed and store.verify(sealed) == []
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_b70lab.cli", "records", "verify", str(sealed)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert out.returncode == 0 and "holds; PROMOTABLE" in out.stdout, out.stdout + out.stderr
+    assert store.METADATA_NOT_SEALED in out.stdout
 
 
 def test_a_seal_reseals_as_itself_and_names_are_never_reused(sealed: Path, tmp_path: Path) -> None:
@@ -161,9 +248,7 @@ def test_a_seal_resealed_with_another_teacher_is_not_reproduced(sealed: Path, tm
     snapshot["token_ids"][11] += 1
     snapshot["token_ids_sha256"] = evidence.sha256_ids(snapshot["token_ids"])
     path.write_text(json.dumps(snapshot, indent=2, sort_keys=True) + "\n")
-    files = store.file_digests(edited)
-    document = {**store.read(edited).document, "files": files, "digest": store.overall_digest(files)}
-    (edited / store.SEAL_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    _reseal_as_a_forger_would(edited)
     result = reproduce.judge(edited, sealed, contract)
     assert not result.reproduced
     assert result.reasons == [
@@ -213,13 +298,11 @@ def test_a_replay_reproduces_the_seal_and_not_a_resealed_edit(sealed: Path, tmp_
     edited = Path(shutil.copytree(sealed, tmp_path / "edited"))
     for start in ("start-1", "start-2"):
         _edit_token(edited, start, "json-2", 7)
-    files = store.file_digests(edited)
-    document = {**store.read(edited).document, "files": files, "digest": store.overall_digest(files)}
-    (edited / store.SEAL_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    _reseal_as_a_forger_would(edited)
     assert store.verify(edited) == []
     no = _session(gates, f"--b70-evidence={sealed}", f"--b70-reproduce={edited}")
     assert no.returncode == 1, no.stdout[-3000:]
-    assert f"NOT REPRODUCED repro/{sealed.name}: prompt json-2: token 7 is" in no.stdout, no.stdout[-3000:]
+    assert f"NOT REPRODUCED repro/{edited.name}: prompt json-2: token 7 is" in no.stdout, no.stdout[-3000:]
     assert json.loads((sealed / reproduce.REPORT_FILE).read_text())["reproduced"] is False
 
 
