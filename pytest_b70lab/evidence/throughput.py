@@ -167,6 +167,15 @@ def counted_rates(start: Any) -> tuple[dict[tuple[int, str], float], dict[tuple[
     return arrival_rates([r for _m, r in kept.values()], keys=list(kept))
 
 
+def prompt_rates(start: Any) -> dict[str, float]:
+    """A start's decode rate per prompt as gate 7 takes it: interleaved, each prompt's median over its counted
+    passes; sequential, its one request's. Prompts without a rate are left out."""
+    if start.schedule is None:
+        return arrival_rates(start.requests)[0]
+    rates, _why = counted_rates(start)
+    return pass_medians(by_prompt(rates.values(), rates.keys()))
+
+
 def pass_endpoint(rates: Mapping[tuple[int, str], float]) -> float | None:
     """An interleaved start's endpoint figure: the median over prompts of each prompt's median over passes."""
     per_prompt = pass_medians(by_prompt(rates.values(), rates.keys()))

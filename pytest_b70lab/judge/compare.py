@@ -416,11 +416,12 @@ def _diff_models(ea: Evidence, eb: Evidence) -> list[Change]:
 
 
 def _rates(run: Run) -> dict[str, float]:
-    """Per prompt, the median decode rate over the run's starts, each recomputed from the request's arrival
-    times; prompts with no rate are left out."""
+    """Per prompt, the median decode rate over the run's starts, each start's taken as gate 7 takes it (every
+    counted pass of an interleaved start: throughput.prompt_rates), recomputed from the arrival times; prompts
+    with no rate are left out."""
     seen: dict[str, list[float]] = {}
     for start in run.starts:
-        for pid, rate in throughput.arrival_rates(start.requests)[0].items():
+        for pid, rate in throughput.prompt_rates(start).items():
             seen.setdefault(pid, []).append(rate)
     return {pid: statistics.median(rates) for pid, rates in seen.items()}
 

@@ -188,11 +188,17 @@ def judge(seal_folder: Path, run_dir: Path, contract: Contract, drift: list[str]
         "sealed_median": speed.median_a,
         "median": speed.median_b,
     }
-    if speed.ratio is None:
+    if speed.ratio is None or speed.low is None or speed.high is None:
         reasons.append("no prompt has a decode rate in both the seal and this run")
-    elif abs(speed.ratio - 1) > tolerance:
+    elif speed.low < 1 - tolerance or speed.high > 1 + tolerance:
+        where = "outside" if abs(speed.ratio - 1) > tolerance else "not wholly inside"
         reasons.append(
-            f"speed {speed.ratio:.3f} of the sealed ({speed.median_b:.1f} vs {speed.median_a:.1f} tok/s median) is "
-            f"outside 1 +/- {tolerance:g} (throughput_tolerance)"
+            f"speed {speed.ratio:.3f} [{speed.low:.3f}, {speed.high:.3f}] of the sealed ({speed.median_b:.1f} vs "
+            f"{speed.median_a:.1f} tok/s median) is {where} 1 +/- {tolerance:g} (throughput_tolerance)"
+        )
+    if speed.paired is not None and (speed.paired.low < 1 - tolerance or speed.paired.high > 1 + tolerance):
+        reasons.append(
+            f"paired speed {speed.paired.line()} of the sealed (the geometric mean of the per-prompt ratios) is "
+            f"not wholly inside 1 +/- {tolerance:g} (throughput_tolerance)"
         )
     return Reproduction(name, not reasons, reasons, figures, list(drift or []))

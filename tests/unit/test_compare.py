@@ -97,9 +97,11 @@ def test_the_candidate_against_its_teacher(candidate: Path, teacher: Path) -> No
         assert p.identical == (a.starts[0].request(p.prompt_id).token_ids == tokens_b[p.prompt_id])
     assert c.identical_outputs == sum(r.token_ids == tokens_b[r.prompt_id] for r in a.starts[0].requests)
 
-    rates_a = [
-        statistics.median(r.decode_rate for s in a.starts for r in s.requests if r.prompt_id == pid) for pid in tokens_b
-    ]
+    def passes(start: evidence.Evidence, pid: str) -> float:
+        """The prompt's median over every counted pass of an interleaved start (gate 7's figure)."""
+        return statistics.median(r.decode_rate for (_p, q), (_m, r) in start.counted().items() if q == pid)
+
+    rates_a = [statistics.median(passes(s, pid) for s in a.starts) for pid in tokens_b]
     rates_b = [b.starts[0].request(pid).decode_rate for pid in tokens_b]
     assert c.speed.ratio == pytest.approx(statistics.median(rates_b) / statistics.median(rates_a))
     assert c.speed.paired is not None and c.speed.paired.ratio == pytest.approx(
@@ -157,7 +159,7 @@ def test_a_faster_run_reads_as_its_ratio(candidate: Path, tmp_path: Path) -> Non
     faster = copy_bundle(tmp_path, CANDIDATE, "faster")
 
     def scale(record: evidence.Evidence) -> None:
-        for r in record.requests:
+        for r in (*record.requests, *record.repeats):  # every pass
             r.chunk_times = [t / 1.5 for t in r.chunk_times]
 
     for start in (1, 2):
@@ -168,6 +170,31 @@ def test_a_faster_run_reads_as_its_ratio(candidate: Path, tmp_path: Path) -> Non
     assert c.speed.low > 1 and c.speed.low <= c.speed.ratio <= c.speed.high
     assert all(p.ratio == pytest.approx(1.5) for p in c.prompts)
     assert c.only_speed_changed, "the same tokens, faster: that is all that changed"
+
+
+def test_a_run_slower_in_its_later_passes_only_reads_slower(candidate: Path, tmp_path: Path) -> None:
+    """Passes 2 and 3 of every prompt at half speed, pass 1 as it was: the comparison takes every counted pass,
+    as gate 7 does, so the per-prompt median over the passes moves (pass 1 alone would read 1.000)."""
+    slower = copy_bundle(tmp_path, CANDIDATE, "slower")
+
+    def later_passes(record: evidence.Evidence) -> None:
+        for (pass_index, _pid), (_m, r) in record.counted().items():
+            if pass_index > 1:
+                r.chunk_times = [t * 2 for t in r.chunk_times]
+
+    for start in (1, 2):
+        rewrite(slower, start, later_passes)
+    c = compare.compare_runs(compare.load_run(candidate), compare.load_run(slower))
+    # Each prompt's median of (pass 1, pass 2 / 2, pass 3 / 2): at most the faster half of the two slowed passes.
+    assert c.speed.ratio < 0.75 and c.speed.paired.ratio < 0.75 and c.speed.high < 1, c.headline()
+
+
+def test_the_committed_bundle_against_itself_is_1_from_every_pass(candidate: Path) -> None:
+    run = compare.load_run(candidate)
+    assert all(s.schedule is not None and len(s.counted()) > len(s.requests) for s in run.starts), "interleaved"
+    c = compare.compare_runs(run, run)
+    assert (c.speed.ratio, c.speed.low, c.speed.high) == (1.0, 1.0, 1.0)
+    assert "speed B/A paired 1.000 [1.000, 1.000]" in c.headline()
 
 
 def test_the_interval_is_reproducible_and_narrows_with_confidence(candidate: Path, teacher: Path) -> None:

@@ -236,6 +236,32 @@ def test_a_run_reproduces_its_own_seal_and_not_an_edited_one(sealed: Path, tmp_p
     )
 
 
+def _slowed(sealed: Path, tmp_path: Path, factor: float, passes: set[int]) -> Path:
+    """A copy of the sealed run whose counted measurements of the given passes decode `factor` times slower,
+    every derived figure written again as the harness would have (a consistent editor)."""
+    run = Path(shutil.copytree(sealed, tmp_path / f"slowed-{factor}-{min(passes)}"))
+    for start in ("start-1", "start-2"):
+        record = evidence.read(run / start / "evidence.json")
+        for (pass_index, _pid), (_m, r) in record.counted().items():
+            if pass_index in passes:
+                r.chunk_times = [r.chunk_times[0] + (t - r.chunk_times[0]) * factor for t in r.chunk_times]
+        evidence.write(evidence.rederive(record), run / start)
+    return run
+
+
+@pytest.mark.parametrize("passes", [{1, 2, 3}, {2, 3}], ids=["every-pass", "passes-2-3"])
+def test_a_slower_run_is_not_reproduced_naming_the_speed(sealed: Path, tmp_path: Path, passes: set[int]) -> None:
+    """1.5x slower in every pass, or in passes 2 and 3 only (which a comparison of pass 1 alone would miss):
+    NOT REPRODUCED, naming the speed and its interval; its tokens are the sealed ones."""
+    contract = contract_mod.load(sealed / store.CONTRACT_FILE)
+    result = reproduce.judge(sealed, _slowed(sealed, tmp_path, 1.5, passes), contract)
+    assert not result.reproduced
+    assert result.figures["identical"] == 6 and result.figures["high"] < 1
+    assert any(r.startswith("speed 0.") and "of the sealed" in r and "1 +/- 0.2" in r for r in result.reasons), (
+        result.reasons
+    )
+
+
 def test_a_seal_resealed_with_another_teacher_is_not_reproduced(sealed: Path, tmp_path: Path) -> None:
     """The seal's oracle changed (one token of one teacher snapshot, its hash kept consistent) and SEAL.json
     written again: the run that was sealed no longer reproduces it, naming the prompt and the token."""
