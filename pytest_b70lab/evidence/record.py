@@ -21,8 +21,10 @@ from ..errors import LabError
 
 SCHEMA: Final = "b70lab.evidence"
 # Version 2 adds the interleaved schedule (`schedule`, `repeats`); version-1 files still read, and carry neither.
-VERSION: Final = 2
-VERSIONS = (1, 2)
+VERSION: Final = 3
+VERSIONS = (1, 2, 3)
+# The version from which an interleaved schedule always records the host rule (its absence is refused).
+HOST_RULE_VERSION: Final = 3
 FILENAME = "evidence.json"
 
 
@@ -267,7 +269,7 @@ class Schedule(ClosedRecord):
 
 class Evidence(ClosedRecord):
     schema_name: Literal["b70lab.evidence"] = Field(default=SCHEMA, alias="schema")
-    version: Literal[1, 2] = VERSION
+    version: Literal[1, 2, 3] = VERSION
     role: Kind  # the contract's kind; `role` in the recorded schema, whose digests cover the field names
     start_index: int
     created_at: str
@@ -474,6 +476,25 @@ def _every_request(evidence: Evidence) -> list[tuple[str, Request]]:
     ]
 
 
+def _stripped_host_rule(version: int, s: Schedule) -> list[str]:
+    """A schedule without the host rule where it must have one: in a version that always records it, or beside
+    measurements of the outside load it judges (taking the rule out would let any outside load pass)."""
+    if s.host_rule:
+        return []
+    out = []
+    if version >= HOST_RULE_VERSION:
+        out.append(
+            f"version {version} evidence records the host rule, and its schedule has none of "
+            f"{', '.join(HOST_RULE_FIELDS)}: stripped"
+        )
+    if ruled := [i for i, m in enumerate(s.measurements) if m.outside_cpu_s is not None]:
+        out.append(
+            f"schedule.measurements[{ruled[0]}] (and {len(ruled) - 1} more) record outside_cpu_s, but the schedule "
+            "records no host rule to judge it by: stripped"
+        )
+    return out
+
+
 def schedule_contradictions(evidence: Evidence) -> list[str]:
     """An interleaved schedule that does not add up: a measurement pointing at no request or at another
     prompt's, a request no measurement timed, a pass-1 request in `requests` that is not its pass's last
@@ -483,7 +504,7 @@ def schedule_contradictions(evidence: Evidence) -> list[str]:
         return ["repeats without a schedule: nothing says how they were measured"] if evidence.repeats else []
     if evidence.version < 2:
         return [f"version {evidence.version} evidence carries a schedule: the schedule came with version 2"]
-    out = s.rule_differences()
+    out = s.rule_differences() + _stripped_host_rule(evidence.version, s)
     timed: dict[tuple[str, int], int] = {}
     attempts: dict[tuple[int, str], list[Measurement]] = {}
     for i, m in enumerate(s.measurements):

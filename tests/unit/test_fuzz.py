@@ -141,13 +141,13 @@ def test_a_flipped_bit_in_evidence_is_an_evidence_error_naming_the_file(tmp_path
     assert json.loads(bytes(data)) == json.loads(EVIDENCE_BYTES)
 
 
-@pytest.mark.parametrize("version", [0, 3, "2", None])
+@pytest.mark.parametrize("version", [0, 4, "2", None])
 def test_evidence_of_another_schema_version_names_the_version_and_the_file(tmp_path: Path, version) -> None:
     raw = json.loads(EVIDENCE_BYTES)
     raw["version"] = version
     path = tmp_path / "evidence.json"
     path.write_text(json.dumps(raw))
-    with pytest.raises(evidence.EvidenceError, match=f"has version {version!r}; this b70lab reads versions 1, 2"):
+    with pytest.raises(evidence.EvidenceError, match=f"has version {version!r}; this b70lab reads versions 1, 2, 3"):
         evidence.read(path)
 
 

@@ -135,16 +135,50 @@ def test_load_outside_both_starts_contaminates_under_the_host_rule_only() -> Non
     assert why is not None and "outside both starts used 0.4 CPU-s" in why and "limit 0.100" in why
     assert ruled.contamination(m(0.5, 4.0)) is None  # 15 % of a 4 s request is 0.6 CPU-s
     assert "could not be read" in (ruled.contamination(m(None, 0.5)) or "")
-    # A schedule measured before the host rule existed is judged by the rule it was measured under.
+    # A schedule measured before the host rule existed (which measured nothing outside) is judged by the rule it
+    # was measured under; one that measured outside load without the rule is refused on read (below).
     before = ruled.model_copy(update={name: None for name in evidence.HOST_RULE_FIELDS})
     assert not before.host_rule and not before.rule_differences()
-    assert before.contamination(m(None, 0.5)) is None and before.contamination(m(0.4, 0.5)) is None
+    assert before.contamination(m(None, 0.5)) is None
     # One field of the rule left without the others is not a schedule from before it.
     partial = ruled.model_copy(update={"outside_fraction": None})
     assert partial.rule_differences() == ["schedule.outside_fraction is None, the quiet rule is 0.15"]
 
 
 # --- the schedule as evidence: refused on read where it does not add up ------------------------------------
+
+
+def _stripped(record: evidence.Evidence, measurements_too: bool) -> evidence.Evidence:
+    assert record.schedule is not None
+    update = {name: None for name in evidence.HOST_RULE_FIELDS}
+    schedule = record.schedule.model_copy(update=update)
+    if measurements_too:
+        schedule.measurements = [m.model_copy(update={"outside_cpu_s": None}) for m in schedule.measurements]
+    return record.model_copy(update={"schedule": schedule})
+
+
+def test_a_schedule_stripped_of_the_host_rule_is_refused(tmp_path: Path) -> None:
+    """Taking the rule's three fields out would let any outside load pass: with the measurements' outside_cpu_s
+    kept, any version is refused; with those taken out too, a version-3 file is refused (the version says the
+    rule is recorded). Unsigned, a downgrade to version 2 cannot be told from a real old file."""
+    record = evidence.read(BUNDLE / "start-1")
+    assert record.version == 2 and record.schedule is not None and record.schedule.host_rule
+    for version, measurements_too, refused in [
+        (2, False, "record outside_cpu_s, but the schedule records no host rule to judge it by: stripped"),
+        (3, False, "version 3 evidence records the host rule, and its schedule has none of quiet_outside_cpu_s"),
+        (3, True, "version 3 evidence records the host rule, and its schedule has none of quiet_outside_cpu_s"),
+    ]:
+        edited = _stripped(record, measurements_too).model_copy(update={"version": version})
+        evidence.write(edited, tmp_path / f"v{version}-{measurements_too}")
+        with pytest.raises(evidence.EvidenceError, match=refused.replace("(", r"\(").replace(")", r"\)")):
+            evidence.read(tmp_path / f"v{version}-{measurements_too}")
+    evidence.write(_stripped(record, True), tmp_path / "old")  # as a version-2 file from before the rule reads
+    assert not evidence.read(tmp_path / "old").schedule.host_rule
+
+
+def test_a_live_session_writes_the_version_that_records_the_host_rule() -> None:
+    assert evidence.VERSION == evidence.HOST_RULE_VERSION and evidence.Schedule.new(3).host_rule
+
 
 BUNDLE = Path(__file__).resolve().parents[2] / "fixtures" / "evidence" / "mini-laguna-cpu"
 
