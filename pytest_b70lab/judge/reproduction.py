@@ -3,6 +3,7 @@ contract's tolerance by the endpoint medians and by the paired per-prompt figure
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +112,49 @@ def _schedule_matches(c: Check, starts: list[Evidence], contract: Contract) -> b
         )
         for problem in got.rule_differences():
             ok &= c.expect(False, f"start-{s.start_index}: {problem}")
+    if ok and want.schedule == "interleaved":
+        for problem in timeline_problems(starts):
+            ok &= c.expect(False, problem)
     return ok
+
+
+def timeline_problems(starts: list[Evidence]) -> list[str]:
+    """The interleaved claim against its own timeline. Every measurement of the session's starts carries its
+    place in the one sequence of requests and its times on one clock (the harness's CLOCK_MONOTONIC, in seconds
+    since the session's first launch): in sequence order no request may begin before the one before it ended
+    (two starts served at once are not side by side but together), and in a gates session (two starts, each
+    naming the other) every (pass, prompt) is measured on both starts in one run of the sequence, so that the
+    starts alternate rather than one running its passes after the other's."""
+    timed = sorted(
+        ((m.sequence, s.start_index, m) for s in starts if s.schedule for m in s.schedule.measurements),
+        key=lambda t: (t[0], t[1]),
+    )
+
+    def name(start: int, m: Any) -> str:
+        return f"start-{start} {m.prompt_id} pass {m.pass_index} attempt {m.attempt} (sequence {m.sequence})"
+
+    problems = []
+    for (seq_a, start_a, a), (seq_b, start_b, b) in itertools.pairwise(timed):
+        if seq_a == seq_b:
+            problems.append(f"{name(start_a, a)} and {name(start_b, b)} share one place in the sequence")
+        elif b.started_at < a.ended_at:
+            problems.append(
+                f"{name(start_b, b)} began at {b.started_at:.3f} s, before {name(start_a, a)} ended at "
+                f"{a.ended_at:.3f} s: not measured one at a time"
+            )
+    if all(m.other_start is not None for _seq, _s, m in timed):
+        places: dict[tuple[int, str], list[int]] = {}
+        for seq, _start, m in timed:
+            places.setdefault((m.pass_index, m.prompt_id), []).append(seq)
+        order = [seq for seq, _s, _m in timed]
+        for (pass_index, prompt_id), seqs in sorted(places.items()):
+            run = order[order.index(seqs[0]) : order.index(seqs[-1]) + 1]
+            if len(run) != len(seqs):
+                problems.append(
+                    f"{prompt_id} pass {pass_index}: measured at sequence {seqs[0]} and {seqs[-1]} with "
+                    f"{len(run) - len(seqs)} other requests between: the starts did not alternate"
+                )
+    return problems[:5]
 
 
 def _interleaved_figures(starts: list[Evidence]) -> SpeedFigures:

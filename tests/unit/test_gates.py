@@ -872,6 +872,39 @@ def schedule_dropped(run: Run) -> None:
     run.starts[1].schedule = None
 
 
+def second_start_after_the_first(run: Run) -> None:
+    """Start-2's measurements moved after all of start-1's, their sequence numbers kept: run one after the
+    other, yet labelled interleaved."""
+    assert run.starts[0].schedule is not None and run.starts[1].schedule is not None
+    end = max(m.ended_at for m in run.starts[0].schedule.measurements)
+    for m in run.starts[1].schedule.measurements:
+        m.started_at, m.ended_at = m.started_at + end, m.ended_at + end
+
+
+def second_start_onto_the_first(run: Run) -> None:
+    """Every start-2 measurement moved onto the start-1 measurement just before it: the two served together."""
+    assert run.starts[0].schedule is not None and run.starts[1].schedule is not None
+    first = sorted(run.starts[0].schedule.measurements, key=lambda m: m.sequence)
+    for m in run.starts[1].schedule.measurements:
+        before = max((f for f in first if f.sequence < m.sequence), key=lambda f: f.sequence, default=first[0])
+        m.started_at, m.ended_at = before.started_at + 0.001, before.ended_at + 0.001
+
+
+def second_start_renumbered_after_the_first(run: Run) -> None:
+    """A sequential session dressed as interleaved with a consistent timeline: start-1 measured every pass,
+    then start-2, sequence numbers and times following that order."""
+    assert run.starts[0].schedule is not None and run.starts[1].schedule is not None
+    ordered = [
+        *sorted(run.starts[0].schedule.measurements, key=lambda m: m.sequence),
+        *sorted(run.starts[1].schedule.measurements, key=lambda m: m.sequence),
+    ]
+    t = 0.0
+    for sequence, m in enumerate(ordered):
+        length = m.ended_at - m.started_at
+        m.sequence, m.started_at, m.ended_at = sequence, t, t + length
+        t += length + 0.01
+
+
 def later_pass_slower(run: Run) -> None:
     """Every later pass of start-2 at half speed, pass 1 as it was: the median over passes sees it."""
     for (pass_index, _prompt), (_m, r) in run.starts[1].counted().items():
@@ -891,6 +924,9 @@ MUTATIONS += [
     (quiet_rule_loosened, "fresh-start-reproduction", "schedule.busy_floor_cpu_s is 5.0, the quiet rule is 0.05"),
     (schedule_dropped, "fresh-start-reproduction", "start-2 evidence.schedule is absent"),
     (later_pass_slower, "fresh-start-reproduction", "paired figure start-2 / start-1"),
+    (second_start_after_the_first, "fresh-start-reproduction", "before start-2"),
+    (second_start_onto_the_first, "fresh-start-reproduction", "not measured one at a time"),
+    (second_start_renumbered_after_the_first, "fresh-start-reproduction", "the starts did not alternate"),
 ]
 
 
