@@ -220,7 +220,8 @@ def show(run: Run) -> str:
     )
     lines.append("starts")
     for s in run.starts:
-        median = throughput.arrival_median(s.requests)
+        rates = throughput.prompt_rates(s)
+        median = throughput.endpoint_median(list(rates.values())) if rates else None
         lines.append(
             f"  start-{s.start_index}  {s.status:<6}  "
             + (f"endpoint median {median:.2f} tok/s" if median is not None else "no endpoint median")
