@@ -82,15 +82,16 @@ def _records_verify(args: argparse.Namespace) -> int:
     failed = 0
     for folder in folders:
         problems = store.verify(folder)
+        unsealed = ""
         if not problems:
-            decision = store.judged(folder)
+            seal, decision = store.read(folder), store.judged(folder)
             line = judge.headline_line(decision, folder)
             if not decision.promotable:
                 problems.append(f"judged again from its own files, the seal is not promotable: {line}")
-            if moved := store.headline_problem(store.read(folder), line):
+            if moved := store.headline_problem(seal, line):
                 problems.append(moved)
+            unsealed = "" if seal.metadata_sealed else f" ({store.METADATA_NOT_SEALED})"
         failed += bool(problems)
-        unsealed = "" if problems or store.read(folder).metadata_sealed else f" ({store.METADATA_NOT_SEALED})"
         print(f"{folder.name}: " + ("FAILS\n  " + "\n  ".join(problems) if problems else f"holds; {line}{unsealed}"))
     if not folders:
         print("no sealed records to verify")
