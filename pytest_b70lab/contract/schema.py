@@ -190,7 +190,16 @@ class Reproduction(Strict):
     # over: slow drift of a shared machine falls on both alike (engine/interleave.py). Both left out of the
     # canonical form at their defaults, so contracts written before them keep their digests.
     schedule: Literal["sequential", "interleaved"] = "sequential"
-    passes: int = Field(default=1, ge=1, le=50)
+    passes: int = Field(default=1, ge=1, le=50)  # with max_passes: the minimum
+    # How gate 7 judges speed. "point": each figure within its tolerance (the paired figure's interval is printed,
+    # not judged). "equivalence": each figure's 90 % interval wholly inside [1 - T, 1 + T] (two one-sided tests at
+    # 5 %): the paired figure's by Student's t over prompts, the endpoint medians' ratio's by a bootstrap over
+    # prompts. Left out of the canonical form at "point", so that the contracts before it keep their digests.
+    speed_rule: Literal["point", "equivalence"] = "point"
+    # Interleaved under the equivalence rule: after `passes`, the session adds passes while the paired interval
+    # is neither inside the band nor wholly outside it, up to max_passes (evidence/sampling.py: the stopping
+    # rule, recomputed by gate 7). Absent: exactly `passes`.
+    max_passes: int | None = Field(default=None, ge=1, le=50)
 
     @property
     def paired(self) -> float:
@@ -213,7 +222,22 @@ class Reproduction(Strict):
                 f"reproduction.passes is {self.passes}: repeated passes belong to the interleaved schedule "
                 f"(a sequential start serves each prompt once)"
             )
+        if self.max_passes is not None:
+            if self.schedule != "interleaved" or self.speed_rule != "equivalence":
+                raise ValueError(
+                    f"reproduction.max_passes is {self.max_passes}: passes are added only by an interleaved "
+                    f'schedule under speed_rule "equivalence" (this contract: {self.schedule}, {self.speed_rule!r})'
+                )
+            if self.max_passes < self.passes:
+                raise ValueError(
+                    f"reproduction.max_passes is {self.max_passes}, below passes ({self.passes}, the minimum)"
+                )
         return self
+
+    @property
+    def pass_range(self) -> tuple[int, int]:
+        """The fewest and the most passes a session of this contract serves."""
+        return self.passes, self.max_passes or self.passes
 
 
 class Deadlines(Strict):
@@ -293,7 +317,13 @@ class Contract(Strict):
             left_out_expect.add("int4_path")
         if left_out_expect:
             exclude["expect"] = left_out_expect
-        defaults = {"paired_tolerance": None, "schedule": "sequential", "passes": 1}
+        defaults = {
+            "paired_tolerance": None,
+            "schedule": "sequential",
+            "passes": 1,
+            "speed_rule": "point",
+            "max_passes": None,
+        }
         if left_out := {k for k, v in defaults.items() if getattr(self.reproduction, k) == v}:
             exclude["reproduction"] = left_out
         return self.model_dump(mode="json", exclude=exclude)
@@ -325,7 +355,8 @@ class Contract(Strict):
         )
         data["expect"] = {**data["expect"], "draft_unit_scale_layers": 0}
         # A teacher is recorded, not raced: its starts run one after the other whatever the candidate's schedule.
-        data["reproduction"] = {k: v for k, v in data["reproduction"].items() if k not in ("schedule", "passes")}
+        recorded_only = ("schedule", "passes", "speed_rule", "max_passes")
+        data["reproduction"] = {k: v for k, v in data["reproduction"].items() if k not in recorded_only}
         if self.draft is not None and self.engine.device == "cpu":
             # vLLM's CPU build traces each model's forward as one graph (no piecewise split): one of the
             # candidate's compiled graphs is the draft's, which the target alone does not have.

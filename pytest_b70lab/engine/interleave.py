@@ -1,6 +1,7 @@
 """The interleaved reproduction schedule: both fresh starts of a contract alive together, every gate prompt
 served to each in a balanced order (A B, B A, ...), one request at a time, each once the other start is quiet,
-`reproduction.passes` times over, so that slow drift of a shared machine falls on both starts alike.
+`reproduction.passes` times over (or, under the equivalence rule, until the stopping rule of evidence/sampling.py
+says the paired interval is decided), so that slow drift of a shared machine falls on both starts alike.
 
 Each start stays a fresh start of its own (process group, socket, nonce, audits, /metrics before and after,
 verified teardown, evidence); what this adds to its evidence is the schedule: every request's place in the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from ..evidence import host
+from ..evidence import host, sampling
 from ..evidence import record as evidence
 from ..quality.samples import QualitySample
 from .client import EngineRequestError
@@ -80,8 +81,10 @@ def label(live: LiveStart) -> str:
 
 
 class _Session:
-    def __init__(self, lives: list[LiveStart], passes: int):
-        self.lives, self.passes = lives, passes
+    def __init__(self, lives: list[LiveStart], passes: int, rule: sampling.SamplingRule | None = None):
+        if rule is not None and len(lives) != 2:
+            raise ValueError(f"passes are added to a session of two starts, not {len(lives)}")
+        self.lives, self.passes, self.rule = lives, passes, rule
         self.clock0 = time.monotonic()
         self.sequence = 0
         self.current = lives[0]  # the start being opened, served or closed: the one a failure is of
@@ -139,11 +142,35 @@ class _Session:
                 return
 
     def serve_passes(self, prompts: list) -> None:
-        for pass_index in range(1, self.passes + 1):
+        pass_index = 0
+        while (pass_index := pass_index + 1) <= (self.rule.max_passes if self.rule else self.passes):
+            for live in self.lives:
+                assert live.record.schedule is not None
+                live.record.schedule.passes = max(live.record.schedule.passes, pass_index)
             for k, prompt in enumerate(prompts):
                 for j in order(pass_index, k, len(self.lives)):
                     me = self.lives[j]
                     self.measure(me, [o for o in self.lives if o is not me], prompt, pass_index)
+            if self.rule is not None and self._stop(pass_index):
+                return
+
+    def _stop(self, pass_index: int) -> bool:
+        """The stopping rule after this pass; where it stops, each start's schedule records why."""
+        assert self.rule is not None
+        first, later = (live.record for live in self.lives)
+        why = self.rule.decide(sampling.paired_through(first, later, pass_index), pass_index)
+        if why is None:
+            return False
+        for live in self.lives:
+            assert live.record.schedule is not None
+            live.record.schedule.sampling = evidence.Sampling(
+                min_passes=self.rule.min_passes,
+                max_passes=self.rule.max_passes,
+                tolerance=self.rule.tolerance,
+                stopped=why,
+            )
+        self.lives[0].say(f"{self.lives[0].contract.name}: {pass_index} passes: {why}")
+        return True
 
 
 def run_interleaved(
@@ -151,12 +178,13 @@ def run_interleaved(
     passes: int,
     quality: list[QualitySample] | None = None,
     prompt_ids: list[str] | None = None,
+    rule: sampling.SamplingRule | None = None,
 ) -> list[evidence.Evidence]:
     """The launched starts of a session (a contract's two; a sweep's, of several contracts): each opened and ready
     while the ones before it idle, then the passes; quality samples (if any) on the first after its closing
     /metrics. Every start is torn down and its evidence written on every exit; a start that fails takes the
     others' measurement with it."""
-    session = _Session(lives, passes)
+    session = _Session(lives, passes, rule)
     try:
         for session.current in lives:
             session.current.open()

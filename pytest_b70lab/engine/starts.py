@@ -147,7 +147,7 @@ def describe(contract: Contract, cache_root: Path, run_dir: Path | None = None) 
         host.int4_path_line(contract.engine.device, contract.engine.dtype, contract.expect.int4_path),
         f"fresh starts: {contract.reproduction.fresh_starts}, into {run_dir}/start-N/, "
         + (
-            f"alive together, the prompts interleaved over {contract.reproduction.passes} passes"
+            f"alive together, the prompts interleaved over {_passes(contract)} passes"
             if contract.reproduction.schedule == "interleaved"
             else "one after the other"
         ),
@@ -373,6 +373,7 @@ def _launch_starts(
         failed = Path(e.filename) if e.filename else kind_dir / run_folder.TABLES_COPY
         raise disk.DiskFullError(f"no start was launched: {disk.full_message(failed, e, run_dir)}") from None
     if contract.reproduction.schedule == "interleaved" and (starts or 2) >= 2:
+        from ..evidence.sampling import SamplingRule
         from .interleave import run_interleaved
 
         state, log = cache_root / "engine-state", run_dir / run_folder.LAUNCHES_LOG
@@ -380,7 +381,8 @@ def _launch_starts(
             launch(contract, models, d, state, i, progress, log, probe_result)
             for i, d in enumerate(start_dirs(run_dir, contract), 1)
         ]
-        return run_interleaved(lives, contract.reproduction.passes, quality, prompt_ids)
+        rule = SamplingRule.of(contract.reproduction) if len(lives) == 2 else None
+        return run_interleaved(lives, contract.reproduction.passes, quality, prompt_ids, rule)
     records: list[evidence.Evidence] = []
     for i, d in enumerate(start_dirs(run_dir, contract)[: starts or None], 1):
         records.append(
@@ -566,3 +568,8 @@ def _held_to_checkpoints(tables: dict[str, Any], run_dir: Path, contract: Contra
             )
         checked[part] = f"recomputed from {mine.get('source')}"
     return {**tables, "checked": checked}
+
+
+def _passes(contract: Contract) -> str:
+    low, high = contract.reproduction.pass_range
+    return str(low) if low == high else f"{low} to {high} (until the paired interval is decided)"

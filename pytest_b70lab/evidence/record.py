@@ -196,6 +196,16 @@ class Measurement(ClosedRecord):
         return self.other_cpu_s is None or self.other_cpu_s > self.busy_limit()
 
 
+class Sampling(ClosedRecord):
+    """How a session under the equivalence rule sized itself: the contract's bounds and tolerance, and why it
+    stopped after `Schedule.passes` passes, for the reader (gate 7 recomputes where it should have stopped)."""
+
+    min_passes: int = Field(ge=1)
+    max_passes: int = Field(ge=1)
+    tolerance: float = Field(gt=0, lt=1)
+    stopped: str
+
+
 class Schedule(ClosedRecord):
     """How the starts of an interleaved session were measured (absent: sequential, each start on its own)."""
 
@@ -210,6 +220,8 @@ class Schedule(ClosedRecord):
     outside_floor_cpu_s: float | None = None
     outside_fraction: float | None = None
     measurements: list[Measurement] = Field(default_factory=list)
+    # Present where the contract sets reproduction.max_passes: `passes` is then how many the session served.
+    sampling: Sampling | None = None
 
     @classmethod
     def new(cls, passes: int) -> Schedule:
@@ -347,11 +359,11 @@ class Evidence(ClosedRecord):
 
 
 def _without_unset_host_rule(body: dict[str, Any]) -> dict[str, Any]:
-    """The host rule's fields came after interleaved evidence was first written: left out while unset, that
-    evidence keeps its digest and its bytes when it is written again (a seal of a seal)."""
+    """The host rule's fields (and the sampling record) came after interleaved evidence was first written: left
+    out while unset, that evidence keeps its digest and its bytes when it is written again (a seal of a seal)."""
     if isinstance(schedule := body.get("schedule"), dict):
         for record in (schedule, *(schedule.get("measurements") or [])):
-            for name in (*HOST_RULE_FIELDS, "outside_cpu_s", "others"):
+            for name in (*HOST_RULE_FIELDS, "outside_cpu_s", "others", "sampling"):
                 if name in record and record[name] is None:
                     del record[name]
     return body

@@ -6,7 +6,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from .metrics import histogram_mean
 
@@ -72,26 +72,41 @@ class PairedRatio:
     """B / A as the geometric mean over prompts of each prompt's decode-rate ratio. Each prompt is its own
     control: the prompts' rates differ 2-3x (their lengths and contexts), so a shift common to all of them
     moves this figure by the shift, where the median over prompts can stay put (the committed bundle: four of
-    six prompts 10-13 % slower at start-2, medians 0.6 % apart). The interval is a percentile bootstrap that
-    resamples prompts with replacement: with six prompts it is reported, not judged."""
+    six prompts 10-13 % slower at start-2, medians 0.6 % apart). The interval is over prompts: a percentile
+    bootstrap (the point rule's, reported and not judged) or Student's t (the equivalence rule's, judged: with six
+    prompts the bootstrap's 90 % interval covers 78-82 %, t's 90-92 %; notes/2026-12-05-gate-7-equivalence.md)."""
 
     ratio: float
     low: float
     high: float
     prompts: int
     confidence: float
-    resamples: int
+    resamples: int  # 0: Student's t, no resampling
 
     @property
     def drift(self) -> float:
         """How far from 1 the ratio is, as a fraction (the endpoint medians' drift is measured the same way)."""
         return abs(self.ratio - 1)
 
+    @property
+    def method(self) -> str:
+        return "t" if self.resamples == 0 else "bootstrap"
+
     def line(self) -> str:
         return (
             f"{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] "
-            f"({self.confidence * 100:g} %, {self.prompts} prompt{'s' if self.prompts != 1 else ''})"
+            f"({self.confidence * 100:g} %{', t' if self.method == 't' else ''}, "
+            f"{self.prompts} prompt{'s' if self.prompts != 1 else ''})"
         )
+
+    def inside(self, tolerance: float) -> bool:
+        """The equivalence rule: the whole interval lies within [1 - T, 1 + T] (two one-sided tests, each at
+        (1 - confidence) / 2)."""
+        return 1 - tolerance <= self.low and self.high <= 1 + tolerance
+
+    def outside(self, tolerance: float) -> bool:
+        """The whole interval lies beyond one end of [1 - T, 1 + T]: more passes will not make it equivalent."""
+        return self.high < 1 - tolerance or self.low > 1 + tolerance
 
 
 def paired_ratio(
@@ -101,6 +116,7 @@ def paired_ratio(
     confidence: float = 0.95,
     resamples: int = 10_000,
     seed: int = 0,
+    method: str = "bootstrap",
 ) -> PairedRatio | None:
     """The paired figure over the prompts both sides have a positive, finite rate for; None if there is none."""
     if not 0 < confidence < 1:
@@ -110,7 +126,8 @@ def paired_ratio(
     usable = [k for k in rates_a if k in rates_b and all(math.isfinite(r) and r > 0 for r in (rates_a[k], rates_b[k]))]
     if not usable:
         return None
-    return geometric_ratio([math.log(rates_b[k] / rates_a[k]) for k in usable], confidence, resamples, seed)
+    logs = [math.log(rates_b[k] / rates_a[k]) for k in usable]
+    return t_ratio(logs, confidence) if method == "t" else geometric_ratio(logs, confidence, resamples, seed)
 
 
 def geometric_ratio(logs: Sequence[float], confidence: float, resamples: int, seed: int) -> PairedRatio:
@@ -123,20 +140,38 @@ def geometric_ratio(logs: Sequence[float], confidence: float, resamples: int, se
     return PairedRatio(float(np.exp(values.mean())), float(low), float(high), len(values), confidence, resamples)
 
 
+# The equivalence rule's interval: two one-sided tests at 5 % each are one 90 % two-sided interval.
+EQUIVALENCE_CONFIDENCE: Final = 0.90
+
+
+def t_ratio(logs: Sequence[float], confidence: float) -> PairedRatio:
+    """exp of the mean of per-prompt log ratios, with Student's t interval over the prompts (one prompt: no
+    spread to estimate, so an interval as wide as it can be, which no tolerance holds)."""
+    from scipy import stats  # here, as numpy: only a judged figure needs it
+
+    values = [float(x) for x in logs]
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return PairedRatio(math.exp(mean), 0.0, math.inf, len(values), confidence, 0)
+    half = float(stats.t.ppf((1 + confidence) / 2, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+    return PairedRatio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(values), confidence, 0)
+
+
 def interleaved_ratio(
     pairs: Mapping[str, Sequence[tuple[float, float]]],
     *,
     confidence: float = 0.95,
     resamples: int = 10_000,
     seed: int = 0,
+    method: str = "bootstrap",
 ) -> PairedRatio | None:
     """B / A from interleaved pairs (per prompt, one (rate A, rate B) per pass, measured side by side in time).
 
     Each pass's B/A ratio of a prompt is taken within the pass, so that drift between passes cancels; each
     prompt's figure is the median of its passes' log ratios, so that one hiccup (a request at a third of its
     speed, which a probe of this schedule saw once in every few dozen) moves it by at most one rank; the figure
-    is the geometric mean over prompts, its interval a bootstrap over prompts, as for paired_ratio. With one pass
-    it is paired_ratio's figure."""
+    is the geometric mean over prompts, its interval a bootstrap over prompts, as for paired_ratio (or, `method`
+    "t", Student's t over the prompts' figures). With one pass it is paired_ratio's figure."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie strictly between 0 and 1, not {confidence}")
     logs = [
@@ -144,7 +179,33 @@ def interleaved_ratio(
         for passes in pairs.values()
         if passes and all(math.isfinite(r) and r > 0 for pair in passes for r in pair)
     ]
-    return geometric_ratio(logs, confidence, resamples, seed) if logs else None
+    if not logs:
+        return None
+    return t_ratio(logs, confidence) if method == "t" else geometric_ratio(logs, confidence, resamples, seed)
+
+
+def endpoint_ratio(
+    rates_a: Mapping[str, float],
+    rates_b: Mapping[str, float],
+    *,
+    confidence: float = EQUIVALENCE_CONFIDENCE,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> PairedRatio | None:
+    """B's endpoint median over A's, over the prompts both have, with a percentile bootstrap that resamples the
+    prompts together on both sides (a median has no t interval); None without a common prompt."""
+    import numpy as np
+
+    both = [k for k in rates_a if k in rates_b]
+    if not both:
+        return None
+    a = np.asarray([rates_a[k] for k in both], dtype=float)
+    b = np.asarray([rates_b[k] for k in both], dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(both), size=(resamples, len(both)))
+    ratios = np.median(b[idx], axis=1) / np.median(a[idx], axis=1)
+    low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
+    ratio = float(np.median(b) / np.median(a))
+    return PairedRatio(ratio, float(low), float(high), len(both), confidence, resamples)
 
 
 def pass_medians(rates: Mapping[str, Sequence[float]]) -> dict[str, float]:

@@ -229,8 +229,37 @@ def show(run: Run) -> str:
             + f"  {_count(len(s.requests), 'request')}"
             + (f"  failure: {s.failure.message}" if s.failure else "")
         )
+    lines += _speed_lines(run)
     lines.append(_verdict_line(run))
     return "\n".join(lines)
+
+
+def _speed_lines(run: Run) -> list[str]:
+    """Gate 7's speed decisions as the gate takes them (reproduction.speed_decisions), with how many passes the
+    session served and why: for a run whose starts all went to the end."""
+    from .replay import recorded_contract
+    from .reproduction import speed_decisions, speed_figures
+
+    if len(run.starts) < 2 or any(s.status != "ok" for s in run.starts):
+        return []
+    try:
+        contract = recorded_contract(run.starts, run.folder)
+    except evidence.EvidenceError as e:
+        return [f"gate 7    no speed figure: {e}"]
+    lines, starts = [], list(run.starts)
+    for d in speed_decisions(starts, speed_figures(starts, contract), contract):
+        if d.paired is not None:
+            within = "inside" if d.paired_within else "OUTSIDE"
+            lines.append(
+                f"gate 7    paired start-{d.start} / start-1 {d.paired.line()}; {d.rule} rule, "
+                f"1 +/- {d.paired_tolerance:g}: {within}"
+            )
+    if (schedule := run.first.schedule) is not None:
+        lines.append(
+            f"          {_count(schedule.passes, 'pass', 'passes')} served"
+            + (f": {schedule.sampling.stopped}" if schedule.sampling else " (fixed by the contract)")
+        )
+    return lines
 
 
 def _model_line(m: evidence.ModelRef) -> str:

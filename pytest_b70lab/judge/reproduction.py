@@ -1,5 +1,6 @@
 """Gate 7, fresh-start reproduction: a second fresh start gives identical outputs, and its speed is within the
-contract's tolerance by the endpoint medians and by the paired per-prompt figure with its interval."""
+contract's tolerance by the endpoint medians and by the paired per-prompt figure: the figures themselves (the
+point rule) or their whole intervals (the equivalence rule)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from ..contract.schema import Contract
 from ..evidence import throughput
 from ..evidence.record import Evidence
+from ..evidence.sampling import SamplingRule, stopping_point
 from .exactness import first_difference
 from .rules import (
     Check,
@@ -51,20 +53,28 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
 
 @dataclass(frozen=True)
 class SpeedFigures:
-    """What gate 7 judges of speed: each start's endpoint median, each later start's paired figure against
-    start-1, and every reason a figure could not be trusted (a request without a rate, a pair measured while
-    the other start was busy). The bench reads the same figures from here."""
+    """What gate 7 judges of speed: each start's endpoint median (and the per-prompt rates it is the median of),
+    each later start's paired figure against start-1, and every reason a figure could not be trusted (a request
+    without a rate, a pair measured while the other start was busy). The bench reads the same figures here."""
 
     medians: list[float | None]
     paired: list[throughput.PairedRatio | None]
     problems: list[str]
+    prompt_rates: list[dict[str, float]]
+
+
+def _interval_of(contract: Contract) -> dict[str, Any]:
+    """How the paired figure's interval is computed under the contract's speed rule."""
+    if contract.reproduction.speed_rule == "equivalence":
+        return {"confidence": throughput.EQUIVALENCE_CONFIDENCE, "method": "t"}
+    return {}
 
 
 def speed_figures(starts: list[Evidence], contract: Contract) -> SpeedFigures:
     """Every figure from the token arrival times, never from what the evidence says they came to: sequentially,
     each start's one request per prompt; interleaved, the pairs of each pass (_interleaved_figures)."""
     if contract.reproduction.schedule == "interleaved":
-        return _interleaved_figures(starts)
+        return _interleaved_figures(starts, _interval_of(contract))
     problems: list[str] = []
     rates = []
     for s in starts:
@@ -72,7 +82,8 @@ def speed_figures(starts: list[Evidence], contract: Contract) -> SpeedFigures:
         problems += [f"start-{s.start_index} {prompt_id}: {reason}" for prompt_id, reason in why.items()]
         rates.append(found)
     medians = [throughput.endpoint_median(list(r.values())) if r else None for r in rates]
-    return SpeedFigures(medians, [throughput.paired_ratio(rates[0], r) for r in rates[1:]], problems)
+    paired = [throughput.paired_ratio(rates[0], r, **_interval_of(contract)) for r in rates[1:]]
+    return SpeedFigures(medians, paired, problems, rates)
 
 
 def _same_output(c: Check, first: Evidence, later: Evidence) -> None:
@@ -107,15 +118,47 @@ def _schedule_matches(c: Check, starts: list[Evidence], contract: Contract) -> b
             ok = False
             continue
         assert got is not None
-        ok &= c.expect(
-            got.passes == want.passes, f"{where}.passes is {got.passes}; the contract asks for {want.passes}"
-        )
+        ok &= _passes_match(c, where, got, SamplingRule.of(want), want.passes)
         for problem in got.rule_differences():
             ok &= c.expect(False, f"start-{s.start_index}: {problem}")
     if ok and want.schedule == "interleaved":
         for problem in timeline_problems(starts):
             ok &= c.expect(False, problem)
+    if ok and (rule := SamplingRule.of(want)) is not None and len(starts) == 2:
+        passes, why = stopping_point(starts[0], starts[1], rule)
+        served = starts[0].schedule.passes if starts[0].schedule else None
+        ok &= c.expect(
+            served == passes,
+            f"the session served {served} passes; the contract's stopping rule, applied to the recorded passes, "
+            f"stops after {passes} ({why})",
+        )
+        c.observe(passes_served=served, sampling_stopped=why)
     return ok
+
+
+def _passes_match(c: Check, where: str, got: Any, rule: SamplingRule | None, passes: int) -> bool:
+    """A fixed count is the contract's; a sampled one lies within its bounds, under its tolerance."""
+    if rule is None:
+        return c.expect(
+            got.sampling is None,
+            f"{where}.sampling is recorded ({got.sampling.stopped if got.sampling else ''}); the contract asks "
+            f"for a fixed {passes} passes",
+        ) & c.expect(got.passes == passes, f"{where}.passes is {got.passes}; the contract asks for {passes}")
+    if not c.expect(
+        got.sampling is not None,
+        f"{where}.sampling is absent; the contract adds passes ({rule.min_passes} to {rule.max_passes}) until the "
+        f"paired interval is decided, so the evidence must say how the session sized itself",
+    ):
+        return False
+    recorded = (got.sampling.min_passes, got.sampling.max_passes, got.sampling.tolerance)
+    return c.expect(
+        recorded == (rule.min_passes, rule.max_passes, rule.tolerance),
+        f"{where}.sampling was {recorded[0]} to {recorded[1]} passes at tolerance {recorded[2]:g}; the contract "
+        f"asks for {rule.min_passes} to {rule.max_passes} at {rule.tolerance:g}",
+    ) & c.expect(
+        rule.min_passes <= got.passes <= rule.max_passes,
+        f"{where}.passes is {got.passes}, outside the contract's {rule.min_passes} to {rule.max_passes}",
+    )
 
 
 def timeline_problems(starts: list[Evidence]) -> list[str]:
@@ -157,7 +200,7 @@ def timeline_problems(starts: list[Evidence]) -> list[str]:
     return problems[:5]
 
 
-def _interleaved_figures(starts: list[Evidence]) -> SpeedFigures:
+def _interleaved_figures(starts: list[Evidence], interval: dict[str, Any]) -> SpeedFigures:
     """Per start, the endpoint median over prompts of each prompt's median rate over the passes; per later
     start, its figure against start-1 from the pairs of each (pass, prompt) (throughput.interleaved_ratio).
     Every counted measurement must be clean: one measured while the other start was busy is named."""
@@ -180,8 +223,10 @@ def _interleaved_figures(starts: list[Evidence]) -> SpeedFigures:
     paired = []
     for found in rates[1:]:
         both = [k for k in rates[0] if k in found]
-        paired.append(throughput.interleaved_ratio(throughput.by_prompt([(rates[0][k], found[k]) for k in both], both)))
-    return SpeedFigures(medians, paired, problems)
+        pairs = throughput.by_prompt([(rates[0][k], found[k]) for k in both], both)
+        paired.append(throughput.interleaved_ratio(pairs, **interval))
+    per_prompt = [throughput.pass_medians(throughput.by_prompt(r.values(), r.keys())) for r in rates]
+    return SpeedFigures(medians, paired, problems, per_prompt)
 
 
 @dataclass(frozen=True)
@@ -196,22 +241,39 @@ class SpeedDecision:
     endpoint_tolerance: float
     paired: throughput.PairedRatio | None
     paired_tolerance: float
+    rule: str = "point"  # the contract's reproduction.speed_rule
+    # Under the equivalence rule: this start's endpoint median over start-1's, with its interval.
+    endpoint_ratio: throughput.PairedRatio | None = None
 
     @property
     def endpoint_within(self) -> bool | None:
+        if self.rule == "equivalence":
+            return None if self.endpoint_ratio is None else self.endpoint_ratio.inside(self.endpoint_tolerance)
         return None if self.endpoint_drift is None else self.endpoint_drift <= self.endpoint_tolerance
 
     @property
     def paired_within(self) -> bool | None:
-        return None if self.paired is None else self.paired.drift <= self.paired_tolerance
+        if self.paired is None:
+            return None
+        if self.rule == "equivalence":
+            return self.paired.inside(self.paired_tolerance)
+        return self.paired.drift <= self.paired_tolerance
 
 
 def speed_decisions(starts: list[Evidence], figures: SpeedFigures, contract: Contract) -> list[SpeedDecision]:
     """One decision per later start, against start-1, under the contract's tolerances."""
     m0 = figures.medians[0]
+    rule = contract.reproduction.speed_rule
     found = []
-    for later, m1, paired in zip(starts[1:], figures.medians[1:], figures.paired, strict=True):
+    for later, m1, paired, rates in zip(
+        starts[1:], figures.medians[1:], figures.paired, figures.prompt_rates[1:], strict=True
+    ):
         drift = abs(m1 - m0) / m0 if m0 is not None and m1 is not None and m0 > 0 else None
+        endpoint_ratio = None
+        if rule == "equivalence":
+            endpoint_ratio = throughput.endpoint_ratio(
+                figures.prompt_rates[0], rates, confidence=throughput.EQUIVALENCE_CONFIDENCE
+            )
         found.append(
             SpeedDecision(
                 later.start_index,
@@ -220,6 +282,8 @@ def speed_decisions(starts: list[Evidence], figures: SpeedFigures, contract: Con
                 contract.reproduction.throughput_tolerance,
                 paired,
                 contract.reproduction.paired,
+                rule,
+                endpoint_ratio,
             )
         )
     return found
@@ -233,11 +297,20 @@ def _judge_speed(c: Check, d: SpeedDecision, m0: float | None) -> None:
     ):
         assert d.endpoint_drift is not None and d.endpoint is not None and m0 is not None
         c.observe(**{f"throughput_drift_start{n}": round(d.endpoint_drift, 4)})
-        c.expect(
-            bool(d.endpoint_within),
-            f"endpoint median {d.endpoint:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
-            f"{d.endpoint_drift:.1%} apart, tolerance {d.endpoint_tolerance:.0%}",
-        )
+        if d.rule == "equivalence" and d.endpoint_ratio is not None:
+            e = d.endpoint_ratio
+            c.observe(**{f"endpoint_interval_start{n}": [round(e.low, 4), round(e.high, 4)]})
+            c.expect(
+                bool(d.endpoint_within),
+                f"endpoint median {d.endpoint:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: ratio {e.line()} is "
+                f"not wholly inside 1 +/- {d.endpoint_tolerance:g} (equivalence rule)",
+            )
+        else:
+            c.expect(
+                bool(d.endpoint_within),
+                f"endpoint median {d.endpoint:.2f} tok/s at start-{n} vs {m0:.2f} at start-1: "
+                f"{d.endpoint_drift:.1%} apart, tolerance {d.endpoint_tolerance:.0%}",
+            )
     if c.expect(d.paired is not None, f"no prompt has a decode rate at both start-1 and start-{n}: no paired figure"):
         assert d.paired is not None
         c.observe(
@@ -246,11 +319,24 @@ def _judge_speed(c: Check, d: SpeedDecision, m0: float | None) -> None:
                 f"paired_interval_start{n}": [round(d.paired.low, 4), round(d.paired.high, 4)],
             }
         )
-        c.expect(
-            bool(d.paired_within),
-            f"paired figure start-{n} / start-1 {d.paired.line()}: the geometric mean of the per-prompt "
-            f"decode-rate ratios is {d.paired.drift:.1%} from 1, tolerance {d.paired_tolerance:.0%}",
-        )
+        if d.rule == "equivalence":
+            low, high = 1 - d.paired_tolerance, 1 + d.paired_tolerance
+            c.expect(
+                bool(d.paired_within),
+                f"paired figure start-{n} / start-1 {d.paired.line()}: the interval is not wholly inside "
+                f"[{low:.3f}, {high:.3f}] (1 +/- {d.paired_tolerance:g}, equivalence rule): "
+                + (
+                    "the speeds differ"
+                    if d.paired.outside(d.paired_tolerance)
+                    else "too wide or off-centre to show that the speeds agree"
+                ),
+            )
+        else:
+            c.expect(
+                bool(d.paired_within),
+                f"paired figure start-{n} / start-1 {d.paired.line()}: the geometric mean of the per-prompt "
+                f"decode-rate ratios is {d.paired.drift:.1%} from 1, tolerance {d.paired_tolerance:.0%}",
+            )
 
 
 def _fresh_starts(c: Check, starts: list[Evidence]) -> None:

@@ -445,7 +445,12 @@ def _decode(run: Run, plots: _Plots) -> Raw:
                 )
     for d in decisions:
         if (paired := d.paired) is not None:
-            where = f"; tolerance {d.paired_tolerance:.0%}: " + ("inside." if d.paired_within else "OUTSIDE.")
+            where = (
+                f"; its {paired.confidence * 100:g} % interval must lie inside 1 +/- {d.paired_tolerance:g} "
+                "(equivalence rule): "
+                if d.rule == "equivalence"
+                else f"; tolerance {d.paired_tolerance:.0%}: "
+            ) + ("inside." if d.paired_within else "OUTSIDE.")
             notes.append(
                 f"Paired figure start-{d.start} / start-{ref.start_index} {paired.line()}: the "
                 f"geometric mean of the per-prompt decode-rate ratios (from the arrival times"
