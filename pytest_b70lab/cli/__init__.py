@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, contract, evidence, mini, probe, records, report, schema, sweep
+from . import bench, contract, evidence, history, mini, probe, records, report, schema, sweep
 
 # What `--help` ends with, per command: the invocations a lab engineer reaches for first.
 EXAMPLES = {
@@ -42,6 +42,10 @@ EXAMPLES = {
     "schema": ["b70lab schema promotion", "b70lab schema evidence"],
     "seal": ["b70lab seal data/runs/20261204-101503 --name mini-laguna-cpu-20261204"],
     "records": ["b70lab records", "b70lab records verify", "b70lab records verify mini-laguna-cpu-20261204"],
+    "history": [
+        "b70lab history",
+        "b70lab history mini-laguna-cpu --from data/runs --from repro --html data/history.html",
+    ],
 }
 
 
@@ -73,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         report.add,
         evidence.add,
         records.add,
+        history.add,
         schema.add,
     ):
         add(sub)

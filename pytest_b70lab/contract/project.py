@@ -8,6 +8,7 @@ a run rooted elsewhere (pytester's temporary folders, a contract copied to /tmp)
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 # The folder above the package: the checkout of an editable install; site-packages for an installed wheel,
@@ -41,3 +42,25 @@ def find(relative: str | Path) -> Path:
         if (base / path).exists():
             return base / path
     return bases()[0] / path
+
+
+def commit() -> str | None:
+    """The lab repository's commit (git HEAD of the first base), with "-dirty" where a tracked file differs from
+    it; None outside a git checkout or without git. Each start records it, so that a series of figures over many
+    runs (`b70lab history`) can say at which commit a figure moved."""
+    base = bases()[0]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(base), *args], capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if not head:
+        return None
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return head + ("-dirty" if changed else "")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contract import project
 from ..contract import schema as contract_mod
 from ..contract.schema import Contract
 from ..evidence import host
@@ -242,6 +243,7 @@ def _new_record(
         status="failed",
         probe=probe,
         host=host.cpu_identity(environ=env),
+        lab_commit=project.commit(),
     )
 
 

@@ -314,6 +314,9 @@ class Evidence(ClosedRecord):
     # attention path depend on it.
     host: dict[str, Any] | None = None
     identity: StartIdentity | None = None
+    # The lab repository's git commit when the start launched ("-dirty": with changed tracked files; None: not a
+    # git checkout, or recorded before 2026-12-05): the x axis of `b70lab history`.
+    lab_commit: str | None = None
     logs: dict[str, str] = Field(default_factory=dict)  # relative to the evidence file's folder
     log_findings: dict[str, list[str]] = Field(default_factory=dict)  # lines that gates care about
     digest: str | None = None
@@ -331,6 +334,7 @@ class Evidence(ClosedRecord):
             "identity": self.identity,
             "repeats": self.repeats,
             "schedule": self.schedule,
+            "lab_commit": self.lab_commit,
         }
         exclude: dict[str, Any] = {"digest": True} | {name: True for name, value in later.items() if not value}
         if self.failure is not None and not self.failure.first_errors:
@@ -361,6 +365,8 @@ class Evidence(ClosedRecord):
 def _without_unset_host_rule(body: dict[str, Any]) -> dict[str, Any]:
     """The host rule's fields (and the sampling record) came after interleaved evidence was first written: left
     out while unset, that evidence keeps its digest and its bytes when it is written again (a seal of a seal)."""
+    if body.get("lab_commit", "") is None:
+        del body["lab_commit"]
     if isinstance(schedule := body.get("schedule"), dict):
         for record in (schedule, *(schedule.get("measurements") or [])):
             for name in (*HOST_RULE_FIELDS, "outside_cpu_s", "others", "sampling"):
