@@ -28,6 +28,10 @@ class SessionDrift:
     graphs: tuple[str, ...]  # per start: compiled, loaded, mixed (some of each) or unknown
     schedule: str = "sequential"
     medians: tuple[float, ...] = ()  # each start's endpoint median, tok/s: the verdict's absolute figure
+    # Gate 7's speed decision under the run's own contract (its rule and tolerances): both figures within.
+    speed_passed: bool | None = None
+    rule: str = "point"
+    passes: int = 1
 
 
 def _graph_source(start) -> str:
@@ -63,6 +67,7 @@ def session_drift(run_dir: Path) -> SessionDrift:
         raise BenchError(f"{run_dir}: " + "; ".join(figures.problems))
     if paired is None or medians[0] is None or medians[1] is None:
         raise BenchError(f"{run_dir}: no prompt has a decode rate at both starts")
+    (decision,) = reproduction.speed_decisions(starts[:2], figures, c)
     return SessionDrift(
         str(run_dir),
         medians[1] / medians[0],
@@ -72,6 +77,9 @@ def session_drift(run_dir: Path) -> SessionDrift:
         tuple(_graph_source(s) for s in starts[:2]),
         c.reproduction.schedule,
         (medians[0], medians[1]),
+        bool(decision.endpoint_within and decision.paired_within),
+        c.reproduction.speed_rule,
+        starts[0].schedule.passes if starts[0].schedule else 1,
     )
 
 
@@ -80,13 +88,31 @@ def drift_figures(sessions: Sequence[SessionDrift], schedule: str = "") -> list[
     if not sessions:
         raise BenchError("no session to summarise")
     kinds = statistics.multimode(" / ".join(s.graphs) for s in sessions)
-    return _drift_rows(
+    rows = _drift_rows(
         "reproduction",
         f"start-2 / start-1{f' ({schedule})' if schedule else ''}",
         "sessions",
         sessions,
         f"; graphs (start-1 / start-2) mostly {', '.join(kinds)}",
     )
+    judged = [s for s in sessions if s.speed_passed is not None]
+    if judged:
+        passed = sum(bool(s.speed_passed) for s in judged)
+        rules = ", ".join(sorted({s.rule for s in judged}))
+        rows.append(
+            Figure(
+                "reproduction",
+                f"gate 7's speed decision under each run's contract ({rules} rule)",
+                passed / len(judged),
+                "x",
+                "report",
+                None,
+                f"passed in {passed} of {len(judged)} sessions; passes served "
+                + ", ".join(str(s.passes) for s in judged),
+                {"sessions": [asdict(s) for s in judged]},
+            )
+        )
+    return rows
 
 
 def _drift_rows(part: str, what: str, unit: str, drifts: Sequence, detail: str = "") -> list[Figure]:

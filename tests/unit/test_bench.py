@@ -93,11 +93,14 @@ def test_the_summary_over_sessions_gives_median_min_and_max(tmp_path: Path) -> N
         sessions.append(bench_reproduction.session_drift(copy))
     base = sessions[0]
     assert sessions[2].paired == pytest.approx(base.paired / 1.3)
-    medians, paired = bench_reproduction.drift_figures(sessions)
+    medians, paired, decision = bench_reproduction.drift_figures(sessions)
     assert paired.value == pytest.approx(base.paired / 1.1) and paired.met is False
     assert f"min {base.paired / 1.3:.3f}, max {base.paired:.3f}" in paired.detail
     assert medians.value == pytest.approx(base.median_ratio / 1.1)
     assert "graphs (start-1 / start-2) mostly compiled / loaded" in medians.detail
+    # Under the bundle's point rule (paired 0.10): 1.073 and 1.073 / 1.1 = 0.975 pass, 1.073 / 1.3 = 0.825 fails.
+    assert decision.detail.startswith("passed in 2 of 3 sessions; passes served 3, 3, 3"), decision.detail
+    assert "(point rule)" in decision.measure
     alone = bench_reproduction.drift_figures(sessions[:1])[1]
     assert alone.met is (abs(base.paired - 1) <= bench_reproduction.REPRODUCTION_GOAL), alone
 
