@@ -27,22 +27,25 @@ from pytest_b70lab.evidence.run_folder import read_starts
 from pytest_b70lab.evidence.sampling import SamplingRule
 
 
-def pass_log_ratios(run: Path) -> tuple[list[float], int]:
-    """One folder's (pass, prompt) log ratios, centred on their median, and its number of prompts."""
+def pass_log_ratios(run: Path) -> tuple[list[float], int, float]:
+    """One folder's (pass, prompt) log ratios, centred on their median, its number of prompts, and the median
+    itself (the session's own shift: identical starts that still differ)."""
     starts = read_starts(run)
     if len(starts) < 2 or any(s.schedule is None for s in starts[:2]):
         raise SystemExit(f"{run}: not two interleaved starts")
     rates = [throughput.counted_rates(s)[0] for s in starts[:2]]
     logs = [math.log(rates[1][k] / rates[0][k]) for k in rates[0] if k in rates[1]]
     centre = statistics.median(logs)
-    return [x - centre for x in logs], len({k[1] for k in rates[0]})
+    return [x - centre for x in logs], len({k[1] for k in rates[0]}), centre
 
 
 def session(
-    rng: np.random.Generator, pool: np.ndarray, prompts: int, shift: float, rule: SamplingRule
+    rng: np.random.Generator, pool: np.ndarray, prompts: int, shift: float, rule: SamplingRule, shifts: np.ndarray
 ) -> tuple[bool, int]:
-    """(passes gate 7, passes served) of one simulated session under the stopping rule."""
-    draws = rng.choice(pool, size=(prompts, rule.max_passes)) + shift
+    """(passes gate 7, passes served) of one simulated session under the stopping rule; `shifts`: the sessions'
+    own shifts to draw one from (empty: none)."""
+    own = float(rng.choice(shifts)) if len(shifts) else 0.0
+    draws = rng.choice(pool, size=(prompts, rule.max_passes)) + shift + own
     for k in range(rule.min_passes, rule.max_passes + 1):
         logs = np.median(draws[:, :k], axis=1)
         figure = throughput.t_ratio(logs.tolist(), throughput.EQUIVALENCE_CONFIDENCE)
@@ -74,10 +77,12 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     pool: list[float] = []
     prompts = set()
+    centres = []
     for run in a.runs:
-        logs, n = pass_log_ratios(run)
+        logs, n, centre = pass_log_ratios(run)
         pool += logs
         prompts.add(n)
+        centres.append(centre)
     if len(prompts) != 1:
         print(f"the folders have different prompt counts: {sorted(prompts)}", file=sys.stderr)
         return 2
@@ -92,20 +97,27 @@ def main(argv: list[str]) -> int:
     for passes in sorted({a.passes, (a.passes + a.max_passes) // 2, a.max_passes}):
         t_cov, boot_cov = coverage(rng, noise, n_prompts, passes, min(a.sessions, 1000))
         print(f"coverage of the 90 % interval at {passes} passes: t {t_cov:.3f}, percentile bootstrap {boot_cov:.3f}")
+    shifts = np.asarray(centres) - float(np.median(centres))
+    print(
+        f"the sessions' own shifts (each one's median log ratio, centred): {', '.join(f'{x:+.3f}' for x in shifts)};"
+        " each row is simulated with noise only, and with one of these shifts drawn per session"
+    )
     print(f"\nT = {a.tolerance:g}; rows: true start-2 / start-1 ratio")
-    print("| true ratio | rule | passes gate 7 | passes served (median, mean, max) |")
-    print("|---|---|---|---|")
+    print("| true ratio | rule | passes gate 7: noise only | with the shifts | passes served (median, mean, max) |")
+    print("|---|---|---|---|---|")
     rules = [
         (f"{a.passes} to {a.max_passes}, stop when decided", SamplingRule(a.passes, a.max_passes, a.tolerance)),
         (f"fixed {a.max_passes}", SamplingRule(a.max_passes, a.max_passes, a.tolerance)),
     ]
+    none = np.array([])
     for ratio in (1.0, 1 - a.tolerance / 2, 1 - a.tolerance, 1 - 2 * a.tolerance):
         for name, rule in rules:
-            outcomes = [session(rng, noise, n_prompts, math.log(ratio), rule) for _ in range(a.sessions)]
-            served = [k for _ok, k in outcomes]
-            rate = sum(ok for ok, _k in outcomes) / len(outcomes)
+            plain = [session(rng, noise, n_prompts, math.log(ratio), rule, none) for _ in range(a.sessions)]
+            shifted = [session(rng, noise, n_prompts, math.log(ratio), rule, shifts) for _ in range(a.sessions)]
+            served = [k for _ok, k in plain]
             print(
-                f"| {ratio:.3f} | {name} | {rate:.3f} | {statistics.median(served):g}, "
+                f"| {ratio:.3f} | {name} | {sum(ok for ok, _k in plain) / len(plain):.3f} | "
+                f"{sum(ok for ok, _k in shifted) / len(shifted):.3f} | {statistics.median(served):g}, "
                 f"{statistics.fmean(served):.1f}, {max(served)} |"
             )
     return 0

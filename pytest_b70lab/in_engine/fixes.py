@@ -366,6 +366,43 @@ def _fix_dnnl_handler_release() -> None:
     _custom_ops.CPUDNNLGEMMHandler.__del__ = release_dnnl_handler
 
 
+# --- 9. The shared-memory queue's readers spin a second after every read --------------------------------
+# A reader of vLLM's shared-memory message queue (each worker waiting for the engine's next call, the engine waiting
+# for the workers' replies) loops on sched_yield for SpinCondition.busy_loop_s (1 s) after its last read before it
+# sleeps on the queue's zmq notification. Between the steps of a request the next call comes within milliseconds,
+# so the spin saves a wake-up; after a request's last step nothing comes, and on a machine with no core to spare
+# (two TP ranks on two cores) both ranks then spin for a whole second while the final tokens still have to pass the
+# engine's output thread, the API server and the client: about one request in ten delivered its last chunk one
+# second late (notes/2026-12-05-gate-7-equivalence.md). The fix caps the spin at READER_SPIN_S on CPU devices.
+READER_SPIN_S = 0.05
+
+
+def _readers_spin_a_second() -> bool:
+    from vllm.distributed.device_communicators import shm_broadcast
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():  # a GPU box has cores to spare for the spin
+        return False
+
+    spin = inspect.signature(shm_broadcast.SpinCondition.__init__).parameters.get("busy_loop_s")
+    return spin is not None and isinstance(spin.default, int | float) and spin.default > READER_SPIN_S
+
+
+def _fix_reader_spin() -> None:
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    original = shm_broadcast.SpinCondition.wait
+
+    def wait(self, timeout_ms: int | None = None) -> None:
+        """SpinCondition.wait with the busy loop capped (an instance made before the fix included)."""
+        if self.is_reader and self.busy_loop_s > READER_SPIN_S:
+            self.busy_loop_s = READER_SPIN_S
+        original(self, timeout_ms)
+
+    setattr(wait, PATCHED_MARK, True)
+    shm_broadcast.SpinCondition.wait = wait
+
+
 FIXES: tuple[Fix, ...] = (
     Fix(
         "cpu_router_sigmoid",
@@ -414,6 +451,12 @@ FIXES: tuple[Fix, ...] = (
         "a oneDNN GEMM handler is released without a tensor operation, never while a graph is traced",
         _dnnl_release_reads_item,
         _fix_dnnl_handler_release,
+    ),
+    Fix(
+        "shm_reader_spin",
+        f"a shared-memory queue reader spins {READER_SPIN_S:g} s after a read, not a second",
+        _readers_spin_a_second,
+        _fix_reader_spin,
     ),
 )
 FIX_NAMES = tuple(f.name for f in FIXES)

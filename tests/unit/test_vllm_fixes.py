@@ -17,7 +17,7 @@ pytest.importorskip("vllm")
 
 from vllm import _custom_ops  # noqa: E402
 from vllm.compilation import decorators  # noqa: E402
-from vllm.distributed.device_communicators import cpu_communicator  # noqa: E402
+from vllm.distributed.device_communicators import cpu_communicator, shm_broadcast  # noqa: E402
 from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig  # noqa: E402
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation  # noqa: E402
 from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG  # noqa: E402
@@ -61,6 +61,7 @@ def pristine_vllm(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(method, "process_weights_after_loading", method.process_weights_after_loading)
     monkeypatch.setattr(method, "get_fused_moe_quant_config", method.get_fused_moe_quant_config)
     monkeypatch.setattr(portable_int4, "_state", copy.deepcopy(portable_int4._state))
+    monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", shm_broadcast.SpinCondition.wait)
 
 
 def test_installed_vllm_has_all_the_defects(monkeypatch) -> None:
@@ -247,6 +248,7 @@ def test_register_applies_only_what_is_selected_and_says_so(monkeypatch, caplog)
         "cpu_fp8_portable_attention": "disabled",
         "cpu_int4_portable_weights": "disabled",
         "cpu_dnnl_handler_release": "disabled",
+        "shm_reader_spin": "disabled",
     }
     assert getattr(cpu_router.CPURouter._compute_routing, fixes.PATCHED_MARK, False)
     assert not getattr(cpu_moe.CPUUnquantizedExperts.apply, fixes.PATCHED_MARK, False)
@@ -281,6 +283,7 @@ def test_shm_allreduce_switch_acts_only_when_the_environment_asks(monkeypatch) -
         "cpu_fp8_portable_attention": "disabled",
         "cpu_int4_portable_weights": "disabled",
         "cpu_dnnl_handler_release": "disabled",
+        "shm_reader_spin": "disabled",
     }
     assert not getattr(
         cpu_communicator.CpuCommunicator._all_group_ranks_share_shm_group_name, fixes.PATCHED_MARK, False
@@ -484,3 +487,38 @@ def test_the_int4_fix_leaves_vllms_kernel_where_it_runs_unless_forced(monkeypatc
     monkeypatch.setenv(portable_int4.ENV_FORCE, "sometimes")
     with pytest.raises(ValueError, match="B70LAB_INT4_PATH='sometimes': expected one of auto, portable"):
         wna16.choose_mp_linear_kernel(_w4a16(torch.bfloat16))
+
+
+# --- 9. the shared-memory queue reader's spin ----------------------------------------------------------------
+
+
+def _reader() -> shm_broadcast.SpinCondition:
+    import zmq
+
+    context = zmq.Context.instance()
+    address = f"inproc://b70lab-spin-{id(object())}"
+    writer = shm_broadcast.SpinCondition(False, context, address)
+    reader = shm_broadcast.SpinCondition(True, context, address)
+    reader._writer = writer  # type: ignore[attr-defined]  # kept alive with the reader
+    return reader
+
+
+def test_a_reader_spins_a_second_without_the_fix_and_a_twentieth_with_it(monkeypatch) -> None:
+    """Read 0.2 s ago: without the fix the reader still busy-loops (wait returns at once, never polling its
+    notification socket); with it the reader is past its spin and polls, which the poller's timeout shows."""
+    import time
+
+    reader = _reader()
+    polled: list[int | None] = []
+    monkeypatch.setattr(reader.poller, "poll", lambda timeout=None: polled.append(timeout) or [])
+    reader.last_read = time.monotonic() - 0.2
+    reader.wait(timeout_ms=7)
+    assert polled == [] and reader.busy_loop_s == 1
+
+    monkeypatch.setenv(fixes.ENV_SELECT, "shm_reader_spin")
+    assert fixes.register()["shm_reader_spin"] == "applied"
+    reader.wait(timeout_ms=7)
+    assert polled == [7] and reader.busy_loop_s == fixes.READER_SPIN_S
+    reader.last_read = time.monotonic()
+    reader.wait(timeout_ms=7)
+    assert polled == [7], "just after a read it still spins, as between the steps of a request"
