@@ -40,15 +40,24 @@ def pass_log_ratios(run: Path) -> tuple[list[float], int, float]:
 
 
 def session(
-    rng: np.random.Generator, pool: np.ndarray, prompts: int, shift: float, rule: SamplingRule, shifts: np.ndarray
+    rng: np.random.Generator,
+    pool: np.ndarray,
+    prompts: int,
+    shift: float,
+    rule: SamplingRule,
+    shifts: np.ndarray,
+    bonferroni: bool = False,
 ) -> tuple[bool, int]:
     """(passes gate 7, passes served) of one simulated session under the stopping rule; `shifts`: the sessions'
     own shifts to draw one from (empty: none)."""
     own = float(rng.choice(shifts)) if len(shifts) else 0.0
+    # The gate's interval is the 90 % one; `bonferroni` divides its 5 % tails among the looks, for comparison.
+    looks = rule.max_passes - rule.min_passes + 1
+    confidence = 1 - 2 * (1 - throughput.EQUIVALENCE_CONFIDENCE) / 2 / looks if bonferroni else 0.90
     draws = rng.choice(pool, size=(prompts, rule.max_passes)) + shift + own
     for k in range(rule.min_passes, rule.max_passes + 1):
         logs = np.median(draws[:, :k], axis=1)
-        figure = throughput.t_ratio(logs.tolist(), throughput.EQUIVALENCE_CONFIDENCE)
+        figure = throughput.t_ratio(logs.tolist(), confidence)
         if rule.decide(figure, k) is not None:
             return figure.inside(rule.tolerance), k
     raise AssertionError("the rule stops at max_passes")
@@ -106,14 +115,25 @@ def main(argv: list[str]) -> int:
     print("| true ratio | rule | passes gate 7: noise only | with the shifts | passes served (median, mean, max) |")
     print("|---|---|---|---|---|")
     rules = [
-        (f"{a.passes} to {a.max_passes}, stop when decided", SamplingRule(a.passes, a.max_passes, a.tolerance)),
-        (f"fixed {a.max_passes}", SamplingRule(a.max_passes, a.max_passes, a.tolerance)),
+        (
+            f"{a.passes} to {a.max_passes}, stop when decided (gate 7)",
+            SamplingRule(a.passes, a.max_passes, a.tolerance),
+            False,
+        ),
+        (
+            f"{a.passes} to {a.max_passes}, stop when decided, Bonferroni over the looks",
+            SamplingRule(a.passes, a.max_passes, a.tolerance),
+            True,
+        ),
+        (f"fixed {a.max_passes}", SamplingRule(a.max_passes, a.max_passes, a.tolerance), False),
     ]
     none = np.array([])
     for ratio in (1.0, 1 - a.tolerance / 2, 1 - a.tolerance, 1 - 2 * a.tolerance):
-        for name, rule in rules:
-            plain = [session(rng, noise, n_prompts, math.log(ratio), rule, none) for _ in range(a.sessions)]
-            shifted = [session(rng, noise, n_prompts, math.log(ratio), rule, shifts) for _ in range(a.sessions)]
+        for name, rule, corrected in rules:
+            plain = [session(rng, noise, n_prompts, math.log(ratio), rule, none, corrected) for _ in range(a.sessions)]
+            shifted = [
+                session(rng, noise, n_prompts, math.log(ratio), rule, shifts, corrected) for _ in range(a.sessions)
+            ]
             served = [k for _ok, k in plain]
             print(
                 f"| {ratio:.3f} | {name} | {sum(ok for ok, _k in plain) / len(plain):.3f} | "
