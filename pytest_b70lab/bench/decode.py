@@ -108,6 +108,15 @@ def _sharegpt_dataset(prompts: list, work: Path) -> Path:
     return dataset
 
 
+def _server_rate(client, before: str) -> float:
+    """The server's own per-token figure over the requests since `before` (a /metrics text)."""
+    from ..engine.client import metrics_text
+    from ..evidence import throughput
+
+    _step_s, per_token_s, _rate = throughput.server_decode_figures(before, metrics_text(client))
+    return 1 / per_token_s if per_token_s else float("nan")
+
+
 def decode_agreement(
     contract_name: str, cache_root: Path, out_dir: Path, rounds: int = 6, say: Callable[[str], None] = print
 ) -> list[Figure]:
@@ -156,9 +165,8 @@ def decode_agreement(
                         client, model, p.prompt, tokens, prompt_id=p.id, timeout_s=c.deadlines.request_s
                     )
                     rates.append(throughput.decode_rate(req.chunk_times, req.chunk_tokens))
-                _step_s, per_token_s, _rate = throughput.server_decode_figures(before, metrics_text(client))
                 client_rates.append(per_token_rate([1 / x for x in rates]))
-                server_rates.append(1 / per_token_s if per_token_s else float("nan"))
+                server_rates.append(_server_rate(client, before))
                 endpoint_medians.append(throughput.endpoint_median(rates))
                 say(f"decode round {r}: client {client_rates[-1]:.1f} tok/s, server {server_rates[-1]:.1f}")
 
@@ -167,8 +175,7 @@ def decode_agreement(
                 bench_rates.append(
                     _vllm_bench_serve(r, tcp, model, str(config.model_ref), dataset, tokens, len(prompts), work, env)
                 )
-                _step_s, per_token_s, _rate = throughput.server_decode_figures(before, metrics_text(client))
-                server_under_bench.append(1 / per_token_s if per_token_s else float("nan"))
+                server_under_bench.append(_server_rate(client, before))
                 say(
                     f"decode round {r}: vllm bench serve {bench_rates[-1]:.1f} tok/s, server meanwhile "
                     f"{server_under_bench[-1]:.1f}"
@@ -195,6 +202,8 @@ def _agreement_figures(
 ) -> list[Figure]:
     """Where the two clients part: each against the server's own figure for its requests (the accounting), and
     the server's figure under each (the engine itself slower while bench serve's process shares the cores)."""
+    from ..evidence import throughput
+
     raw = {
         "client": client_rates,
         "server": server_rates,
@@ -202,8 +211,6 @@ def _agreement_figures(
         "server_under_vllm_bench_serve": server_under_bench,
         "client_endpoint_medians": endpoint_medians,
     }
-    from ..evidence import throughput
-
     same = [a / b for a, b in zip(client_rates, server_rates, strict=False)]
     server_ratio = statistics.median(same)
     per_round = [math.log(a / b) for a, b in zip(client_rates, bench_rates, strict=True)]

@@ -142,8 +142,7 @@ class _Session:
                 return
 
     def serve_passes(self, prompts: list) -> None:
-        pass_index = 0
-        while (pass_index := pass_index + 1) <= (self.rule.max_passes if self.rule else self.passes):
+        for pass_index in range(1, (self.rule.max_passes if self.rule else self.passes) + 1):
             for live in self.lives:
                 assert live.record.schedule is not None
                 live.record.schedule.passes = max(live.record.schedule.passes, pass_index)

@@ -49,12 +49,8 @@ class SamplingRule:
 def paired_through(first: Any, later: Any, passes: int) -> throughput.PairedRatio | None:
     """The equivalence rule's paired figure of `later` against `first` from their counted measurements of passes
     1..`passes` (two Evidence records, being filled or recorded)."""
-    rates = []
-    for start in (first, later):
-        found, _why = throughput.counted_rates(start)
-        rates.append({k: v for k, v in found.items() if k[0] <= passes})
-    both = [k for k in rates[0] if k in rates[1]]
-    pairs = throughput.by_prompt([(rates[0][k], rates[1][k]) for k in both], both)
+    a, b = ({k: v for k, v in throughput.counted_rates(s)[0].items() if k[0] <= passes} for s in (first, later))
+    pairs = throughput.pass_pairs(a, b)
     return throughput.interleaved_ratio(pairs, confidence=throughput.EQUIVALENCE_CONFIDENCE, method="t")
 
 

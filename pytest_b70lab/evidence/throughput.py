@@ -127,7 +127,7 @@ def paired_ratio(
     if not usable:
         return None
     logs = [math.log(rates_b[k] / rates_a[k]) for k in usable]
-    return t_ratio(logs, confidence) if method == "t" else geometric_ratio(logs, confidence, resamples, seed)
+    return _over_prompts(logs, confidence, resamples, seed, method)
 
 
 def geometric_ratio(logs: Sequence[float], confidence: float, resamples: int, seed: int) -> PairedRatio:
@@ -179,8 +179,11 @@ def interleaved_ratio(
         for passes in pairs.values()
         if passes and all(math.isfinite(r) and r > 0 for pair in passes for r in pair)
     ]
-    if not logs:
-        return None
+    return _over_prompts(logs, confidence, resamples, seed, method) if logs else None
+
+
+def _over_prompts(logs: Sequence[float], confidence: float, resamples: int, seed: int, method: str) -> PairedRatio:
+    """The per-prompt log ratios' figure with the interval `method` names: "t" or "bootstrap"."""
     return t_ratio(logs, confidence) if method == "t" else geometric_ratio(logs, confidence, resamples, seed)
 
 
@@ -206,6 +209,20 @@ def endpoint_ratio(
     low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
     ratio = float(np.median(b) / np.median(a))
     return PairedRatio(ratio, float(low), float(high), len(both), confidence, resamples)
+
+
+def pass_pairs(
+    rates_a: Mapping[tuple[int, str], float], rates_b: Mapping[tuple[int, str], float]
+) -> dict[str, list[tuple[float, float]]]:
+    """Per prompt, the (A, B) rates of each (pass, prompt) both starts have, in pass order: interleaved_ratio's
+    input."""
+    both = [k for k in rates_a if k in rates_b]
+    return by_prompt([(rates_a[k], rates_b[k]) for k in both], both)
+
+
+def prompt_medians(rates: Mapping[tuple[int, str], float]) -> dict[str, float]:
+    """Each prompt's median over the passes of (pass, prompt)-keyed rates."""
+    return pass_medians(by_prompt(rates.values(), rates.keys()))
 
 
 def pass_medians(rates: Mapping[str, Sequence[float]]) -> dict[str, float]:
@@ -234,12 +251,12 @@ def prompt_rates(start: Any) -> dict[str, float]:
     if start.schedule is None:
         return arrival_rates(start.requests)[0]
     rates, _why = counted_rates(start)
-    return pass_medians(by_prompt(rates.values(), rates.keys()))
+    return prompt_medians(rates)
 
 
 def pass_endpoint(rates: Mapping[tuple[int, str], float]) -> float | None:
     """An interleaved start's endpoint figure: the median over prompts of each prompt's median over passes."""
-    per_prompt = pass_medians(by_prompt(rates.values(), rates.keys()))
+    per_prompt = prompt_medians(rates)
     return endpoint_median(list(per_prompt.values())) if per_prompt else None
 
 

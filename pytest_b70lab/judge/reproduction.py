@@ -105,6 +105,7 @@ def _same_output(c: Check, first: Evidence, later: Evidence) -> None:
 def _schedule_matches(c: Check, starts: list[Evidence], contract: Contract) -> bool:
     """Each start was measured under the contract's schedule, by this b70lab's quiet rule."""
     want = contract.reproduction
+    rule = SamplingRule.of(want)
     ok = True
     for s in starts:
         got = s.schedule
@@ -118,13 +119,13 @@ def _schedule_matches(c: Check, starts: list[Evidence], contract: Contract) -> b
             ok = False
             continue
         assert got is not None
-        ok &= _passes_match(c, where, got, SamplingRule.of(want), want.passes)
+        ok &= _passes_match(c, where, got, rule, want.passes)
         for problem in got.rule_differences():
             ok &= c.expect(False, f"start-{s.start_index}: {problem}")
     if ok and want.schedule == "interleaved":
         for problem in timeline_problems(starts):
             ok &= c.expect(False, problem)
-    if ok and (rule := SamplingRule.of(want)) is not None and len(starts) == 2:
+    if ok and rule is not None and len(starts) == 2:
         passes, why = stopping_point(starts[0], starts[1], rule)
         served = starts[0].schedule.passes if starts[0].schedule else None
         ok &= c.expect(
@@ -222,11 +223,8 @@ def _interleaved_figures(starts: list[Evidence], interval: dict[str, Any]) -> Sp
     medians = [throughput.pass_endpoint(found) for found in rates]
     paired = []
     for found in rates[1:]:
-        both = [k for k in rates[0] if k in found]
-        pairs = throughput.by_prompt([(rates[0][k], found[k]) for k in both], both)
-        paired.append(throughput.interleaved_ratio(pairs, **interval))
-    per_prompt = [throughput.pass_medians(throughput.by_prompt(r.values(), r.keys())) for r in rates]
-    return SpeedFigures(medians, paired, problems, per_prompt)
+        paired.append(throughput.interleaved_ratio(throughput.pass_pairs(rates[0], found), **interval))
+    return SpeedFigures(medians, paired, problems, [throughput.prompt_medians(r) for r in rates])
 
 
 @dataclass(frozen=True)
