@@ -6,7 +6,11 @@ each as its contract serves it (with the DFlash draft) and as its teacher (targe
 token count, the median decode rate, and the draft's acceptance from the engine's counters. Prints medians and
 ratios to the unquantized kind; writes DIR/int4.json.
 
-    .venv/bin/python scripts/bench_int4.py [--rounds 2] [--out DIR]
+With `--prompts quality` the held-out quality set is sent instead (each sample at its own max_tokens, EOS
+ignored, tool-use samples rendered through the chat template), to the two speculative kinds only: the draft's
+acceptance on prompts none of the drafts was distilled on.
+
+    .venv/bin/python scripts/bench_int4.py [--rounds 2] [--prompts gates|quality] [--out DIR]
 """
 
 from __future__ import annotations
@@ -37,8 +41,31 @@ def kinds() -> dict[str, contract_mod.Contract]:
     return out
 
 
-def one_start(kind: str, c: contract_mod.Contract, out: Path, cache_root: Path) -> dict:
+def quality_prompts(c: contract_mod.Contract, target: Path) -> list[tuple[str, str, int]]:
+    """(id, text, max_tokens) of the contract's quality set (the unquantized lane's where it has none), chat
+    samples rendered by the served tokenizer."""
+    from transformers import AutoTokenizer
+
+    from pytest_b70lab.quality import samples as quality_samples
+
+    quality = c.quality or contract_mod.load(CONTRACTS[0]).quality  # the INT4 contract has no set of its own
+    assert quality is not None
+    tok = AutoTokenizer.from_pretrained(str(target))
+    out = []
+    for s in quality_samples.load(contract_mod.repo_path(quality.file), quality.sha256, quality.count):
+        text = s.prompt or tok.apply_chat_template(
+            s.messages, tools=s.tools, add_generation_prompt=True, tokenize=False
+        )
+        out.append((s.id, text, s.max_tokens))
+    return out
+
+
+def one_start(kind: str, c: contract_mod.Contract, out: Path, cache_root: Path, prompt_set: str = "gates") -> dict:
     models = resolve_models(c, cache_root)
+    if prompt_set == "quality":
+        prompts = quality_prompts(c, Path(models.target_model))
+    else:
+        prompts = [(p.id, p.prompt, c.decode.tokens_per_request) for p in contract_mod.load_prompts(c)]
     config = serve_config(c, models)
     os.environ.pop("B70LAB_INT4_PATH", None)
     if c.expect.int4_path == "portable":  # as a session of the contract asks its ranks (engine/starts.py)
@@ -49,14 +76,9 @@ def one_start(kind: str, c: contract_mod.Contract, out: Path, cache_root: Path) 
     try:
         with server.client(timeout=c.deadlines.request_s) as client:
             model = served_model(client)
-            for p in contract_mod.load_prompts(c):
+            for prompt_id, text, max_tokens in prompts:
                 r = stream_completion(
-                    client,
-                    model,
-                    p.prompt,
-                    c.decode.tokens_per_request,
-                    prompt_id=p.id,
-                    timeout_s=c.deadlines.request_s,
+                    client, model, text, max_tokens, prompt_id=prompt_id, timeout_s=c.deadlines.request_s
                 )
                 rates.append(throughput.decode_rate(r.chunk_times, r.chunk_tokens))
             counters = client.get("/metrics").text
@@ -81,16 +103,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("data/bench") / time.strftime("int4-%Y%m%d-%H%M%S"))
+    parser.add_argument("--prompts", choices=["gates", "quality"], default="gates")
     args = parser.parse_args()
     cache_root = Path(os.environ.get("B70LAB_CACHE_DIR", "data/cache"))
     identity = host.cpu_identity(environ={})
     order = kinds()
+    if args.prompts == "quality":
+        order = {kind: c for kind, c in order.items() if c.speculative is not None}
     print(f"{host.describe(identity)}: {', '.join(order)}; {args.rounds} rounds", flush=True)
     starts = []
     for r in range(args.rounds):
         names = list(order) if r % 2 == 0 else list(order)[::-1]
         for kind in names:
-            record = one_start(kind, order[kind], args.out / f"round-{r + 1}" / kind.replace(" ", "_"), cache_root)
+            folder = args.out / f"round-{r + 1}" / kind.replace(" ", "_")
+            record = one_start(kind, order[kind], folder, cache_root, args.prompts)
             starts.append(record)
             print(json.dumps(record), flush=True)
     summary = {}

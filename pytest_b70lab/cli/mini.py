@@ -37,6 +37,13 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     export_p.add_argument("--int4", action="store_true", help="export the W4A16 (INT4) build instead")
     export_p.set_defaults(func=_mini_export)
+    int4_p = mini_sub.add_parser(
+        "int4-target",
+        help="write the INT4 target's weights, dequantized, in the trainer's naming (fp32 safetensors): what "
+        "`b70lab mini train draft --against-int4 FILE` distils the INT4 lane's draft against",
+    )
+    int4_p.add_argument("file", type=Path, help="the safetensors file to write")
+    int4_p.set_defaults(func=_mini_int4_target)
     train_help = (
         "train the mini's tokenizer and target and distil its DFlash draft into a folder (on CUDA where "
         "present, else CPU; `--help` lists the trainer's options). A retrain need not be byte-identical "
@@ -55,6 +62,13 @@ def _mini_build(args: argparse.Namespace) -> int:
     print(out)
     print(mini.build_int4(args.out, force=args.force))  # the same weights in W4A16 (mini/int4.py)
     print(f"mini model and its INT4 build ready in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _mini_int4_target(args: argparse.Namespace) -> int:
+    from ..mini.int4_reference import write_int4_target
+
+    print(write_int4_target(args.file))
     return 0
 
 

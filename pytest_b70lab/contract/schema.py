@@ -164,6 +164,10 @@ class Expect(Strict):
     # both kinds of CPU compute the same numbers), or "either". Unset for a contract that serves no INT4
     # weights on CPU, and then left out of the canonical form.
     int4_path: Literal["native", "portable", "either"] | None = None
+    # The fewest draft tokens the target must accept per draft over a start (vLLM's counters, judged by
+    # spec-counters): a draft that no longer predicts its target keeps every token exact and quietly costs
+    # speed. Unset: not judged, and left out of the canonical form.
+    min_accepted_per_draft: float | None = Field(default=None, ge=0)
 
 
 class Prompts(Strict):
@@ -299,6 +303,12 @@ class Contract(Strict):
             )
         if (self.draft is None) != (self.speculative is None):
             raise ValueError("draft and speculative go together: both present or both absent")
+        floor = self.expect.min_accepted_per_draft
+        if floor is not None and (self.speculative is None or floor > self.speculative.num_speculative_tokens):
+            raise ValueError(
+                f"expect.min_accepted_per_draft {floor:g} needs speculative decoding with at least that many "
+                f"speculative tokens (a draft can have at most num_speculative_tokens accepted)"
+            )
         if self.target.source == "mini" and self.draft is not None and self.draft.source != "mini":
             raise ValueError("a mini target pairs with the mini draft")
         if self.kind == "candidate" and self.reproduction.fresh_starts < 2:
@@ -315,6 +325,8 @@ class Contract(Strict):
         left_out_expect = {"fp8_attention"} if self.expect.fp8_attention == FP8_ATTENTION_DEFAULT else set()
         if self.expect.int4_path is None:
             left_out_expect.add("int4_path")
+        if self.expect.min_accepted_per_draft is None:
+            left_out_expect.add("min_accepted_per_draft")
         if left_out_expect:
             exclude["expect"] = left_out_expect
         defaults = {
@@ -354,6 +366,7 @@ class Contract(Strict):
             description=f"teacher of {self.name}: target only",
         )
         data["expect"] = {**data["expect"], "draft_unit_scale_layers": 0}
+        data["expect"].pop("min_accepted_per_draft", None)
         # A teacher is recorded, not raced: its starts run one after the other whatever the candidate's schedule.
         recorded_only = ("schedule", "passes", "speed_rule", "max_passes")
         data["reproduction"] = {k: v for k, v in data["reproduction"].items() if k not in recorded_only}

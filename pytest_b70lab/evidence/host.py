@@ -146,6 +146,25 @@ def fp8_attention_ran(audits: list[dict[str, Any]]) -> str | None:
     return " / ".join(sorted(seen)) or None
 
 
+def int4_path_ran(audits: list[dict[str, Any]]) -> str | None:
+    """What the ranks' audits say served the INT4 layers, with the layer counts: 'linear portable 35; moe
+    portable 3 (_C)', one entry per distinct rank; None where no rank recorded INT4 layers (an unquantized
+    model, or evidence recorded before the audit counted them)."""
+    seen = set()
+    for audit in audits:
+        info = audit.get("int4")
+        if not isinstance(info, dict):
+            continue
+        parts = [
+            f"{kind} " + ", ".join(f"{path} {n}" for path, n in sorted(counts.items()))
+            for kind in ("linear", "moe")
+            if isinstance(counts := info.get(kind), dict) and counts
+        ]
+        if parts:
+            seen.add(f"{'; '.join(parts)} ({info.get('op_library') or '?'})")
+    return " / ".join(sorted(seen)) or None
+
+
 def steal_seconds(path: Path = Path("/proc/stat")) -> float | None:
     """CPU time the hypervisor gave other guests while this machine wanted it, summed over every CPU since boot
     (the 8th figure of /proc/stat's `cpu` line, in clock ticks); None where it cannot be read. A request during

@@ -209,7 +209,7 @@ def show(run: Run) -> str:
     lines.append(f"engine    vllm {e.engine.vllm_version or '?'}, torch {e.engine.torch_version or '?'}")
     lines.append(
         f"machine   {host.describe(e.host) if e.host else 'CPU not recorded'}; FP8 attention "
-        f"{host.fp8_attention_ran(e.audits) or 'not recorded'}"
+        f"{host.fp8_attention_ran(e.audits) or 'not recorded'}; INT4 weights {host.int4_path_ran(e.audits) or 'none'}"
     )
     flags = parse_flags(e.engine.command)
     lines.append(
@@ -351,13 +351,14 @@ def speedup_figure(target_only: Run, candidate: Run) -> dict[str, Any]:
 
 
 def _versions(e: Evidence) -> dict[str, Any]:
-    """What ran the experiment besides its flags: the libraries, the CPU and the FP8 attention path (outputs
-    and speed depend on all of them)."""
+    """What ran the experiment besides its flags: the libraries, the CPU, the FP8 attention path and the INT4
+    weight path (outputs and speed depend on all of them)."""
     return {
         "vllm": e.engine.vllm_version,
         "torch": e.engine.torch_version,
         "cpu": host.describe(e.host) if e.host else None,
         "fp8 attention": host.fp8_attention_ran(e.audits),
+        "int4 weights": host.int4_path_ran(e.audits),
     }
 
 

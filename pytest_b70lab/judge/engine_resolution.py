@@ -244,7 +244,8 @@ def launch_flags(start: Evidence, rank: int, contract: Contract) -> Verdict:
 
 def spec_counters(start: Evidence, contract: Contract) -> Verdict:
     """Speculative counters are consistent: draft tokens = k × drafts, per-position acceptance counts never
-    increase with the position, and their sum is the accepted total."""
+    increase with the position, and their sum is the accepted total; and where the contract sets
+    expect.min_accepted_per_draft, the start's accepted tokens per draft reach it."""
     c = Check("spec-counters", subject(start.start_index))
     if not started(c, start):
         return c.done()
@@ -280,6 +281,16 @@ def spec_counters(start: Evidence, contract: Contract) -> Verdict:
     per_pos = [after.get(p, 0.0) - before.get(p, 0.0) for p in sorted(after, key=int)]
     c.observe(drafts=drafts, draft_tokens=draft_tokens, accepted=accepted, accepted_per_position=per_pos)
     c.expect(drafts > 0, "no drafts were proposed: speculation did not run")
+    floor = contract.expect.min_accepted_per_draft
+    if drafts > 0:
+        c.observe(accepted_per_draft=round(accepted / drafts, 4))
+    if floor is not None and drafts > 0:
+        c.expect(
+            accepted / drafts >= floor,
+            f"start-{start.start_index}: the target accepted {accepted / drafts:.3f} draft tokens per draft "
+            f"({accepted:g} over {drafts:g} drafts), the contract expects at least {floor:g} "
+            f"(expect.min_accepted_per_draft): the draft no longer predicts this target",
+        )
     c.expect(draft_tokens == k * drafts, f"draft tokens {draft_tokens:g} != {k} × drafts {drafts:g}")
     c.expect(
         all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False)),

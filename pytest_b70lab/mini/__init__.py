@@ -21,6 +21,8 @@ from .build import (  # noqa: F401  (the package's public surface)
     export_plain,
     file_sha256,
     folder_for,
+    int4_distilled_against,
+    int4_draft_digests,
     kv_scale_digest,
     load_manifest,
     load_target_model,

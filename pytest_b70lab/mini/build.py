@@ -30,7 +30,19 @@ from typing import Any
 # kv_scale_digest and file_sha256 moved to digests; re-exported for the modules that still import them from here.
 from ..digests import file_sha256, kv_scale_digest, sha256_canonical
 from ..errors import LabError
-from .recipe import WEIGHT_FILES, DraftRecipe, MiniRecipe, TargetRecipe, draft_config, library_versions, target_config
+from .recipe import (
+    DRAFT_INT4_RECIPE,
+    DRAFT_INT4_WEIGHTS,
+    DRAFT_WEIGHTS,
+    INT4_DRAFT_FILES,
+    WEIGHT_FILES,
+    DraftRecipe,
+    MiniRecipe,
+    TargetRecipe,
+    draft_config,
+    library_versions,
+    target_config,
+)
 from .tokenizer import load_tokenizer
 
 BUILDER_VERSION = 4
@@ -223,10 +235,10 @@ def write_target(reference_dir: Path, target_dir: Path, tok, scales: dict[int, t
     tok.save_pretrained(str(target_dir))
 
 
-def write_draft(recipe: MiniRecipe, weights: Path, draft_dir: Path, tok) -> None:
-    """The distilled draft as vLLM's DFlashLagunaForCausalLM loads it: no `model.` prefix, pre-fused qkv_proj,
-    embedding and lm_head shared from the target (not stored). The names and shapes are checked against the
-    training-side draft, which the parity test holds to vLLM's."""
+def write_draft(recipe: MiniRecipe, weights: Path, draft_dir: Path, tok, file: str = DRAFT_WEIGHTS) -> None:
+    """The distilled draft (`file` in `weights`) as vLLM's DFlashLagunaForCausalLM loads it: no `model.` prefix,
+    pre-fused qkv_proj, embedding and lm_head shared from the target (not stored). The names and shapes are
+    checked against the training-side draft, which the parity test holds to vLLM's."""
     import torch
 
     from .draft_model import DFlashDraft
@@ -237,13 +249,13 @@ def write_draft(recipe: MiniRecipe, weights: Path, draft_dir: Path, tok) -> None
         draft_cfg, torch.zeros(draft_cfg["vocab_size"], hidden), torch.zeros(draft_cfg["vocab_size"], hidden)
     )
     try:
-        shell.load_state_dict_from_safetensors(weights / "draft.safetensors")
-    except ValueError as e:
-        raise MiniModelError(f"the committed draft does not fit the recipe: {e}") from e
+        shell.load_state_dict_from_safetensors(weights / file)
+    except (OSError, ValueError) as e:
+        raise MiniModelError(f"the committed draft {weights / file} does not fit the recipe: {e}") from e
     draft_dir.mkdir(parents=True)
     _write_json(draft_dir / "config.json", draft_cfg)
     tok.save_pretrained(str(draft_dir))
-    shutil.copyfile(weights / "draft.safetensors", draft_dir / "model.safetensors")
+    shutil.copyfile(weights / file, draft_dir / "model.safetensors")
 
 
 def tensor_digests(path: Path, shards: bool = False) -> dict[str, dict[str, Any]]:
@@ -419,7 +431,9 @@ def _built_once(out: Path, force: bool, make: Callable[[Path], None]) -> Path:
 
 # --- the INT4 build -----------------------------------------------------------------------------------
 
-INT4_BUILDER_VERSION = 2  # 2: the manifest's tensor moments taken on one thread (identical whatever the thread count)
+# 2: the manifest's tensor moments taken on one thread (identical whatever the thread count); 3: the draft is
+# the one distilled against the INT4 target (draft-int4.safetensors), not the unquantized build's
+INT4_BUILDER_VERSION = 3
 INT4_PREFIX = "mini-laguna-int4-"
 # vLLM splits these layers' input dimension over the tensor-parallel ranks (RowParallelLinear), and each rank
 # needs whole INT4 groups. The routed experts are not among them: the INT4 mini is served with expert
@@ -475,7 +489,30 @@ def _write_int4_part(
     }
 
 
-def int4_key(source_manifest: dict[str, Any], versions: dict[str, str] | None = None) -> str:
+def int4_draft_digests(weights: Path | None = None) -> dict[str, str]:
+    """The INT4 lane's own draft: its weights and the record of what it was distilled against."""
+    weights = weights or weights_dir()
+    missing = [name for name in INT4_DRAFT_FILES if not (weights / name).is_file()]
+    if missing:
+        raise MiniModelError(
+            f"the INT4 lane's draft is incomplete in {weights}: missing {', '.join(missing)} (a fresh clone has "
+            f"them under fixtures/mini/; `b70lab mini train draft --against-int4` makes new ones)"
+        )
+    return {name: file_sha256(weights / name) for name in INT4_DRAFT_FILES}
+
+
+def int4_distilled_against(weights: Path | None = None) -> str:
+    """What the INT4 lane's draft was distilled against, as its training record says."""
+    path = (weights or weights_dir()) / DRAFT_INT4_RECIPE
+    try:
+        return str(json.loads(path.read_text())["history"][-1]["target"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise MiniModelError(f"{path} does not say what the INT4 draft was distilled against ({e})") from e
+
+
+def int4_key(
+    source_manifest: dict[str, Any], versions: dict[str, str] | None = None, draft: dict[str, str] | None = None
+) -> str:
     import compressed_tensors
 
     return sha256_canonical(
@@ -484,6 +521,7 @@ def int4_key(source_manifest: dict[str, Any], versions: dict[str, str] | None = 
             "builder": INT4_BUILDER_VERSION,
             "versions": versions if versions is not None else library_versions(),
             "compressed_tensors": compressed_tensors.__version__,
+            "draft": draft if draft is not None else int4_draft_digests(),
         }
     )
 
@@ -495,7 +533,15 @@ def _build_int4_into(out: Path, source: Path, source_manifest: dict[str, Any], k
     torch.set_num_threads(1)  # the tensor moments too: a parallel float64 sum differs in its last bits by threads
     try:
         target_scheme = _write_int4_part(source / "target", out / "target", KV_CACHE_SCHEME)
-        draft_scheme = _write_int4_part(source / "draft", out / "draft", None, DRAFT_IGNORE)
+        weights = weights_dir()
+        recipe = trained_recipe(weights)
+        own_draft = out.parent / f"{out.name}.draft-float"  # the INT4 lane's draft, served unquantized first
+        shutil.rmtree(own_draft, ignore_errors=True)
+        try:
+            write_draft(recipe, weights, own_draft, load_tokenizer(weights, recipe), DRAFT_INT4_WEIGHTS)
+            draft_scheme = _write_int4_part(own_draft, out / "draft", None, DRAFT_IGNORE)
+        finally:
+            shutil.rmtree(own_draft, ignore_errors=True)
         tensors = {part: tensor_digests(out / part / "model.safetensors", shards=True) for part in ("target", "draft")}
     finally:
         torch.set_num_threads(threads)
@@ -522,6 +568,8 @@ def _build_int4_into(out: Path, source: Path, source_manifest: dict[str, Any], k
         },
         "draft": {
             **{k: draft[k] for k in ("path", "cache_layers", "kv_calibrated", "num_speculative_tokens")},
+            "weights": int4_draft_digests(weights),
+            "distilled_against": int4_distilled_against(weights),
             "int4": draft_scheme,
             "tensors": tensors["draft"],
         },
@@ -530,8 +578,9 @@ def _build_int4_into(out: Path, source: Path, source_manifest: dict[str, Any], k
 
 
 def build_int4(root: Path | str | None = None, *, force: bool = False, recipe: MiniRecipe | None = None) -> Path:
-    """Build (or reuse) the W4A16 mini: the unquantized build's target and draft with every linear but the
-    lm_head and the router in compressed-tensors pack-quantized INT4 (mini/int4.py), the same KV scales."""
+    """Build (or reuse) the W4A16 mini: the unquantized build's target, and the draft distilled against that
+    target's INT4 form (draft-int4.safetensors), with every linear but the lm_head and the router in
+    compressed-tensors pack-quantized INT4 (mini/int4.py); the same KV scales."""
     source = build(root, force=force, recipe=recipe)
     source_manifest = verify(source)
     key = int4_key(source_manifest)

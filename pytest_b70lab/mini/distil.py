@@ -14,7 +14,17 @@ from pathlib import Path
 
 from ..digests import file_sha256
 from . import curriculum
-from .recipe import DRAFT_WEIGHTS, LOG_FILE, TARGET_WEIGHTS, TRAINED_RECIPE, MiniRecipe, draft_config
+from .recipe import (
+    DRAFT_INT4_RECIPE,
+    DRAFT_INT4_WEIGHTS,
+    DRAFT_WEIGHTS,
+    LOG_FILE,
+    RECIPE_FILE,
+    TARGET_WEIGHTS,
+    TRAINED_RECIPE,
+    MiniRecipe,
+    draft_config,
+)
 from .tokenizer import load_tokenizer
 from .training import Log, TargetTraining, encode, new_target, optimizer_step, pick_device, schedule, write_recipe
 
@@ -43,13 +53,15 @@ class DraftTraining:
             )
 
 
-def load_target(out: Path, recipe: MiniRecipe, device: str):
+def load_target(out: Path, recipe: MiniRecipe, device: str, weights: Path | None = None):
+    """The target the draft learns from: out's trained target, or `weights` (the INT4 target's, dequantized:
+    mini/int4_reference.py) in its place."""
     import torch
     from safetensors.torch import load_file
 
     tok = load_tokenizer(out, recipe)
     model = new_target(recipe, tok, TargetTraining())
-    model.load_state_dict({k: v.float() for k, v in load_file(str(out / TARGET_WEIGHTS)).items()})
+    model.load_state_dict({k: v.float() for k, v in load_file(str(weights or out / TARGET_WEIGHTS)).items()})
     return model.to(device, torch.float32).eval(), tok
 
 
@@ -154,16 +166,20 @@ def train_draft(
     cfg: DraftTraining = DraftTraining(),
     device: str = "auto",
     log: Log | None = None,
+    against_int4: Path | None = None,
 ) -> None:
-    """The draft from the target in `out` into out/draft.safetensors (its config is the recipe's)."""
+    """The draft from the target in `out` into out/draft.safetensors (its config is the recipe's); with
+    `against_int4` (the INT4 target's weights, dequantized) into out/draft-int4.safetensors, distilled against
+    that target's rollouts and hidden states instead."""
     import torch
 
     from .draft_model import DFlashDraft, draft_loss, target_aux_hidden
 
     device = pick_device(device)
     log = log or Log(out / LOG_FILE)
-    log(event="start", phase="draft", device=device, config=asdict(cfg))
-    target, tok = load_target(out, recipe, device)
+    phase = "draft_int4" if against_int4 else "draft"
+    log(event="start", phase=phase, device=device, config=asdict(cfg))
+    target, tok = load_target(out, recipe, device, against_int4)
     torch.manual_seed(cfg.seed)
     embed = target.model.embed_tokens.weight.detach()
     draft = DFlashDraft(draft_config(recipe, tok), embed, target.lm_head.weight.detach())
@@ -176,7 +192,7 @@ def train_draft(
     sequences = greedy_rollouts(target, tok, prompts, cfg.rollout_tokens, batch=256)
     log(
         event="rollouts",
-        phase="draft",
+        phase=phase,
         count=len(sequences),
         tokens=cfg.rollout_tokens,
         elapsed_s=round(time.monotonic() - t0, 1),
@@ -198,29 +214,37 @@ def train_draft(
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             logits = draft.forward_blocks(aux, anchors, x.gather(1, anchors))
             loss = draft_loss(logits, labels)
-        optimizer_step(loss, draft, opt, log, phase="draft", step=step, lr=lr, started=t0, log_every=cfg.log_every)
+        optimizer_step(loss, draft, opt, log, phase=phase, step=step, lr=lr, started=t0, log_every=cfg.log_every)
     elapsed = round(time.monotonic() - t0, 1)
-    log(event="end", phase="draft", steps=step + 1, elapsed_s=elapsed)
+    log(event="end", phase=phase, steps=step + 1, elapsed_s=elapsed)
     draft = draft.eval().float()
-    draft.save_safetensors(out / DRAFT_WEIGHTS)
-    write_recipe(
-        out,
-        recipe,
-        "draft",
-        cfg,
-        steps_run=step + 1,
-        elapsed_s=elapsed,
-        device=device,
-        target=f"{TARGET_WEIGHTS} sha256 {file_sha256(out / TARGET_WEIGHTS)}",
+    _save_draft(out, draft, recipe, cfg, against_int4, steps_run=step + 1, elapsed_s=elapsed, device=device)
+    per_position = held_out_acceptance(draft, target, tok, cfg, device)
+    log(
+        event="eval",
+        phase=phase,
+        per_position_acceptance=[round(a, 3) for a in per_position],
+        accepted_per_draft=round(sum(per_position), 3),
+        rollouts=cfg.eval_rollouts,
     )
+
+
+def _save_draft(out: Path, draft, recipe: MiniRecipe, cfg: DraftTraining, against_int4: Path | None, **run) -> None:
+    """The draft's weights and its training record, naming by digest the target it was distilled against. The
+    INT4 lane's draft keeps a record of its own: recipe.json is among the unquantized build's weight files."""
+    draft.save_safetensors(out / (DRAFT_INT4_WEIGHTS if against_int4 else DRAFT_WEIGHTS))
+    against = f"{TARGET_WEIGHTS} sha256 {file_sha256(out / TARGET_WEIGHTS)}"
+    if against_int4:
+        against = (
+            f"its W4A16 build, dequantized: {against_int4.name} sha256 {file_sha256(against_int4)}, from {against}"
+        )
+    phase, record = ("draft_int4", DRAFT_INT4_RECIPE) if against_int4 else ("draft", RECIPE_FILE)
+    write_recipe(out, recipe, phase, cfg, file=record, target=against, **run)
+
+
+def held_out_acceptance(draft, target, tok, cfg: DraftTraining, device: str) -> list[float]:
+    """Per-position acceptance over `cfg.eval_rollouts` held-out rollouts of the target the draft learnt from."""
     held = replace(cfg, rollouts=cfg.eval_rollouts, batch=min(cfg.batch, cfg.eval_rollouts))
     held_prompts = rollout_prompts(tok, held, split="heldout")
     held_sequences = greedy_rollouts(target, tok, held_prompts, cfg.rollout_tokens, batch=64)
-    per_position = acceptance(draft, target, held_sequences, [len(p) for p in held_prompts], device)
-    log(
-        event="eval",
-        phase="draft",
-        per_position_acceptance=[round(a, 3) for a in per_position],
-        accepted_per_draft=round(sum(per_position), 3),
-        rollouts=len(held_sequences),
-    )
+    return acceptance(draft, target, held_sequences, [len(p) for p in held_prompts], device)

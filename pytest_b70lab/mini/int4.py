@@ -68,10 +68,11 @@ def ignored(layer: str, ignore: tuple[str, ...] = IGNORE) -> bool:
     return False
 
 
-def quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """One [out, in] weight as compressed-tensors pack-quantized parts."""
+def _codes_and_scales(
+    weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 4-bit codes [out, in] (int8) and group scales [out, in / group] of one weight."""
     import torch
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
     if weight.dim() != 2:
         raise Int4Error(f"expected a 2-D weight, got shape {list(weight.shape)}")
@@ -85,30 +86,55 @@ def quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype) ->
     # A group of zeros keeps a finite, nonzero scale (its codes are all 0 whatever the scale).
     scale = torch.where(absmax > 0, absmax / SCALE_DIVISOR, torch.ones_like(absmax)).to(scale_dtype)
     codes = torch.round(w / scale.to(torch.float32).unsqueeze(-1)).clamp(CODE_MIN, CODE_MAX).to(torch.int8)
-    codes = codes.reshape(out_features, in_features)
+    return codes.reshape(out_features, in_features), scale.contiguous()
+
+
+def quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """One [out, in] weight as compressed-tensors pack-quantized parts."""
+    import torch
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    codes, scale = _codes_and_scales(weight, group_size, scale_dtype)
+    out_features, in_features = codes.shape
     return {
         "weight_packed": pack_to_int32(codes, NUM_BITS),
-        "weight_scale": scale.contiguous(),
+        "weight_scale": scale,
         "weight_shape": torch.tensor([out_features, in_features], dtype=torch.int32),
     }
+
+
+def fake_quantize(weight: torch.Tensor, group_size: int, scale_dtype: torch.dtype) -> torch.Tensor:
+    """What `quantize`'s parts stand for, without packing them: code x group scale, in fp32 (exact: a 4-bit
+    code times a bf16 scale needs at most 11 significant bits). The trainer's INT4 target is made of these."""
+    import torch
+
+    codes, scale = _codes_and_scales(weight, group_size, scale_dtype)
+    group = codes.shape[1] // scale.shape[1]
+    return codes.to(torch.float32) * scale.to(torch.float32).repeat_interleave(group, dim=1)
+
+
+def quantized_linear(name: str, tensor: torch.Tensor, scheme: Int4Scheme) -> bool:
+    """Whether a checkpoint tensor is a linear weight the scheme quantizes: a 2-D `<layer>.weight` whose layer is
+    not ignored and is not an embedding or a norm."""
+    layer = name.removesuffix(".weight")
+    return (
+        name.endswith(".weight")
+        and tensor.dim() == 2
+        and not re.search(r"(embed_tokens|norm)$", layer)
+        and not ignored(layer, scheme.ignore)
+    )
 
 
 def quantize_state(
     tensors: Mapping[str, torch.Tensor], scheme: Int4Scheme
 ) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """A checkpoint's tensors with every quantizable linear weight replaced by its packed parts; returns the
-    new tensors and the layers quantized. A linear is a 2-D `<layer>.weight` whose layer is not ignored and is
-    not an embedding or a norm."""
+    """A checkpoint's tensors with every quantizable linear weight (`quantized_linear`) replaced by its packed
+    parts; returns the new tensors and the layers quantized."""
     out: dict[str, torch.Tensor] = {}
     quantized: list[str] = []
     for name, tensor in sorted(tensors.items()):
         layer = name.removesuffix(".weight")
-        if (
-            name.endswith(".weight")
-            and tensor.dim() == 2
-            and not re.search(r"(embed_tokens|norm)$", layer)
-            and not ignored(layer, scheme.ignore)
-        ):
+        if quantized_linear(name, tensor, scheme):
             try:
                 parts = quantize(tensor, scheme.group_for(layer), tensor.dtype)
             except Int4Error as e:

@@ -14,6 +14,10 @@ SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>", "<|mask|>")
 TOKENIZER_FILE = "tokenizer.json"
 TARGET_WEIGHTS = "target.safetensors"
 DRAFT_WEIGHTS = "draft.safetensors"
+# The draft distilled against the INT4 target (mini/int4_reference.py), which the W4A16 build serves.
+DRAFT_INT4_WEIGHTS = "draft-int4.safetensors"
+DRAFT_INT4_RECIPE = "draft-int4.json"  # its training record: settings, versions, what it was distilled against
+INT4_DRAFT_FILES = (DRAFT_INT4_WEIGHTS, DRAFT_INT4_RECIPE)
 RECIPE_FILE = "recipe.json"
 LOG_FILE = "training-log.jsonl"
 WEIGHT_FILES = (TOKENIZER_FILE, TARGET_WEIGHTS, DRAFT_WEIGHTS, RECIPE_FILE)

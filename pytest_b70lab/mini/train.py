@@ -264,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-time-budget", type=float, help="seconds for the draft's training")
     parser.add_argument("--rollouts", type=int, help="target rollouts the draft learns from")
     parser.add_argument("--init", type=Path, help="target weights to continue from")
+    parser.add_argument(
+        "--against-int4",
+        type=Path,
+        metavar="WEIGHTS",
+        help="distil the draft against the INT4 target whose dequantized weights WEIGHTS holds "
+        "(`b70lab mini int4-target WEIGHTS`) into draft-int4.safetensors",
+    )
     parser.add_argument("--eval", type=int, default=0, help="held-out samples a family to score at the end")
     args = parser.parse_args(argv)
     overrides = {
@@ -297,7 +304,12 @@ def main(argv: list[str] | None = None) -> int:
             }.items()
             if v is not None
         }
-        train_draft(args.out, cfg=replace(DraftTraining(), **draft_overrides), device=args.device)
+        train_draft(
+            args.out,
+            cfg=replace(DraftTraining(), **draft_overrides),
+            device=args.device,
+            against_int4=args.against_int4,
+        )
     return 0
 
 

@@ -109,10 +109,10 @@ def pick_device(device: str = "auto") -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
-def write_recipe(out: Path, recipe: MiniRecipe, phase: str, cfg: Any, **run: Any) -> None:
-    """recipe.json: the architecture, each phase's latest settings, and the history of every training run
-    into this folder (a continued run adds to it), each with the digest of the corpus it saw."""
-    path = out / RECIPE_FILE
+def write_recipe(out: Path, recipe: MiniRecipe, phase: str, cfg: Any, file: str = RECIPE_FILE, **run: Any) -> None:
+    """recipe.json (or `file`): the architecture, each phase's latest settings, and the history of every
+    training run into this folder (a continued run adds to it), each with the digest of the corpus it saw."""
+    path = out / file
     data = json.loads(path.read_text()) if path.exists() else {}
     digest = curriculum.corpus_digest(cfg.seed)
     data.update(

@@ -190,6 +190,10 @@ def _identity(run: Run) -> Raw:
                 f"start-{s.start_index}: {host.fp8_attention_ran(s.audits) or 'not recorded'}" for s in run.starts
             ),
         ],
+        [
+            "INT4 weights",
+            " · ".join(f"start-{s.start_index}: {host.int4_path_ran(s.audits) or 'none'}" for s in run.starts),
+        ],
         ["target", _model(first.target)],
         ["draft", _model(first.draft)],
         ["speculation", ", ".join(f"{k} {v}" for k, v in spec.items()) or "none"],

@@ -26,10 +26,11 @@ BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu-int4"
 
 
 class Int4Run:
-    def __init__(self) -> None:
+    def __init__(self, cache_root: Path) -> None:
         self.starts: list[Evidence] = read_starts(BUNDLE)
         self.contract = Contract.model_validate(self.starts[0].contract.canonical, strict=False)
-        self.tables = checkpoint_tables(BUNDLE, self.contract, BUNDLE / "no-cache")
+        # A cache of its own: the tables of a checkpoint present here are cached, never into the bundle.
+        self.tables = checkpoint_tables(BUNDLE, self.contract, cache_root)
 
     def mutated(self) -> Int4Run:
         other = copy.copy(self)
@@ -47,10 +48,10 @@ class Int4Run:
 
 
 @pytest.fixture(scope="module")
-def recorded() -> Int4Run:
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Int4Run:
     if not (BUNDLE / "start-1" / "evidence.json").exists():
         pytest.fail(f"no recorded evidence bundle at {BUNDLE}", pytrace=False)
-    return Int4Run()
+    return Int4Run(tmp_path_factory.mktemp("int4-tables"))
 
 
 def test_the_recorded_int4_run_passes_the_load_audit_over_every_packed_tensor(recorded: Int4Run) -> None:

@@ -292,3 +292,41 @@ def test_int4_build_records_nibble_moments_and_shards_of_packed_words(int4_build
     halves = entry["shards"]["1"]["2"]
     columns = tensors[name].shape[1] // 2
     assert halves[1] == observe.moments(tensors[name][:, columns:].contiguous())
+
+
+def test_the_int4_build_serves_the_draft_distilled_against_the_int4_target(int4_build: Path) -> None:
+    from pytest_b70lab.mini.recipe import DRAFT_INT4_WEIGHTS, DRAFT_WEIGHTS
+
+    manifest = mini.verify(int4_build)
+    weights = mini.weights_dir()
+    assert manifest["draft"]["weights"][DRAFT_INT4_WEIGHTS] == mini.file_sha256(weights / DRAFT_INT4_WEIGHTS)
+    assert "W4A16" in manifest["draft"]["distilled_against"]
+    assert mini.file_sha256(weights / "target.safetensors") in manifest["draft"]["distilled_against"]
+    served = load_file(str(int4_build / "draft" / "model.safetensors"))
+    own, plain = load_file(str(weights / DRAFT_INT4_WEIGHTS)), load_file(str(weights / DRAFT_WEIGHTS))
+    name = "layers.0.self_attn.qkv_proj.weight"  # kept in float (DRAFT_IGNORE): the committed tensor as it is
+    assert torch.equal(served[name], own[name]) and not torch.equal(served[name], plain[name])
+
+
+def test_the_trainers_int4_target_holds_what_the_int4_build_packed(b70_mini_model: Path, int4_build: Path) -> None:
+    """mini/int4_reference.py (what the INT4 lane's draft is distilled against) against the packed build on disk,
+    unpacked by compressed-tensors' own unpacker: every quantized layer, experts and shared experts included."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    from pytest_b70lab.mini import int4_reference
+    from pytest_b70lab.mini.tokenizer import load_tokenizer
+
+    recipe = mini.trained_recipe()
+    tok = load_tokenizer(mini.weights_dir(), recipe)
+    state = int4_reference.int4_target_state(mini.weights_dir(), b70_mini_model / "target", recipe, tok)
+    packed = load_file(str(int4_build / "target" / "model.safetensors"))
+    layers = sorted(n.removesuffix(".weight_packed") for n in packed if n.endswith(".weight_packed"))
+    assert len(layers) == mini.verify(int4_build)["target"]["int4"]["quantized_layers"]
+    for layer in layers:
+        shape = torch.Size(packed[f"{layer}.weight_shape"].tolist())
+        codes = unpack_from_int32(packed[f"{layer}.weight_packed"], 4, shape).float()
+        scale = packed[f"{layer}.weight_scale"].float()
+        expected = codes * scale.repeat_interleave(shape[1] // scale.shape[1], dim=1)
+        assert torch.equal(int4_reference._trainer_slot(state, f"{layer}.weight"), expected), layer
+    plain = mini.load_target_model(mini.weights_dir(), recipe, tok).state_dict()
+    assert torch.equal(state["lm_head.weight"], plain["lm_head.weight"]), "lm_head stays in float"

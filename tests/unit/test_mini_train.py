@@ -93,6 +93,25 @@ def test_a_few_steps_on_cpu_train_weights_the_build_serves(
     assert manifest["weights"]["corpus_digest"] == recipe["corpus_digest"]
     assert manifest["target"]["kv_scale_count"] == 2 * len(committed["architecture"]["target"]["heads_per_layer"])
 
+    # The INT4 lane's draft: distilled against the retrained target's INT4 form, recorded apart, then served.
+    from safetensors.torch import save_file
+
+    from pytest_b70lab.mini import int4_reference
+
+    before = (out / recipe_mod.RECIPE_FILE).read_text()
+    state = int4_reference.int4_target_state(out, folder / "target", recipe_mod.TRAINED_RECIPE, tok)
+    int4_target = tmp_path / "target-int4.safetensors"
+    save_file({k: v.contiguous() for k, v in state.items()}, str(int4_target))
+    distil.train_draft(out, cfg=draft_cfg, device="cpu", against_int4=int4_target)
+    assert (out / recipe_mod.RECIPE_FILE).read_text() == before, "recipe.json is the unquantized build's"
+    assert _tensor_table(out / recipe_mod.DRAFT_INT4_WEIGHTS) == _tensor_table(COMMITTED / recipe_mod.DRAFT_WEIGHTS)
+    record = json.loads((out / recipe_mod.DRAFT_INT4_RECIPE).read_text())
+    assert record["draft_int4"] == asdict(draft_cfg)
+    assert mini.file_sha256(int4_target) in record["history"][-1]["target"]
+    int4_manifest = mini.verify(mini.build_int4(tmp_path / "cache"))
+    assert int4_manifest["draft"]["weights"] == mini.int4_draft_digests(out)
+    assert int4_manifest["draft"]["distilled_against"] == record["history"][-1]["target"]
+
 
 def test_trainer_module_help() -> None:
     done = subprocess.run(
