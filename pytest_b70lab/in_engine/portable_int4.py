@@ -19,7 +19,10 @@ otherwise (`auto`) a linear runs vLLM's kernel where vLLM picks one whose op thi
 experts run vLLM's INT4 experts where vLLM's own selection accepts the layer. `state()` counts each layer's
 path and keeps the reasons; every rank's audit reports it and gate 3 judges it against the contract.
 
-Installed by the vLLM plugin (`fixes`, fix `cpu_int4_portable_weights`). Runs inside vLLM's processes: imports
+The counting (which kernel vLLM gives each INT4 layer, replacing none) is installed on every platform by its own
+`vllm.general_plugins` entry (`register`): an XPU rank's audit names vLLM's INT4 kernels, so a contract there
+can expect `int4_path = "native"`. The portable path is installed by the vLLM plugin's CPU fix
+(`fixes`, fix `cpu_int4_portable_weights`). Runs inside vLLM's processes: imports
 only the standard library, torch and vLLM. The patch in `patches/` is the same change as a source delta.
 """
 
@@ -41,7 +44,9 @@ CODE_OFFSET = 8  # compressed-tensors stores a signed 4-bit code c as the unsign
 # dtypes that op has a kernel for: neither is asked by the kernel's can_implement (cpu_gemm_wna16 on float32
 # activations fails the first forward with "not implemented for 'Float'").
 KERNEL_OPS = {"CPUWNA16LinearKernel": ("cpu_gemm_wna16", ("torch.bfloat16", "torch.float16"))}
-_state: dict[str, Any] = {"installed": False, "linear": Counter(), "moe": Counter(), "reasons": {}}
+# "counting": vLLM's own selections are wrapped to count what each INT4 layer got (every platform, the plugin's
+# entry point); "installed": the portable path may also take layers (the CPU fix).
+_state: dict[str, Any] = {"installed": False, "counting": False, "linear": Counter(), "moe": Counter(), "reasons": {}}
 
 
 def forced(environ=os.environ) -> bool:
@@ -55,6 +60,7 @@ def state() -> dict[str, Any]:
     """This process's INT4 layers by the path each runs ("portable" or vLLM's kernel by name), and why."""
     return {
         "installed": bool(_state["installed"]),
+        "counting": bool(_state["counting"]),
         "implementation": IMPLEMENTATION,
         "forced": forced(),
         "linear": dict(sorted(_state["linear"].items())),
@@ -144,6 +150,10 @@ def _op_library_has(op: str) -> bool:
 
 def _choose_linear(original):
     def choose_mp_linear_kernel(config, compute_capability=None):
+        if not _state["installed"]:  # counting only: vLLM's choice as it is, on any platform
+            kernel = original(config, compute_capability)
+            _count("linear", kernel.__name__)
+            return kernel
         portable = linear_kernel()
         if forced():
             _count("linear", "portable", f"{ENV_FORCE}=portable")
@@ -185,8 +195,10 @@ def _select_moe(original):
         from vllm.model_executor.layers.fused_moe.oracle.unquantized import select_unquantized_moe_backend
         from vllm.platforms import current_platform
 
-        if not current_platform.is_cpu():
-            return original(config, weight_key, quant_config, may_have_zp, may_have_bias, **kwargs)
+        if not current_platform.is_cpu() or not _state["installed"]:  # counting only: vLLM's choice as it is
+            backend, experts = original(config, weight_key, quant_config, may_have_zp, may_have_bias, **kwargs)
+            _count("moe", experts.__name__)
+            return backend, experts
         reason = f"{ENV_FORCE}=portable" if forced() else None
         if reason is None:
             try:
@@ -247,9 +259,11 @@ def _moe_quant_config(original):
     return get_fused_moe_quant_config
 
 
-def install() -> None:
-    """Route compressed-tensors W4A16 linear and MoE layers here where vLLM's CPU build cannot serve them."""
-    if _state["installed"]:
+def install_counting() -> None:
+    """Count which kernel vLLM gives each compressed-tensors W4A16 linear and MoE layer, replacing none: the
+    audit's `int4` on every platform, so that a contract can expect `int4_path = "native"` on an XPU and gate
+    3 judges it there. Idempotent; `install` builds on it."""
+    if _state["counting"]:
         return
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
         compressed_tensors_moe_wna16 as moe_wna16,
@@ -258,6 +272,23 @@ def install() -> None:
 
     wna16.choose_mp_linear_kernel = _choose_linear(wna16.choose_mp_linear_kernel)
     moe_wna16.select_wna16_moe_backend = _select_moe(moe_wna16.select_wna16_moe_backend)
+    _state["counting"] = True
+
+
+def register() -> None:
+    """`vllm.general_plugins` entry: the counting, in every vLLM process of every platform."""
+    install_counting()
+
+
+def install() -> None:
+    """Route compressed-tensors W4A16 linear and MoE layers here where vLLM's CPU build cannot serve them."""
+    if _state["installed"]:
+        return
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_wna16 as moe_wna16,
+    )
+
+    install_counting()
     method = moe_wna16.CompressedTensorsWNA16MoEMethod
     method.process_weights_after_loading = _moe_weights_after_loading(method.process_weights_after_loading)
     method.get_fused_moe_quant_config = _moe_quant_config(method.get_fused_moe_quant_config)

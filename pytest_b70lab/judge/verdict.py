@@ -101,6 +101,27 @@ class Decision:
         return None
 
 
+def paired_lines(decision: Decision) -> list[str]:
+    """Gate 7's paired figure of each later start with its interval, as the gate observed it: the width is what
+    says whether a session could tell a change of a few percent at all."""
+    lines = []
+    for o in decision.outcomes:
+        if o.gate != "fresh-start-reproduction":
+            continue
+        for key in sorted(k for k in o.observed if k.startswith("paired_ratio_start")):
+            n = key.removeprefix("paired_ratio_start")
+            low, high = o.observed.get(f"paired_interval_start{n}") or (None, None)
+            ratio = o.observed[key]
+            if low is None or high is None or ratio is None:
+                continue
+            lines.append(
+                f"  gate 7: paired start-{n} / start-1 {ratio:.3f} [{low:.3f}, {high:.3f}], "
+                f"{(high - low) / 2:.1%} half-width"
+            )
+        break
+    return lines
+
+
 def _pairs(pairs: list[Pair]) -> str:
     shown = ", ".join(f"{gate} [{subject}]" for gate, subject in pairs[:SHOWN])
     return shown + (f", and {len(pairs) - SHOWN} more" if len(pairs) > SHOWN else "")
@@ -231,6 +252,7 @@ def summary(decision: Decision, run_dir: Path) -> list[tuple[str, dict[str, bool
                 )
     if d.speedup and not d.promotable:
         lines.append((f"  speed-up over target-only: {speedup_text(d.speedup)}; reported, not promoted", {}))
+    lines += [(line, {}) for line in paired_lines(d)]
     if trusted := {part: why for part, why in d.tables_checked.items() if why.startswith("taken on trust")}:
         lines.append(
             (

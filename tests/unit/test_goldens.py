@@ -58,6 +58,12 @@ def _verdict_section(lines: list[str]) -> list[str]:
         if line.startswith("=") and ("short test summary" in line or " in " in line):
             break
         section.append(line)
+    # Whether pytest opens the section with a blank line depends on what the terminal held before it (it differs
+    # between a run under CI=true and one without): blank lines at the edges are not the verdict's.
+    while section and not section[0].strip():
+        section.pop(0)
+    while section and not section[-1].strip():
+        section.pop()
     return section
 
 

@@ -183,3 +183,26 @@ def test_gate_3_holds_the_int4_path_to_the_contract(recorded: Int4Run, accepted:
     verdict = engine_resolution.engine_resolution(run.starts[0], 1, contract)
     assert not verdict.passed and message in verdict.explain(), verdict.explain()
     assert "rank 1" in verdict.explain()
+
+
+def test_an_xpu_style_audit_naming_vllms_int4_kernels_passes_gate_3_under_native(recorded: Int4Run) -> None:
+    """What the counting alone (every platform, no kernel replaced) reports on an XPU rank: vLLM's own W4A16
+    linear kernel and INT4 experts by name. Under `int4_path = "native"` gate 3 passes it; the recorded rank
+    (the portable path) fails under the same contract."""
+    run = recorded.mutated()
+    contract = run.contract.model_copy(
+        update={"expect": run.contract.expect.model_copy(update={"int4_path": "native"})}
+    )
+    audit = run.audit(1)
+    linear, moe = audit["int4"]["linear"]["portable"], audit["int4"]["moe"]["portable"]
+    audit["int4"].update(
+        installed=False,
+        counting=True,
+        linear={"XPUwNa16LinearKernel": linear},
+        moe={"XPUExpertsWNA16": moe},
+        reasons={},
+    )
+    verdict = engine_resolution.engine_resolution(run.starts[0], 1, contract)
+    assert verdict.passed, verdict.explain()
+    assert verdict.observed["int4_layers"] == {"linear XPUwNa16LinearKernel": linear, "moe XPUExpertsWNA16": moe}
+    assert not engine_resolution.engine_resolution(recorded.starts[0], 1, contract).passed

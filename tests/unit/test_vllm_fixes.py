@@ -489,6 +489,31 @@ def test_the_int4_fix_leaves_vllms_kernel_where_it_runs_unless_forced(monkeypatc
         wna16.choose_mp_linear_kernel(_w4a16(torch.bfloat16))
 
 
+def test_the_int4_counting_replaces_no_kernel_on_any_platform_and_counts_each_layer_once(monkeypatch) -> None:
+    """The plugin's counting entry (every platform): vLLM's choice comes back unchanged and is counted by name;
+    where the platform is not a CPU and vLLM has no kernel, vLLM's own error, never the portable path; with the
+    CPU fix installed after it, a layer is counted once."""
+    from vllm.platforms import current_platform
+
+    monkeypatch.delenv(portable_int4.ENV_FORCE, raising=False)
+    vllms_choice = wna16.choose_mp_linear_kernel(_w4a16(torch.float32))
+    with monkeypatch.context() as not_a_cpu:
+        not_a_cpu.setattr(type(current_platform), "is_cpu", lambda self: False)
+        portable_int4.register()
+        portable_int4.register()  # idempotent: one wrapper
+        # vLLM's CPU kernels refuse a platform that is not a CPU: its own error, no portable stand-in
+        with pytest.raises(ValueError, match="Failed to find a kernel"):
+            wna16.choose_mp_linear_kernel(_w4a16(torch.float32))
+        assert portable_int4.state()["linear"] == {}
+    assert wna16.choose_mp_linear_kernel(_w4a16(torch.float32)) is vllms_choice
+    state = portable_int4.state()
+    assert state["counting"] and not state["installed"]
+    assert state["linear"] == {vllms_choice.__name__: 1} and state["reasons"] == {}
+    portable_int4.install()
+    assert wna16.choose_mp_linear_kernel(_w4a16(torch.float32)) is portable_int4.linear_kernel()
+    assert portable_int4.state()["linear"] == {vllms_choice.__name__: 1, "portable": 1}
+
+
 # --- 9. the shared-memory queue reader's spin ----------------------------------------------------------------
 
 
