@@ -20,7 +20,7 @@ import torch
 
 from pytest_b70lab import mini
 from pytest_b70lab.contract import schema as contract
-from pytest_b70lab.in_engine import portable_int4
+from pytest_b70lab.mini import int4_reference
 from pytest_b70lab.mini.tokenizer import load_tokenizer
 from pytest_b70lab.quality import samples as quality_samples
 
@@ -40,43 +40,10 @@ def greedy(model, tok, prompt: str, max_new_tokens: int) -> list[int]:
 
 
 def int4_model(recipe, tok):
-    """The trained target with the INT4 build's weights (dequantized) in place of the quantized ones. The served
-    checkpoint names experts one by one; transformers stacks them per layer (gate_up_proj [E, 2I, H], gate rows
-    first; down_proj [E, H, I]): the plain build's per-expert tensors are checked against that layout first."""
-    from safetensors.torch import load_file
-
+    """The trained target with the INT4 build's weights (code x group scale) in place of the quantized ones, as
+    the INT4 lane's draft is distilled against (mini/int4_reference.py)."""
     model = mini.load_target_model(mini.weights_dir(), recipe, tok)
-    state = model.state_dict()
-    packed = load_file(str(mini.build_int4() / "target" / "model.safetensors"))
-    plain = load_file(str(mini.build() / "target" / "model.safetensors"))
-    for layer in sorted({name.rsplit(".", 1)[0] for name in packed if name.endswith(".weight_packed")}):
-        weight = portable_int4.dequantize(
-            packed[f"{layer}.weight_packed"], packed[f"{layer}.weight_scale"], torch.float32
-        )
-        stem, _, rest = layer.partition(".experts.")
-        if not rest:
-            # transformers calls the shared expert `shared_experts`; vLLM's checkpoint `shared_expert`
-            name = (
-                f"{layer}.weight"
-                if f"{layer}.weight" in state
-                else f"{layer}.weight".replace(".shared_expert.", ".shared_experts.")
-            )
-            assert torch.equal(state[name], plain[f"{layer}.weight"].float()), f"{layer}: not {name} in transformers"
-            state[name].copy_(weight)
-            continue
-        expert, proj = rest.split(".")
-        e = int(expert)
-        if proj == "down_proj":
-            target = state[f"{stem}.experts.down_proj"][e]
-        else:
-            half = state[f"{stem}.experts.gate_up_proj"].shape[1] // 2
-            target = (
-                state[f"{stem}.experts.gate_up_proj"][e, :half]
-                if proj == "gate_proj"
-                else state[f"{stem}.experts.gate_up_proj"][e, half:]
-            )
-        assert torch.equal(target, plain[f"{layer}.weight"].float()), f"{layer}: not where transformers keeps it"
-        target.copy_(weight)
+    model.load_state_dict(int4_reference.int4_target_state(mini.weights_dir(), mini.build() / "target", recipe, tok))
     return model
 
 

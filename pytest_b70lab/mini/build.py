@@ -75,15 +75,19 @@ def weights_dir() -> Path:
     return Path(os.environ.get("B70LAB_MINI_WEIGHTS") or project.find(WEIGHTS))
 
 
-def weight_digests(folder: Path | None = None) -> dict[str, str]:
-    folder = folder or weights_dir()
-    missing = [name for name in WEIGHT_FILES if not (folder / name).is_file()]
+def _file_digests(folder: Path, names: tuple[str, ...], what: str, remake: str) -> dict[str, str]:
+    """sha256 of each named file in `folder`; a missing one is a clear error naming `what` and how to remake it."""
+    missing = [name for name in names if not (folder / name).is_file()]
     if missing:
         raise MiniModelError(
-            f"the mini's trained weights are incomplete in {folder}: missing {', '.join(missing)} "
-            f"(a fresh clone has them under fixtures/mini/; `b70lab mini train` makes new ones)"
+            f"{what} incomplete in {folder}: missing {', '.join(missing)} "
+            f"(a fresh clone has them under fixtures/mini/; `{remake}` makes new ones)"
         )
-    return {name: file_sha256(folder / name) for name in WEIGHT_FILES}
+    return {name: file_sha256(folder / name) for name in names}
+
+
+def weight_digests(folder: Path | None = None) -> dict[str, str]:
+    return _file_digests(folder or weights_dir(), WEIGHT_FILES, "the mini's trained weights are", "b70lab mini train")
 
 
 def _lists_as_tuples(fields: dict[str, Any]) -> dict[str, Any]:
@@ -491,14 +495,12 @@ def _write_int4_part(
 
 def int4_draft_digests(weights: Path | None = None) -> dict[str, str]:
     """The INT4 lane's own draft: its weights and the record of what it was distilled against."""
-    weights = weights or weights_dir()
-    missing = [name for name in INT4_DRAFT_FILES if not (weights / name).is_file()]
-    if missing:
-        raise MiniModelError(
-            f"the INT4 lane's draft is incomplete in {weights}: missing {', '.join(missing)} (a fresh clone has "
-            f"them under fixtures/mini/; `b70lab mini train draft --against-int4` makes new ones)"
-        )
-    return {name: file_sha256(weights / name) for name in INT4_DRAFT_FILES}
+    return _file_digests(
+        weights or weights_dir(),
+        INT4_DRAFT_FILES,
+        "the INT4 lane's draft is",
+        "b70lab mini train draft --against-int4",
+    )
 
 
 def int4_distilled_against(weights: Path | None = None) -> str:
