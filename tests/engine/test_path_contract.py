@@ -1,5 +1,6 @@
-"""The lane a production checkpoint takes, end to end: `pytest -m gates --b70-contract mini-laguna-cpu-int4`,
-INT4 weights on the portable INT4 path and the portable FP8 path, as an AVX2-only CPU runs it.
+"""The embedded default under the AVX2 emulation, end to end: `pytest -m gates` on the default contract
+(`mini-laguna-cpu-int4`: INT4 target and its own INT4 draft) on the portable INT4 path and the portable FP8 path,
+as an AVX2-only CPU runs it.
 
 Target and draft are plain folders of the mini's W4A16 build (config, tokenizer, compressed-tensors
 pack-quantized safetensors; no b70lab manifest), exported by the session itself when they are missing, so the
@@ -8,10 +9,10 @@ and the committed teacher of that contract (target only, INT4 weights, FP8 KV) i
 PROMOTABLE with every checkpoint tensor covered and every rank's INT4 layers on the portable path.
 
 On a CPU with AVX-512 the session runs under the AVX2 emulation (B70LAB_EMULATE_CPU=avx2: vLLM's AVX2 op
-library, torch and oneDNN at AVX2, native FP8 refused), so that every run of the suite exercises both FP8
-paths with one session each: this one the portable path, the gates lane the native one. This session replaced
-the plain-folder session of the unquantized mini (`mini-laguna-cpu-path`, still shipped): one session covers
-the checkpoint lane, the portable FP8 path and the INT4 weights, where two would cost CI two more starts.
+library, torch and oneDNN at AVX2, native FP8 refused), so that every run of the suite runs the default on both FP8
+paths with one session each: this one the portable path, the gates lane (tests/gates) the machine's own. Live
+sessions of the unquantized lane (`mini-laguna-cpu`, bf16 weights) stay in the suite: the lab layout
+(`mini-laguna-cpu-tp4ep4`), the sweep's smoke, the degraded-quality start and the fault rows.
 
 The session judges the lane under gate 7's equivalence rule with passes added until the paired interval is
 decided (3 to 8; the committed contract keeps the point rule and its digest): the stopping rule runs live in every
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from pytest_b70lab.contract import schema as contract
+from pytest_b70lab.contract.defaults import DEFAULT_CONTRACT
 from pytest_b70lab.engine.starts import model_folder
 from pytest_b70lab.evidence import checkpoint, host
 from pytest_b70lab.evidence.run_folder import TABLES_COPY, read_starts
@@ -36,7 +38,7 @@ from pytest_b70lab.in_engine import portable_fp8, portable_int4
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
-CONTRACT = "mini-laguna-cpu-int4"
+CONTRACT = DEFAULT_CONTRACT
 SAMPLED_MAX = 8
 
 

