@@ -40,8 +40,16 @@ EXAMPLES = {
     "report": ["b70lab report data/runs/20261203-101503", "b70lab report RUN --out /tmp/run.html"],
     "evidence": ["b70lab evidence show data/runs/20261203-101503", "b70lab evidence diff RUN_A RUN_B --json"],
     "schema": ["b70lab schema promotion", "b70lab schema evidence"],
-    "seal": ["b70lab seal data/runs/20261204-101503 --name mini-laguna-cpu-20261204"],
-    "records": ["b70lab records", "b70lab records verify", "b70lab records verify mini-laguna-cpu-20261204"],
+    "seal": [
+        "b70lab seal data/runs/20261204-101503 --name mini-laguna-cpu-20261204",
+        "b70lab seal data/runs/20261205-153434 --name mini-laguna-cpu-int4-20261205 --sign ~/.config/b70lab/seal-ed25519.pem",
+    ],
+    "records": [
+        "b70lab records",
+        "b70lab records verify",
+        "b70lab records sign mini-laguna-cpu-20261204 --key ~/.config/b70lab/seal-ed25519.pem",
+    ],
+    "keys": ["b70lab keys generate", "b70lab keys generate --private ~/.config/b70lab/lab-ci.pem"],
     "history": [
         "b70lab history",
         "b70lab history mini-laguna-cpu --from data/runs --from repro --html data/history.html",

@@ -1,4 +1,5 @@
-"""Which CPU a start ran on: its model and the flags that decide which FP8 attention path vLLM can run there.
+"""Which machine a start ran on: its CPU (vendor, family, model, stepping, cores, the flags that decide which FP8
+attention path vLLM can run there) and its GPUs, and the host class that says whose speeds compare.
 
 Machines of the lab's kind differ in CPU (some have AVX-512 and AMX, some only AVX2), and outputs, speed and
 the FP8 path depend on it, so every start's evidence and the capability preflight read it from here.
@@ -8,12 +9,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..digests import sha256_canonical
 from ..in_engine import cpu_emulation
 
 CPUINFO = Path("/proc/cpuinfo")
+DRM = Path("/sys/class/drm")  # one cardN per GPU, with its PCI ids and the kernel driver bound to it
 # The flags that matter to vLLM's CPU build and to torch's kernels, in the kernel's spelling.
 RELEVANT_FLAGS = (
     "avx2",
@@ -48,20 +52,48 @@ def cpu_flags(cpuinfo: str) -> set[str]:
     return next((set(value.split()) for key, value in _fields(cpuinfo) if key in ("flags", "Features")), set())
 
 
-def cpu_identity(cpuinfo: str | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """{model, flags (the relevant ones present), avx512, amx, emulated}: the CPU as it is, and the emulation
-    the engine would be asked to run under (B70LAB_EMULATE_CPU)."""
+def cpu_identity(
+    cpuinfo: str | None = None, environ: Mapping[str, str] = os.environ, drm: Path = DRM
+) -> dict[str, Any]:
+    """{model (the name), vendor, family, model_number, stepping, cores, flags (the relevant ones present),
+    avx512, amx, emulated, gpus}: the machine as it is, and the emulation the engine would be asked to run
+    under (B70LAB_EMULATE_CPU)."""
     text = read_cpuinfo() if cpuinfo is None else cpuinfo
-    model = next((value.strip() for key, value in _fields(text) if key == "model name"), None)
+    first: dict[str, str] = {}
+    for key, value in _fields(text):
+        first.setdefault(key, value.strip())
     flags = cpu_flags(text)
     present = [f for f in RELEVANT_FLAGS if f in flags]
     return {
-        "model": model,
+        "model": first.get("model name"),
+        "vendor": first.get("vendor_id"),
+        "family": first.get("cpu family"),
+        "model_number": first.get("model"),
+        "stepping": first.get("stepping"),
+        "cores": sum(1 for key, _ in _fields(text) if key == "processor") or None,
         "flags": present,
         "avx512": "avx512f" in flags,
         "amx": "amx_tile" in flags,
         "emulated": cpu_emulation.requested(environ),
+        "gpus": gpus(drm),
     }
+
+
+def gpus(drm: Path = DRM) -> list[str]:
+    """Each GPU the kernel shows (/sys/class/drm/cardN) as 'vendor:device (driver)' by PCI id, sorted: the B70's
+    cards, none on the CPU machines. Read from sysfs, which needs no vendor tool (xpu-smi, nvidia-smi)."""
+    found = []
+    for card in sorted(drm.glob("card[0-9]*")) if drm.is_dir() else []:
+        device = card / "device"
+        if "-" in card.name or not (device / "vendor").is_file():
+            continue  # connectors (card0-DP-1) and render nodes are not cards
+        try:
+            ids = [(device / f).read_text().strip().removeprefix("0x") for f in ("vendor", "device")]
+            driver = (device / "driver").resolve().name if (device / "driver").exists() else "no driver"
+        except OSError:
+            continue
+        found.append(f"{ids[0]}:{ids[1]} ({driver})")
+    return sorted(found)
 
 
 def native_fp8_possible(identity: dict[str, Any]) -> bool:
@@ -75,6 +107,57 @@ def describe(identity: dict[str, Any]) -> str:
     isa = ", ".join(("AVX-512" if identity.get("avx512") else "no AVX-512", "AMX" if identity.get("amx") else "no AMX"))
     text = f"{identity.get('model') or 'unknown CPU'} ({isa})"
     return text + (f", emulating {identity['emulated'].upper()}" if identity.get("emulated") else "")
+
+
+# What decides whether two machines' decode speeds compare: the CPU exactly (vendor, family, model, stepping, its name,
+# the ISA that matters and any emulation), its core count, the GPUs, and the FP8 attention path the ranks ran.
+# Fields a start recorded before they existed read as None: such a start is of its own class.
+CLASS_FIELDS = ("vendor", "family", "model_number", "stepping", "model", "avx512", "amx", "emulated", "cores", "gpus")
+
+
+@dataclass(frozen=True)
+class HostClass:
+    """A host class: recomputed from a start's identity whenever it is needed, never read from a file."""
+
+    fields: tuple[tuple[str, Any], ...]
+    label: str
+
+    @property
+    def key(self) -> str:
+        return sha256_canonical(dict(self.fields))[:16]
+
+    def differences(self, other: HostClass) -> list[str]:
+        """'cpu model: 'Intel Xeon' vs 'AMD EPYC'', one per field that differs; [] for one class."""
+        a, b = dict(self.fields), dict(other.fields)
+        return [f"{name.replace('_', ' ')}: {a[name]!r} vs {b[name]!r}" for name in a if a[name] != b.get(name)]
+
+    def not_compared(self, other: HostClass, a: str = "A", b: str = "B") -> str | None:
+        """Why speeds of the two classes are not compared, in one line; None where they are one class."""
+        if not (differ := self.differences(other)):
+            return None
+        return f"not compared: {a} on {self.label}, {b} on {other.label} (host classes differ: {'; '.join(differ)})"
+
+
+def fp8_class_path(path: str | None) -> str:
+    """The FP8 path as a class has it: native, portable, mixed or not recorded (an audit's 'native (_C)' is native)."""
+    if not path:
+        return "not recorded"
+    kinds = {part.strip().split(" ")[0] for part in path.split("/")}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def host_class(identity: Mapping[str, Any] | None, fp8: str | None) -> HostClass:
+    """The host class of a start's (or a seal's) identity and the FP8 attention path its ranks ran."""
+    identity = dict(identity or {})
+    path = fp8_class_path(fp8)
+    fields = tuple((name, identity.get(name)) for name in CLASS_FIELDS) + (("fp8_attention", path),)
+    cores = f", {identity['cores']} cores" if identity.get("cores") else ""
+    return HostClass(fields, f"{describe(identity) if identity else 'CPU not recorded'}{cores}, FP8 attention {path}")
+
+
+def start_class(start: Any) -> HostClass:
+    """The host class of an Evidence start: its recorded identity and what its ranks' audits say ran."""
+    return host_class(start.host, fp8_attention_ran(start.audits))
 
 
 PORTABLE_ENV = "B70LAB_FP8_ATTENTION"  # portable_fp8.ENV_FORCE; not imported: that module loads torch

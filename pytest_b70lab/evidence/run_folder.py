@@ -62,8 +62,8 @@ class Run:
 
 
 def read(folder: Path, kind: str = "candidate", verdict: bool = True) -> Run:
-    """Every start-N/evidence.json of `kind` in start order (each checked as `evidence.record.read` does, and against
-    the folder it lies in) and, with `verdict`, RUN/promotion.json (None when no session recorded one). Any
+    """Every start-N/evidence.json of `kind` in start order (each checked as `evidence.record.read` does, against
+    the folder it lies in, and an interleaved session's starts against each other: evidence.timeline) and, with `verdict`, RUN/promotion.json (None when no session recorded one). Any
     problem is an EvidenceError naming the file; a folder without starts is not one (the caller says what it
     needs)."""
     from . import record as evidence
@@ -87,6 +87,14 @@ def read(folder: Path, kind: str = "candidate", verdict: bool = True) -> Run:
                 f"in {folder_of_start.name}: the run folder was rearranged"
             )
         starts.append(start)
+    from .timeline import SHOWN, session_contradictions
+
+    if contradictions := session_contradictions(starts):
+        raise EvidenceError(
+            f"the interleaved starts under {base} contradict each other (refused; the evidence cannot be trusted): "
+            + "; ".join(contradictions[:SHOWN])
+            + (f"; and {len(contradictions) - SHOWN} more" if len(contradictions) > SHOWN else "")
+        )
     promotion, notes = read_promotion(folder) if verdict else (None, [])
     return Run(folder, tuple(starts), promotion, tuple(notes))
 

@@ -102,6 +102,10 @@ class Comparison:
     only_in_a: tuple[str, ...]
     only_in_b: tuple[str, ...]
     speed: Speed
+    # Each run's host class (evidence.host.host_class, recomputed from its first start) and, where they differ, why
+    # its speed is not compared: then the speed figures are computed but no surface reads them as a change.
+    hosts: tuple[str, str] = ("", "")
+    speed_not_compared: str | None = None
 
     @property
     def identical_outputs(self) -> int:
@@ -124,7 +128,9 @@ class Comparison:
 
     def headline(self) -> str:
         s = self.speed
-        if s.ratio is None or s.paired is None:
+        if self.speed_not_compared:
+            speed = f"speed B/A: {self.speed_not_compared}"
+        elif s.ratio is None or s.paired is None:
             speed = "speed B/A: no prompt has a decode rate in both runs"
         else:
             speed = (
@@ -309,6 +315,7 @@ def compare_runs(a: Run, b: Run, *, confidence: float = 0.95, resamples: int = 1
     ids_b = {r.prompt_id for r in eb.requests}
     rates_a, rates_b = _rates(a), _rates(b)
     prompts = tuple(_compare_prompt(pid, a, b, rates_a.get(pid), rates_b.get(pid)) for pid in ids_a if pid in ids_b)
+    class_a, class_b = host.start_class(ea), host.start_class(eb)
     return Comparison(
         a=a.folder,
         b=b.folder,
@@ -322,6 +329,8 @@ def compare_runs(a: Run, b: Run, *, confidence: float = 0.95, resamples: int = 1
         only_in_a=tuple(pid for pid in ids_a if pid not in ids_b),
         only_in_b=tuple(r.prompt_id for r in eb.requests if r.prompt_id not in ids_a),
         speed=_speed({p.prompt_id: (p.rate_a, p.rate_b) for p in prompts}, confidence, resamples, seed),
+        hosts=(class_a.label, class_b.label),
+        speed_not_compared=class_a.not_compared(class_b),
     )
 
 
@@ -529,7 +538,9 @@ def format_comparison(c: Comparison) -> str:
         lines.append(f"{title}: " + ("identical" if not changes else _differ(len(changes), "entry", "entries")))
         lines += [f"  {ch.line()}" for ch in changes]
     s = c.speed
-    if s.median_a is not None:
+    if c.speed_not_compared:
+        lines.append(f"speed: {c.speed_not_compared}")
+    elif s.median_a is not None:
         lines.append(
             f"speed: median over {_count(s.prompts, 'prompt')} {s.median_a:.2f} -> {s.median_b:.2f} tok/s; "
             f"paired: the geometric mean of the per-prompt ratios below "

@@ -34,7 +34,7 @@ from .fixtures import (
     b70_verdict,
 )
 from .reporter import VerdictReporter
-from .reproduction import refuse_drift, use_sealed_contract
+from .reproduction import HOST_NOTE, refuse_drift, use_sealed_contract
 from .state import (
     BLOCKED_PROPERTY,
     ENGINE_EVIDENCE,
@@ -317,7 +317,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         *fp8,
         f"b70lab: {where}",
     ]
-    return lines + suite
+    note = config.stash.get(HOST_NOTE, None)
+    return lines + ([note] if note else []) + suite
 
 
 @pytest.hookimpl(tryfirst=True)  # after the session's header (so the dry run shows it too), before collecting

@@ -15,6 +15,7 @@ from .state import LabState, Settings
 
 SEAL_FOLDER = pytest.StashKey[Path]()
 DRIFT = pytest.StashKey[list[str]]()
+HOST_NOTE = pytest.StashKey[str]()  # the report header's line: whether the seal's speed will be compared here
 
 
 def use_sealed_contract(config: pytest.Config) -> None:
@@ -49,7 +50,9 @@ def refuse_drift(config: pytest.Config, state: LabState) -> None:
             "target": models.target.model_dump(mode="json"),
             "draft": models.draft.model_dump(mode="json") if models.draft else None,
         }
-        drift = reproduce.machine_drift(store.read(folder), state.contract, here)
+        seal = store.read(folder)
+        drift = reproduce.machine_drift(seal, state.contract, here)
+        sealed_on, this_host = reproduce.sealed_host_class(seal), reproduce.this_host_class(state.contract)
     except LabError as e:
         raise pytest.UsageError(f"--b70-reproduce {folder.name}: {e}") from None
     if drift and not config.getoption("--b70-accept-drift"):
@@ -59,6 +62,12 @@ def refuse_drift(config: pytest.Config, state: LabState) -> None:
             + "\ngive --b70-accept-drift to reproduce anyway (the verdict then prints each difference)"
         )
     config.stash[DRIFT] = drift
+    why = sealed_on.not_compared(this_host, "sealed", "this host")
+    config.stash[HOST_NOTE] = (
+        f"b70lab: reproducing {store.REPRO}/{folder.name}: tokens, teacher and fixes judged; speed {why}"
+        if why
+        else f"b70lab: reproducing {store.REPRO}/{folder.name} on its host class: speed compared too"
+    )
 
 
 def reproduction_lines(config: pytest.Config, state: LabState) -> tuple[list[str], bool]:
@@ -78,8 +87,9 @@ def reproduction_lines(config: pytest.Config, state: LabState) -> tuple[list[str
 
 
 def _doubling_as_reproduction(state: LabState) -> list[str]:
-    """A live session of a sealed contract on the seal's host class compares itself with the newest such seal;
-    on another host class it says which seal it did not compare with and why. Never fails the session."""
+    """A live session of a sealed contract compares itself with the newest such seal: tokens, the sealed
+    teacher and the runtime fixes on any host, the speed only on the seal's host class (elsewhere the line says
+    why it is not compared). Never fails the session."""
     from ..records import reproduce, store
 
     if state.replay_dir is not None or not any(state.run_dir.glob("start-*/evidence.json")):
@@ -92,9 +102,6 @@ def _doubling_as_reproduction(state: LabState) -> list[str]:
         seal = max(seals, key=lambda s: str(s.document.get("sealed_at")))
         if problems := store.verify(seal.folder):
             return [f"{store.REPRO}/{seal.name} does not verify, not compared: {problems[0]}"]
-        sealed_on, here = reproduce.host_class(seal.record()), reproduce.this_host_class(contract)
-        if sealed_on != here:
-            return [f"{store.REPRO}/{seal.name} was sealed on {sealed_on}; this host is {here}: not compared"]
         result = reproduce.judge(seal.folder, state.run_dir, contract)
     except LabError as e:
         return [f"no comparison with the committed seal: {e}"]

@@ -139,11 +139,11 @@ def point(folder: Path, files: Sequence[Path]) -> tuple[Point | None, str | None
 
 
 def class_of(start: Evidence) -> str:
-    """The CPU (model and ISA, with any emulation) and the FP8 attention path the ranks ran: speeds are compared
-    within one class only. Finer than a seal's host class (records.reproduce.host_class: ISA and path), which
-    puts an Intel Xeon with AMX and an AMD EPYC without it together."""
-    identity = start.host or {}
-    return f"{host.describe(identity)}, FP8 attention {host.fp8_attention_ran(start.audits) or 'not recorded'}"
+    """The start's host class (evidence.host.host_class: the CPU exactly, its cores, GPUs, any emulation and the
+    FP8 attention path its ranks ran), by its label and key (two classes may share a label: a stepping, say):
+    speeds are compared within one class only."""
+    found = host.start_class(start)
+    return f"{found.label} [{found.key}]"
 
 
 def prompt_samples(starts: Sequence[Evidence]) -> dict[str, list[float]]:

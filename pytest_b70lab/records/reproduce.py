@@ -1,9 +1,11 @@
-"""Reproducing a sealed record. Before any start: is this machine the sealed one (vLLM and torch, the patch
-series, the runtime-fix selection, the models, the CPU's ISA and FP8 attention path)? Each difference is named;
-the plugin refuses the session unless the drift is accepted. After the gates: does the new run reproduce the
-sealed result? Tokens identical to the sealed evidence on every prompt, the same runtime fixes on every rank,
-and the speed against the sealed starts (the ratio of medians, with its interval, compare.compare_runs) within
-the contract's throughput_tolerance: a comparison across days, never the side-by-side tolerance."""
+"""Reproducing a sealed record. Before any start: is this checkout the sealed one (vLLM and torch, the patch
+series, the runtime-fix selection, the models)? Each difference is named; the plugin refuses the session unless
+the drift is accepted. After the gates: does the new run reproduce the sealed result? Tokens identical to the
+sealed evidence and the sealed teacher's on every prompt and the same runtime fixes on every rank, on any host;
+and, on the seal's host class only (evidence.host.host_class), the speed against the sealed starts (the ratio of
+medians and the paired figure, with their intervals, compare.compare_runs) within the contract's
+throughput_tolerance: a comparison across days, never the side-by-side tolerance. On another class the speed is
+said to be not compared, and why."""
 
 from __future__ import annotations
 
@@ -17,22 +19,24 @@ from ..contract import project
 from ..contract.schema import Contract
 from ..evidence import host, run_folder
 from . import store
-from .seal import PATCHES, isa, patch_series
+from .seal import PATCHES, patch_series
 
 REPORT_FILE = "reproduction.json"
 # The environment variables that select the runtime fixes (in_engine/fixes.py, in_engine/dflash_fix.py).
 FIX_SELECTION = ("B70LAB_VLLM_FIXES", "B70LAB_DFLASH_CPU_FIX")
 
 
-def host_class(record: Mapping[str, Any]) -> str:
-    machine = record.get("machine") or {}
-    return f"{machine.get('isa')}, FP8 attention {machine.get('fp8_attention_path')}"
-
-
-def this_host_class(contract: Contract, environ: Mapping[str, str] = os.environ) -> str:
+def this_host_class(contract: Contract, environ: Mapping[str, str] = os.environ) -> host.HostClass:
+    """This machine's host class as a start of `contract` would have it (the FP8 path forecast)."""
     identity = host.cpu_identity(environ=environ)
-    path = host.fp8_path(contract.engine.device, contract.engine.kv_cache_dtype, identity, environ)[0]
-    return f"{isa(identity)}, FP8 attention {path}"
+    return host.host_class(
+        identity, host.fp8_path(contract.engine.device, contract.engine.kv_cache_dtype, identity, environ)[0]
+    )
+
+
+def sealed_host_class(seal: store.Seal) -> host.HostClass:
+    """The seal's host class, recomputed from its first start's evidence."""
+    return host.start_class(run_folder.read_starts(seal.folder)[0])
 
 
 def _patch_drift(sealed: list[dict[str, str]], here: list[dict[str, str]]) -> list[str]:
@@ -74,8 +78,6 @@ def machine_drift(
         if environ.get(name) != sealed_env.get(name):
             drift.append(f"runtime fixes: {name}={environ.get(name)!r} here, sealed {sealed_env.get(name)!r}")
     drift += _model_drift(record.get("models") or {}, models)
-    if (here := this_host_class(contract, environ)) != (sealed_class := host_class(record)):
-        drift.append(f"host class: {here} here, sealed on {sealed_class}")
     return drift
 
 
@@ -89,12 +91,15 @@ class Reproduction:
 
     def line(self) -> str:
         figures = self.figures
-        speed = (
-            f"speed {figures['ratio']:.3f} [{figures['low']:.3f}, {figures['high']:.3f}] of the sealed "
-            f"(tolerance {figures['tolerance']:g})"
-            if figures.get("ratio") is not None
-            else "speed: not comparable"
-        )
+        if figures.get("speed_not_compared"):
+            speed = f"speed {figures['speed_not_compared']}"
+        elif figures.get("ratio") is not None:
+            speed = (
+                f"speed {figures['ratio']:.3f} [{figures['low']:.3f}, {figures['high']:.3f}] of the sealed "
+                f"(tolerance {figures['tolerance']:g})"
+            )
+        else:
+            speed = "speed: not comparable"
         outputs = f"tokens identical on {figures.get('identical', 0)}/{figures.get('prompts', 0)} prompts"
         head = f"REPRODUCED {self.seal}" if self.reproduced else f"NOT REPRODUCED {self.seal}"
         why = "" if self.reproduced else ": " + "; ".join(self.reasons)
@@ -188,7 +193,11 @@ def judge(seal_folder: Path, run_dir: Path, contract: Contract, drift: list[str]
         "sealed_median": speed.median_a,
         "median": speed.median_b,
     }
-    if speed.ratio is None or speed.low is None or speed.high is None:
+    if comparison.speed_not_compared:
+        figures["speed_not_compared"] = comparison.speed_not_compared.replace("A on", "sealed on").replace(
+            "B on", "this run on"
+        )
+    elif speed.ratio is None or speed.low is None or speed.high is None:
         reasons.append("no prompt has a decode rate in both the seal and this run")
     elif speed.low < 1 - tolerance or speed.high > 1 + tolerance:
         where = "outside" if abs(speed.ratio - 1) > tolerance else "not wholly inside"
@@ -196,7 +205,11 @@ def judge(seal_folder: Path, run_dir: Path, contract: Contract, drift: list[str]
             f"speed {speed.ratio:.3f} [{speed.low:.3f}, {speed.high:.3f}] of the sealed ({speed.median_b:.1f} vs "
             f"{speed.median_a:.1f} tok/s median) is {where} 1 +/- {tolerance:g} (throughput_tolerance)"
         )
-    if speed.paired is not None and (speed.paired.low < 1 - tolerance or speed.paired.high > 1 + tolerance):
+    if (
+        not comparison.speed_not_compared
+        and speed.paired is not None
+        and (speed.paired.low < 1 - tolerance or speed.paired.high > 1 + tolerance)
+    ):
         reasons.append(
             f"paired speed {speed.paired.line()} of the sealed (the geometric mean of the per-prompt ratios) is "
             f"not wholly inside 1 +/- {tolerance:g} (throughput_tolerance)"

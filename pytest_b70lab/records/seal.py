@@ -22,7 +22,7 @@ from ..evidence import record as evidence
 from ..evidence import run_folder
 from ..evidence.record import Evidence
 from ..judge import teacher
-from . import store
+from . import signing, store
 from .store import SealError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -199,3 +199,22 @@ def _write_seal_file(
     document["field_digests"] = store.field_digests(document)
     document["digest"] = store.content_digest(document)
     (folder / store.SEAL_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def sign(folder: Path, key: Path) -> signing.SignatureCheck:
+    """Sign the seal of `folder` with the private key file `key`: a DSSE envelope over an in-toto statement of its
+    files and SEAL.json (SEAL.dsse.json, replacing an older one). A seal whose files do not hold is never signed.
+    Returns what a reader's check says of it now (the public key must be in ROOT/keys/ for it to verify)."""
+    sealed = store.verified(folder, signatures=False)
+    signer = signing.load_signer(key)
+    statement = signing.statement(
+        folder,
+        sealed.files,
+        store.SEAL_FILE,
+        sealed.document,
+        sealed.record(),
+        lock=project.find("requirements/lock.txt"),
+        commit=project.commit(),
+    )
+    signing.sign(folder, statement, signer)
+    return store.signature(sealed)

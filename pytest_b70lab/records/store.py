@@ -17,6 +17,7 @@ from ..contract import project
 from ..digests import file_sha256, sha256_canonical
 from ..errors import LabError
 from ..evidence.record import read_json
+from . import signing
 
 REPRO = "repro"  # the lab's folder of sealed records, in its repository
 SEAL_FILE = "SEAL.json"
@@ -38,11 +39,12 @@ sha256_file = file_sha256
 
 
 def file_digests(folder: Path) -> dict[str, str]:
-    """Every file under `folder` but SEAL.json, by its relative path (POSIX), with its sha256."""
+    """Every file under `folder` but SEAL.json and its signature envelope, by its relative path (POSIX), with its
+    sha256."""
     return {
         p.relative_to(folder).as_posix(): sha256_file(p)
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.relative_to(folder).as_posix() != SEAL_FILE
+        if p.is_file() and p.relative_to(folder).as_posix() not in (SEAL_FILE, signing.SIGNATURE_FILE)
     }
 
 
@@ -140,8 +142,9 @@ def read(folder: Path) -> Seal:
     return Seal(folder, document)
 
 
-def verify(folder: Path) -> list[str]:
-    """Every way the folder differs from its SEAL.json, one line each naming the file; [] when it holds."""
+def verify(folder: Path, signatures: bool = True) -> list[str]:
+    """Every way the folder differs from its SEAL.json, one line each naming the file, then what its signatures
+    say against the pinned keys (unless `signatures` is off: a seal about to be signed); [] when it holds."""
     try:
         seal = read(folder)
     except SealError as e:
@@ -156,7 +159,19 @@ def verify(folder: Path) -> list[str]:
         for p in sorted(set(sealed) & set(present))
         if sealed[p] != present[p]
     ]
-    return problems + _metadata_problems(seal, files_hold=not problems)
+    problems += _metadata_problems(seal, files_hold=not problems)
+    return problems + (signature(seal).problems if signatures and not problems else [])
+
+
+def signature(seal: Seal) -> signing.SignatureCheck:
+    """The seal's signatures against the files it holds, the public keys beside it (ROOT/keys/) and the key ids
+    B70LAB_SEAL_KEYIDS pins."""
+    try:
+        pins = signing.pinned_keyids()
+    except signing.SigningError as e:
+        return signing.SignatureCheck("key pins unreadable", [str(e)])
+    expected = signing.subjects(seal.folder, seal.files, SEAL_FILE)
+    return signing.check(seal.folder, expected, seal.folder.parent / signing.KEYS, pins)
 
 
 def _metadata_problems(seal: Seal, files_hold: bool) -> list[str]:
@@ -207,9 +222,9 @@ def headline_problem(seal: Seal, judged_line: str) -> str | None:
     return f"{seal.folder / SEAL_FILE}: headline {said!r} is not what its files judge to: {judged_line!r}"
 
 
-def verified(folder: Path) -> Seal:
+def verified(folder: Path, signatures: bool = True) -> Seal:
     """The seal of `folder`, or SealError naming every file that differs."""
-    problems = verify(folder)
+    problems = verify(folder, signatures)
     if problems:
         raise SealError(f"sealed record {folder} does not verify:\n  " + "\n  ".join(problems))
     return read(folder)

@@ -240,6 +240,27 @@ def test_a_changed_flag_and_version_are_named(candidate: Path, tmp_path: Path) -
     assert [ch.line() for ch in c.versions] == ["vllm: 0.32.0 -> 0.33.0"]
 
 
+def test_speeds_of_two_host_classes_are_not_compared_naming_why(candidate: Path, tmp_path: Path) -> None:
+    """The INT4 bundle (an AMD EPYC) against itself moved to an Intel Xeon: the figures are still computed, but the
+    headline, the diff and only_speed_changed say the speed was not compared."""
+    here = copy_bundle(tmp_path, "mini-laguna-cpu-int4", "here")
+    there = copy_bundle(tmp_path, "mini-laguna-cpu-int4", "there")
+    for start in (1, 2):
+        rewrite(there, start, lambda r: r.host.update(model="Intel(R) Xeon(R) Platinum 8481C", amx=True))
+    same = compare.compare_runs(compare.load_run(here), compare.load_run(here))
+    assert same.speed_not_compared is None and same.hosts[0] == same.hosts[1]
+    assert same.hosts[0] == "AMD EPYC (AVX-512, no AMX), FP8 attention native"
+    c = compare.compare_runs(compare.load_run(here), compare.load_run(there))
+    assert c.speed_not_compared is not None and c.speed.ratio == 1.0
+    assert c.headline().startswith(
+        "speed B/A: not compared: A on AMD EPYC (AVX-512, no AMX), FP8 attention native, B on Intel(R) "
+        "Xeon(R) Platinum 8481C (AVX-512, AMX), FP8 attention native (host classes differ: model: "
+        "'AMD EPYC' vs 'Intel(R) Xeon(R) Platinum 8481C'; amx: False vs True)"
+    ), c.headline()
+    assert f"speed: {c.speed_not_compared}" in compare.format_comparison(c).splitlines()
+    assert not c.only_speed_changed and [ch.line() for ch in c.versions][0].startswith("cpu: AMD EPYC")
+
+
 # --- bad inputs ---------------------------------------------------------------------------------------
 
 

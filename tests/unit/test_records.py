@@ -262,6 +262,29 @@ def test_a_slower_run_is_not_reproduced_naming_the_speed(sealed: Path, tmp_path:
     )
 
 
+def test_on_another_host_class_tokens_and_fixes_are_judged_and_speed_is_not_compared(
+    sealed: Path, tmp_path: Path
+) -> None:
+    """A run 1.5x slower on another CPU than the seal's: its tokens and fixes are the sealed ones, so it
+    reproduces, and its line says why the speed was not compared; a changed token still fails it there."""
+    contract = contract_mod.load(sealed / store.CONTRACT_FILE)
+    run = _slowed(sealed, tmp_path, 1.5, {1, 2, 3})
+    for start in ("start-1", "start-2"):
+        record = evidence.read(run / start / "evidence.json")
+        assert record.host is not None
+        record.host.update(model="AMD EPYC", amx=False)
+        evidence.write(record, run / start)
+    result = reproduce.judge(sealed, run, contract)
+    assert result.reproduced, result.reasons
+    assert result.line() == (
+        f"REPRODUCED repro/{sealed.name} - tokens identical on 6/6 prompts; speed not compared: sealed on Intel(R) "
+        "Xeon(R) Processor (AVX-512, AMX), FP8 attention native, this run on AMD EPYC (AVX-512, no AMX), FP8 "
+        "attention native (host classes differ: model: 'Intel(R) Xeon(R) Processor' vs 'AMD EPYC'; amx: True vs False)"
+    )
+    _edit_token(run, "start-1", "json-2", 3)
+    assert not reproduce.judge(sealed, run, contract).reproduced
+
+
 def test_a_seal_resealed_with_another_teacher_is_not_reproduced(sealed: Path, tmp_path: Path) -> None:
     """The seal's oracle changed (one token of one teacher snapshot, its hash kept consistent) and SEAL.json
     written again: the run that was sealed no longer reproduces it, naming the prompt and the token."""
@@ -310,6 +333,32 @@ def _session(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=600,
+    )
+
+
+def test_the_header_says_before_any_start_whether_the_speed_will_be_compared(sealed: Path, tmp_path: Path) -> None:
+    """The committed seal was recorded before a start recorded its CPU's family, stepping and cores: a class of its
+    own, so on any host today the header says the speed will not be compared, and why (collection only)."""
+    env = {**os.environ, "B70LAB_CACHE_DIR": os.environ.get("B70LAB_CACHE_DIR", str(REPO / "data" / "cache"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gates", "-p", "no:cacheprovider", "--co", str(REPO / "tests" / "gates")]
+        + [f"--b70-reproduce={sealed}", "--b70-accept-drift", f"--b70-run-dir={tmp_path / 'run'}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    note = next(line for line in done.stdout.splitlines() if line.startswith("b70lab: reproducing "))
+    assert note.startswith(
+        f"b70lab: reproducing repro/{sealed.name}: tokens, teacher and fixes judged; speed not compared: sealed on "
+        "Intel(R) Xeon(R) Processor (AVX-512, AMX), FP8 attention native, this host on "
+    ), note
+    assert (
+        "(host classes differ: " in note
+        and "stepping: None vs " in note
+        and not (tmp_path / "run" / "start-1").exists()
     )
 
 

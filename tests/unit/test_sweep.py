@@ -194,6 +194,20 @@ def test_the_paired_ratio_to_the_base_is_the_geometric_mean_of_prompt_ratios(swe
     assert rows[0].paired_to_base is None and rows[1].outputs_identical_to_base == "6/6"
 
 
+def test_a_variant_on_another_host_class_gets_no_ratio_to_the_base_and_a_note_why(swept, tmp_path: Path) -> None:
+    out, grid, judged = swept
+    moved = Path(shutil.copytree(out, tmp_path / "sweep"))
+    for start in sorted(plan.variant_dir(moved, "target-only").glob("start-*")):
+        record = evidence.read(start)
+        assert record.host is not None
+        record.host.update(model="Intel(R) Xeon(R) Platinum 8481C", amx=True)
+        evidence.write(record, start)
+    base_row, row = table.rows(moved, grid[0], grid, judged)
+    assert row.paired_to_base is None and row.medians_to_base is None and row.outputs_identical_to_base == "6/6"
+    assert row.notes[-1].startswith("speed to the base not compared: base on Intel(R) Xeon(R) Processor"), row.notes
+    assert "this variant on Intel(R) Xeon(R) Platinum 8481C" in row.notes[-1] and base_row.paired_to_base is None
+
+
 def test_kv_capacity_and_acceptance_are_the_engines_own_figures(swept, rows) -> None:
     out, grid, _ = swept
     for v, row in zip(grid, rows, strict=False):
