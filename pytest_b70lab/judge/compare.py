@@ -103,8 +103,9 @@ class Comparison:
     only_in_b: tuple[str, ...]
     speed: Speed
     # Each run's host class (evidence.host.host_class, recomputed from its first start) and, where they differ, why
-    # its speed is not compared: then the speed figures are computed but no surface reads them as a change.
-    hosts: tuple[str, str] = ("", "")
+    # its speed is not compared (the runs named A and B; a caller with other names asks host_classes itself): then
+    # the speed figures are computed but no surface reads them as a change.
+    host_classes: tuple[host.HostClass, host.HostClass] | None = None
     speed_not_compared: str | None = None
 
     @property
@@ -329,7 +330,7 @@ def compare_runs(a: Run, b: Run, *, confidence: float = 0.95, resamples: int = 1
         only_in_a=tuple(pid for pid in ids_a if pid not in ids_b),
         only_in_b=tuple(r.prompt_id for r in eb.requests if r.prompt_id not in ids_a),
         speed=_speed({p.prompt_id: (p.rate_a, p.rate_b) for p in prompts}, confidence, resamples, seed),
-        hosts=(class_a.label, class_b.label),
+        host_classes=(class_a, class_b),
         speed_not_compared=class_a.not_compared(class_b),
     )
 

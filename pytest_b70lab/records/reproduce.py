@@ -193,10 +193,9 @@ def judge(seal_folder: Path, run_dir: Path, contract: Contract, drift: list[str]
         "sealed_median": speed.median_a,
         "median": speed.median_b,
     }
-    if comparison.speed_not_compared:
-        figures["speed_not_compared"] = comparison.speed_not_compared.replace("A on", "sealed on").replace(
-            "B on", "this run on"
-        )
+    if comparison.speed_not_compared and comparison.host_classes:
+        sealed_on, run_on = comparison.host_classes
+        figures["speed_not_compared"] = sealed_on.not_compared(run_on, "sealed", "this run")
     elif speed.ratio is None or speed.low is None or speed.high is None:
         reasons.append("no prompt has a decode rate in both the seal and this run")
     elif speed.low < 1 - tolerance or speed.high > 1 + tolerance:

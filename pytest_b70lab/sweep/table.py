@@ -204,9 +204,9 @@ def interleaved_to_base(base_run: Run, run: Run) -> throughput.PairedRatio | Non
 def _against_base(row: Row, base_run: Run, run: Run) -> None:
     comparison = compare.compare_runs(_completed(base_run), _completed(run))
     row.outputs_identical_to_base = f"{comparison.identical_outputs}/{len(comparison.prompts)}"
-    if comparison.speed_not_compared:  # a variant measured on another host class than the base
-        why = comparison.speed_not_compared.replace("A on", "base on", 1).replace(", B on", ", this variant on", 1)
-        row.notes.append(f"speed to the base {why}")
+    if comparison.speed_not_compared and comparison.host_classes:  # measured on another host class than the base
+        base_on, variant_on = comparison.host_classes
+        row.notes.append(f"speed to the base {base_on.not_compared(variant_on, 'base', 'this variant')}")
         return
     speed = comparison.speed
     if (p := interleaved_to_base(base_run, run) or speed.paired) is not None:

@@ -248,8 +248,9 @@ def test_speeds_of_two_host_classes_are_not_compared_naming_why(candidate: Path,
     for start in (1, 2):
         rewrite(there, start, lambda r: r.host.update(model="Intel(R) Xeon(R) Platinum 8481C", amx=True))
     same = compare.compare_runs(compare.load_run(here), compare.load_run(here))
-    assert same.speed_not_compared is None and same.hosts[0] == same.hosts[1]
-    assert same.hosts[0] == "AMD EPYC (AVX-512, no AMX), FP8 attention native"
+    assert same.speed_not_compared is None and same.host_classes is not None
+    assert same.host_classes[0] == same.host_classes[1]
+    assert same.host_classes[0].label == "AMD EPYC (AVX-512, no AMX), FP8 attention native"
     c = compare.compare_runs(compare.load_run(here), compare.load_run(there))
     assert c.speed_not_compared is not None and c.speed.ratio == 1.0
     assert c.headline().startswith(
