@@ -1,12 +1,12 @@
 # The two commands of the README. Everything runs from .venv/bin; `make setup` (re)creates the venv when it
-# is missing or older than the dependency files.
+# is missing or older than the dependency files. No variable is set here: a command typed by hand uses the same
+# cache as `make` (B70LAB_CACHE_DIR, else $XDG_CACHE_HOME/b70lab, else ~/.cache/b70lab).
 VENV      := .venv
 PYTHON    := $(VENV)/bin/python
 STAMP     := $(VENV)/.b70lab-installed
 PYTEST_ARGS ?=
-export B70LAB_CACHE_DIR ?= $(CURDIR)/data/cache
 
-.PHONY: setup gates test lint clean-venv
+.PHONY: setup gates test lint docs wheel clean-venv
 
 setup: $(STAMP)
 
@@ -18,7 +18,7 @@ gates: setup
 	mkdir -p reports
 	$(PYTHON) -m pytest -m gates --junitxml=reports/gates.xml $(PYTEST_ARGS)
 
-test: setup lint
+test: setup lint docs
 	mkdir -p reports
 	$(PYTHON) -m pytest --junitxml=reports/junit.xml $(PYTEST_ARGS)
 
@@ -28,6 +28,18 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# The manual (docs/, mkdocs.yml): built strictly, a warning (a broken link or anchor, a page outside the nav)
+# failing it (not with --quiet, which also silences strict mode's count), and its Markdown linted
+# (.pymarkdown.json: headings, tables, code blocks). The site goes to data/site.
+docs: setup
+	$(VENV)/bin/pymarkdown --config .pymarkdown.json scan README.md CHANGELOG.md docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir data/site
+
+# The wheel a lab installs (docs/lab-integration.md), with the tools the venv has.
+wheel: setup
+	$(PYTHON) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	@ls dist/pytest_b70lab-*.whl
 
 clean-venv:
 	rm -rf $(VENV)

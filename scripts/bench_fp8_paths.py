@@ -25,6 +25,7 @@ from pytest_b70lab.engine.client import audit, served_model, stream_completion
 from pytest_b70lab.engine.server import start_engine
 from pytest_b70lab.engine.starts import resolve_models, serve_config
 from pytest_b70lab.evidence import host, throughput
+from pytest_b70lab.mini.build import default_cache_root
 from pytest_b70lab.quality import samples as quality_samples
 
 PATHS = {"native": {}, "portable": {"B70LAB_FP8_ATTENTION": "portable"}, "avx2": {"B70LAB_EMULATE_CPU": "avx2"}}
@@ -79,7 +80,7 @@ def main() -> int:
     parser.add_argument("--needles", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("data/bench") / time.strftime("fp8-paths-%Y%m%d-%H%M%S"))
     args = parser.parse_args()
-    cache_root = Path(os.environ.get("B70LAB_CACHE_DIR", "data/cache"))
+    cache_root = default_cache_root()
     c = contract_mod.load(args.contract)
     models = resolve_models(c, cache_root)
     q = c.quality

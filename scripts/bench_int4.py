@@ -28,6 +28,7 @@ from pytest_b70lab.engine.client import served_model, stream_completion
 from pytest_b70lab.engine.server import start_engine
 from pytest_b70lab.engine.starts import resolve_models, serve_config
 from pytest_b70lab.evidence import host, throughput
+from pytest_b70lab.mini.build import default_cache_root
 
 CONTRACTS = ("mini-laguna-cpu", "mini-laguna-cpu-int4")
 
@@ -105,7 +106,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("data/bench") / time.strftime("int4-%Y%m%d-%H%M%S"))
     parser.add_argument("--prompts", choices=["gates", "quality"], default="gates")
     args = parser.parse_args()
-    cache_root = Path(os.environ.get("B70LAB_CACHE_DIR", "data/cache"))
+    cache_root = default_cache_root()
     identity = host.cpu_identity(environ={})
     order = kinds()
     if args.prompts == "quality":

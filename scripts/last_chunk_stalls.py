@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ from pytest_b70lab.engine.client import served_model, stream_completion
 from pytest_b70lab.engine.server import start_engine
 from pytest_b70lab.engine.starts import resolve_models, serve_config
 from pytest_b70lab.in_engine.fixes import ENV_SELECT, FIX_NAMES
+from pytest_b70lab.mini.build import default_cache_root
 
 STALL_S = 0.5
 ARMS = {
@@ -33,7 +33,7 @@ ARMS = {
 
 
 def one_start(c: contract.Contract, arm: str, out: Path, rounds: int, gap_s: float) -> dict:
-    cache = Path(os.environ.get("B70LAB_CACHE_DIR", "data/cache")).resolve()
+    cache = default_cache_root().resolve()
     models = resolve_models(c, cache)
     prompts = contract.load_prompts(c)
     server = start_engine(

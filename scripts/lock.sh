@@ -16,8 +16,11 @@
 #    "missing an upload date" and ignores it. Everything then resolves from the default index, which does record
 #    upload times; the warnings are counted below, not repeated. A machine whose only index is such a mirror
 #    cannot run `make lock`.
-#  - --find-links folders are not filtered by date: that is where the CPU torch wheel comes from (torch==2.13.0 is
-#    pinned exactly in pyproject.toml, so the date has nothing to decide there).
+#  - --find-links folders are not filtered by date: where one holds the CPU torch wheel, that is where it comes from
+#    (torch==2.13.0 is pinned exactly in pyproject.toml, so the date has nothing to decide there). Where none does,
+#    PyTorch's CPU wheel index (TORCH_INDEX) is added as a source. Either way the lock's header names that index as
+#    the CPU torch's source (`# torch index: URL`): setup-venv.sh installs torch from there when pip's own sources
+#    lack it, and tests/unit/test_lock.py holds every other pin to PyPI.
 #
 # No hashes (yet). uv would give sha256 hashes for every file the index lists, and one for torch==2.13.0+cpu that
 # it computes from the wheel in this machine's find-links folder: that wheel is not on PyPI (its upstream,
@@ -38,6 +41,7 @@ set -euo pipefail
 EXCLUDE_NEWER=2026-12-03T00:00:00Z
 PYTHON_VERSION=3.11
 PYTHON_PLATFORM=x86_64-manylinux_2_28
+TORCH_INDEX=https://download.pytorch.org/whl/cpu
 hashes=()
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -76,6 +80,13 @@ if options.cert:
 PY
 )
 mapfile -t sources <<<"$sources_text"
+local_torch=no
+for source in "${sources[@]}"; do
+    case "$source" in
+        --find-links=*) compgen -G "${source#--find-links=}/torch-*+cpu-*.whl" >/dev/null && local_torch=yes ;;
+    esac
+done
+[ "$local_torch" = yes ] || sources+=("--index=$TORCH_INDEX")
 echo "lock.sh: pip's sources: ${sources[*]}" >&2
 
 for var in $(compgen -e | grep '^UV_' | grep -vx UV_CACHE_DIR || true); do unset "$var"; done
@@ -99,7 +110,7 @@ if [ "$undated" -gt 0 ]; then
 fi
 
 if ! grep -qE '^torch==[^ ]*\+cpu( |$)' "$new"; then
-    echo "lock.sh: no CPU torch (torch==...+cpu) in the lock: pip's find-links should hold that wheel" >&2
+    echo "lock.sh: no CPU torch (torch==...+cpu) in the lock: neither pip's find-links nor $TORCH_INDEX gave it" >&2
     exit 1
 fi
 
@@ -109,7 +120,9 @@ fi
     cat <<EOF
 # (scripts/lock.sh: uv $uv_version pip compile pyproject.toml --extra cpu --extra test, for Python $PYTHON_VERSION on
 # $PYTHON_PLATFORM, --exclude-newer $EXCLUDE_NEWER.) Not in the lock: torchvision, torchaudio,
-# torchcodec (requirements/lock-excludes.txt); install with \`pip install --no-deps -r requirements/lock.txt\`.
+# torchcodec (requirements/lock-excludes.txt); install with \`pip install --no-deps -r requirements/lock.txt\`
+# after torch (\`make setup\`: scripts/setup-venv.sh). Every pin is from PyPI but the CPU torch, which is from:
+# torch index: $TORCH_INDEX
 EOF
     sed '1,2d' "$new"
 } > "$new.tmp"

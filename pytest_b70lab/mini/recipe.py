@@ -87,7 +87,7 @@ def library_versions() -> dict[str, str]:
     except ImportError as e:
         raise EngineLibrariesMissing(
             f"the embedded default's mini is found by the versions of torch, transformers, tokenizers and "
-            f"safetensors, and {e.name} is not installed here: install the engine (the `cpu` extra, from the lock: "
+            f"safetensors, and {e.name} is not installed in this environment: install the engine (the `cpu` extra, from the lock: "
             "`make setup`, or `pip install --no-deps -r requirements/lock.txt`)"
         ) from e
 

@@ -124,8 +124,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--b70-no-probe",
         action="store_true",
-        help="skip the preflight collective probe (an all_reduce over the contract's ranks before the "
-        "first engine start)",
+        help="skip both preflights before the first engine start: the collective probe (an all_reduce over the "
+        "contract's ranks) and the capability preflight (what this machine would refuse); the evidence says so",
     )
     group.addoption(
         "--b70-probe-deadline",

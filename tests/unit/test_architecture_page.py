@@ -19,7 +19,7 @@ ENTRY = re.compile(r"^(?P<indent>(?:  )*)(?P<name>[\w.]+(?:/|\.py))(?P<job>\s+\S
 def listed_modules(page: str) -> list[str]:
     """The files the layout block names, as paths inside the package (a folder's line ends with '/', and the
     lines under it, two spaces deeper, are its files)."""
-    block = re.search(r"```\npytest_b70lab/\n(.*?)```", page, re.S)
+    block = re.search(r"```(?:text)?\npytest_b70lab/\n(.*?)```", page, re.S)
     assert block, f"{PAGE.relative_to(REPO)}: no layout block (a code block that starts with 'pytest_b70lab/')"
     folders: list[str] = []
     found = []

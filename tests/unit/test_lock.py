@@ -192,3 +192,57 @@ def test_a_header_that_lost_the_command_or_the_date_is_caught(tmp_path: Path) ->
     _edit(lock, r"^#\s+make lock$", "#    uv pip compile pyproject.toml")
     problems = header_problems(lock, script)
     assert len(problems) == 2 and "`make lock`" in problems[0] and "2099-01-01T00:00:00Z" in problems[1], problems
+
+
+# Where each pin comes from (issue 49): PyPI, or for the CPU build of torch, PyTorch's CPU wheel index, which the lock's
+# header names and scripts/setup-venv.sh installs from where pip's own sources lack it. A machine with only the public
+# indexes then installs the lock; no committed file may point at a wheel folder of one machine.
+PYPI_INDEX = "https://pypi.org/simple"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+COMMITTED_INSTALL_FILES = ("requirements/lock.txt", "pyproject.toml", "Makefile", "scripts/setup-venv.sh", ".ci/run")
+
+
+def source_problems(lock: Path, script: Path) -> list[str]:
+    """Every pin whose declared source is neither PyPI nor the lock header's PyTorch CPU index."""
+    declared = re.findall(r"^# torch index: (\S+)$", lock.read_text(), re.M)
+    script_index = re.search(r"^TORCH_INDEX=(\S+)$", script.read_text(), re.M)
+    problems = []
+    if declared != [TORCH_CPU_INDEX]:
+        problems.append(f"{lock.name}'s header must name the CPU torch's index once as {TORCH_CPU_INDEX}: {declared}")
+    if script_index is None or script_index.group(1) != TORCH_CPU_INDEX:
+        problems.append(f"{script.name} must write TORCH_INDEX={TORCH_CPU_INDEX} into the header")
+    pins, _ = read_lock(lock)
+    for name, version in sorted(pins.items()):
+        # PyPI refuses local version labels (PEP 440 `+cpu`): such a pin can only be the index's build of torch.
+        if version.local is not None and name != "torch":
+            problems.append(f"{name}=={version}: a local version is on no public index ({PYPI_INDEX} refuses them)")
+    return problems
+
+
+def local_sources(root: Path, names: tuple[str, ...] = COMMITTED_INSTALL_FILES) -> list[str]:
+    """Lines of the committed install files that name a machine's own wheel folder or file index."""
+    pattern = re.compile(r"--find-links|--no-index|file://|(^|[\s=])/opt/")
+    return [
+        f"{name}:{number}: {line.strip()}"
+        for name in names
+        if (root / name).exists()
+        for number, line in enumerate((root / name).read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+
+
+def test_every_pin_comes_from_pypi_or_the_pytorch_cpu_index() -> None:
+    assert source_problems(ROOT / "requirements/lock.txt", ROOT / "scripts/lock.sh") == []
+    assert local_sources(ROOT) == [], "a committed install file names one machine's wheel folder"
+
+
+def test_a_foreign_source_or_a_local_folder_is_caught(tmp_path: Path) -> None:
+    lock, script = tmp_path / "lock.txt", tmp_path / "lock.sh"
+    shutil.copy2(ROOT / "requirements/lock.txt", lock)
+    shutil.copy2(ROOT / "scripts/lock.sh", script)
+    _edit(lock, r"^# torch index: \S+$", "# torch index: https://mirror.example/whl")
+    _edit(lock, r"^numpy==(\S+)$", "numpy==\\1+local")
+    problems = source_problems(lock, script)
+    assert len(problems) == 2 and "mirror.example" in problems[0] and problems[1].startswith("numpy=="), problems
+    (tmp_path / "Makefile").write_text("setup:\n\tpip install --find-links /srv/wheelhouse -r lock.txt\n")
+    assert local_sources(tmp_path, ("Makefile",)) == ["Makefile:2: pip install --find-links /srv/wheelhouse -r lock.txt"]

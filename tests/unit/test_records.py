@@ -325,7 +325,7 @@ def test_a_drifted_checkout_is_named_patch_by_patch(sealed: Path, tmp_path: Path
 
 
 def _session(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "B70LAB_CACHE_DIR": os.environ.get("B70LAB_CACHE_DIR", str(REPO / "data" / "cache"))}
+    env = dict(os.environ)  # the default cache (B70LAB_CACHE_DIR, else $XDG_CACHE_HOME/b70lab), as a user's session
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gates", "-p", "no:cacheprovider", "-q", *args],
         cwd=cwd,
@@ -339,7 +339,7 @@ def _session(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 def test_the_header_says_before_any_start_whether_the_speed_will_be_compared(sealed: Path, tmp_path: Path) -> None:
     """The committed seal was recorded before a start recorded its CPU's family, stepping and cores: a class of its
     own, so on any host today the header says the speed will not be compared, and why (collection only)."""
-    env = {**os.environ, "B70LAB_CACHE_DIR": os.environ.get("B70LAB_CACHE_DIR", str(REPO / "data" / "cache"))}
+    env = dict(os.environ)  # the default cache (B70LAB_CACHE_DIR, else $XDG_CACHE_HOME/b70lab), as a user's session
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gates", "-p", "no:cacheprovider", "--co", str(REPO / "tests" / "gates")]
         + [f"--b70-reproduce={sealed}", "--b70-accept-drift", f"--b70-run-dir={tmp_path / 'run'}"],

@@ -42,7 +42,6 @@ def _replay(run: Path, *args: str) -> dict:
     """The gates judged on a copy of the bundle in a fresh pytest, as a lab replays a run; its promotion.json."""
     assert run.resolve() != BUNDLE.resolve(), "a replay writes promotion.json into the folder it judges"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
-    env["B70LAB_CACHE_DIR"] = str(REPO / "data" / "cache")
     done = subprocess.run(
         [
             sys.executable,

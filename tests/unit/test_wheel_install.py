@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,9 +16,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def _run(
+    cmd: list[str], cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    return subprocess.run(cmd, cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
 def _pinned_dependencies(wheel: Path) -> list[str]:
@@ -53,56 +56,117 @@ def _pinned_dependencies(wheel: Path) -> list[str]:
     return [f"{name}=={pins[name]}" for name in sorted(seen)]
 
 
+QUICKSTART = REPO / "docs" / "quickstart.md"
+LIVE = "# live:"  # the first line of a quickstart block that needs the engine and minutes
+
+
+def quickstart_blocks(page: Path = QUICKSTART) -> list[str]:
+    """The page's `bash` blocks in order, read with a CommonMark parser (markdown-it-py)."""
+    from markdown_it import MarkdownIt
+
+    return [t.content for t in MarkdownIt().parse(page.read_text()) if t.type == "fence" and t.info.strip() == "bash"]
+
+
+def stand_ins(wheel: Path) -> dict[str, str]:
+    """What the test runs instead of each live block, by the word after `# live: the`: the wheel's own dependencies
+    at the lock's versions instead of the engine; the committed teacher snapshots instead of recording them; the
+    committed run of the embedded default instead of a gates session (the replay block then judges it as written)."""
+    snapshots = REPO / "tests" / "gates" / "__snapshots__"
+    bundle = REPO / "fixtures" / "evidence" / "mini-laguna-cpu-int4"
+    return {
+        "engine": f"{shlex.quote(sys.executable)} -m pip --python .venv/bin/python install --quiet --no-deps "
+        + " ".join(_pinned_dependencies(wheel)),
+        "teacher": f"mkdir -p tests/gates && cp -r {shlex.quote(str(snapshots))} tests/gates/",
+        "gates": f"mkdir -p data/runs && cp -r {shlex.quote(str(bundle))} data/runs/20261205-000000",
+    }
+
+
+def live_block_drift(blocks: list[str], lock: Path = REPO / "requirements" / "lock.txt") -> list[str]:
+    """What the live blocks, which the test does not run, say differently from the project: the engine block must
+    install the lock's torch from the lock's torch index and then the lock; the teacher and gates blocks must be the
+    README's commands."""
+    text = lock.read_text()
+    torch = re.search(r"^(torch==\S+)", text, re.M)
+    index = re.search(r"^# torch index: (\S+)$", text, re.M)
+    wanted = {
+        "engine": [torch and torch[1], index and index[1], '-r "$B70LAB_CHECKOUT/requirements/lock.txt"'],
+        "teacher": [".venv/bin/pytest -m teacher --snapshot-update"],
+        "gates": [".venv/bin/pytest -m gates"],
+    }
+    live = {b.split()[3]: b for b in blocks if b.startswith(LIVE)}
+    problems = [f"no live block for the {name}" for name in wanted if name not in live]
+    problems += [f"live block {name!r} is not one the test stands in for" for name in live if name not in wanted]
+    problems += [
+        f"the {name} block does not say {want!r}"
+        for name, wants in wanted.items()
+        for want in wants
+        if name in live and (want is None or want not in live[name])
+    ]
+    return problems
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv holding the wheel built from a copy of the sources and its declared dependencies, at the
-    lock's versions (pip's cache serves them after `make setup`): nothing of the project venv, so a
-    dependency used but not declared fails here. No engine: vllm and torch are the `cpu` extra's."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """docs/quickstart.md run in an empty folder: every block as written, in one shell (its `cd` carries over),
+    the live ones replaced by their stand-ins. B70LAB_CHECKOUT is a folder holding the wheel built from a copy of
+    the sources and the repository's lock and fixtures. Returns the lab folder and what the shell printed."""
+    tmp = tmp_path_factory.mktemp("quickstart")
+    src, checkout, home = tmp / "src", tmp / "checkout", tmp / "home"
+    for folder in (src, checkout, home):
+        folder.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, src / name)
     shutil.copytree(REPO / "pytest_b70lab", src / "pytest_b70lab", ignore=shutil.ignore_patterns("__pycache__"))
-    built = _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp / "dist"),
-            str(src),
-        ],
-        cwd=tmp,
-    )
+    wheel_cmd = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+    built = _run([*wheel_cmd, "-w", str(checkout / "dist"), str(src)], cwd=tmp)
     assert built.returncode == 0, built.stderr
-    (wheel,) = (tmp / "dist").glob("pytest_b70lab-*.whl")
-    env = tmp / "env"
-    made = _run([sys.executable, "-m", "venv", "--without-pip", str(env)], cwd=tmp)
-    assert made.returncode == 0, made.stderr
-    python = env / "bin" / "python"
-    put = _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "--quiet",
-            "--no-deps",
-            str(wheel),
-            *_pinned_dependencies(wheel),
-        ],
-        cwd=tmp,
-        timeout=600,
-    )
-    assert put.returncode == 0, put.stderr[-3000:]
-    return env
+    (wheel,) = (checkout / "dist").glob("pytest_b70lab-*-py3-none-any.whl")
+    for name in ("requirements", "fixtures"):
+        (checkout / name).symlink_to(REPO / name)
+    blocks = quickstart_blocks()
+    assert live_block_drift(blocks) == []
+    replace = stand_ins(wheel)
+    script = ["set -euo pipefail"]
+    for number, block in enumerate(blocks, 1):
+        script.append(f"echo '### quickstart block {number}'")
+        script.append(replace[block.split()[3]] if block.startswith(LIVE) else block)
+    env = {"B70LAB_CHECKOUT": str(checkout), "HOME": str(home)}
+    ran = _run(["bash", "-c", "\n".join(script)], cwd=home, timeout=600, env=env)
+    assert ran.returncode == 0, f"quickstart failed:\n{ran.stdout[-4000:]}\n{ran.stderr[-4000:]}"
+    return home / "my-lab", ran
+
+
+@pytest.fixture(scope="module")
+def installed(quickstart: tuple[Path, subprocess.CompletedProcess]) -> Path:
+    """The quickstart's environment: the wheel and its declared dependencies at the lock's versions, nothing of
+    the project venv, so a dependency used but not declared fails here. No engine: vllm and torch are the `cpu`
+    extra's."""
+    return quickstart[0] / ".venv"
+
+
+def test_the_quickstart_ends_in_a_promotable_replay_of_its_run(
+    quickstart: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    lab, ran = quickstart
+    assert re.search(
+        r"^PROMOTABLE at [\d.]+ / [\d.]+ tok/s median \(start-1 / start-2\) - contract mini-laguna-cpu-int4 "
+        r"\(79/79 required gate subjects passed\)$",
+        ran.stdout,
+        re.M,
+    ), ran.stdout[-3000:]
+    assert "verdict   PROMOTABLE at" in ran.stdout, "b70lab evidence show reads the verdict back"
+    assert (lab / "data" / "runs" / "20261205-000000" / "report.html").is_file()
+    held = [p for p in lab.rglob("*.py") if not p.is_relative_to(lab / ".venv")]
+    assert (lab / "pyproject.toml").is_file() and held == [], "the lab holds no test file"
+
+
+def test_a_live_block_that_drifts_from_the_project_is_caught() -> None:
+    blocks = quickstart_blocks()
+    drifted = [b.replace("torch==", "torch==9.9.9+cpu #") if "# live: the engine" in b else b for b in blocks]
+    drifted = [b for b in drifted if "# live: the teacher" not in b]
+    problems = live_block_drift(drifted)
+    assert problems[0] == "no live block for the teacher", problems
+    assert any("the engine block does not say 'torch==" in p for p in problems), problems
 
 
 def test_the_wheel_is_what_runs_and_carries_every_subpackage(installed: Path) -> None:
@@ -167,7 +231,7 @@ def test_the_embedded_default_without_the_engine_says_what_to_install(installed:
     says so in one line instead of a traceback."""
     ran = _dry_run(installed, "mini-laguna-cpu")
     assert ran.returncode == pytest.ExitCode.USAGE_ERROR, ran.stdout[-3000:] + ran.stderr[-3000:]
-    assert "is not installed here: install the engine (the `cpu` extra" in ran.stderr
+    assert "is not installed in this environment: install the engine (the `cpu` extra" in ran.stderr
     assert "Traceback" not in ran.stdout + ran.stderr and "INTERNALERROR" not in ran.stdout
 
 
