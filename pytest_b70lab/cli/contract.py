@@ -29,7 +29,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--cache-dir",
         type=Path,
         default=None,
-        help="b70lab cache root; tables go to DIR/checkpoint-tables (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)",
+        help="b70lab cache root; tables go to DIR/checkpoint-tables (default: $B70LAB_CACHE_DIR, else $XDG_CACHE_HOME/b70lab, else ~/.cache/b70lab)",
     )
     derive_p.add_argument("--json", action="store_true", help="print the whole tensor table as JSON")
     derive_p.set_defaults(func=_contract_derive)

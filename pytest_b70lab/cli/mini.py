@@ -19,7 +19,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--out",
         type=Path,
         default=None,
-        help="cache root (default: $B70LAB_CACHE_DIR/mini or ~/.cache/b70lab/mini); "
+        help="cache root (default: $B70LAB_CACHE_DIR, $XDG_CACHE_HOME/b70lab or ~/.cache/b70lab, then mini/); "
         "the model goes into a sub-folder named by the recipe digest",
     )
     build_p.add_argument("--force", action="store_true", help="rebuild even if a verified build exists")
@@ -33,7 +33,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--cache-dir",
         type=Path,
         default=None,
-        help="b70lab cache root the mini is built in (default: $B70LAB_CACHE_DIR or ~/.cache/b70lab)",
+        help="b70lab cache root the mini is built in (default: $B70LAB_CACHE_DIR, else $XDG_CACHE_HOME/b70lab, else ~/.cache/b70lab)",
     )
     export_p.add_argument("--int4", action="store_true", help="export the W4A16 (INT4) build instead")
     export_p.set_defaults(func=_mini_export)

@@ -63,7 +63,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--cache-dir",
         type=Path,
         default=None,
-        help="models and engine caches (default $B70LAB_CACHE_DIR or ~/.cache/b70lab)",
+        help="models and engine caches (default $B70LAB_CACHE_DIR, else $XDG_CACHE_HOME/b70lab, else ~/.cache/b70lab)",
     )
     sweep_p.set_defaults(func=_sweep)
 

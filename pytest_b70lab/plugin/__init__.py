@@ -119,7 +119,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=Path,
         default=None,
         help="where generated models and engine caches live (default: ini b70_cache_dir, "
-        "$B70LAB_CACHE_DIR or ~/.cache/b70lab)",
+        "$B70LAB_CACHE_DIR, else $XDG_CACHE_HOME/b70lab, else ~/.cache/b70lab)",
     )
     group.addoption(
         "--b70-no-probe",
@@ -208,7 +208,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("b70_contract", f"contract name or TOML path the gates judge (default {DEFAULT_CONTRACT})")
     parser.addini("b70_runs_dir", "folder each session's new run folder is made in (default data/runs)")
     parser.addini(
-        "b70_cache_dir", "where generated models and engine caches live (default $B70LAB_CACHE_DIR or ~/.cache/b70lab)"
+        "b70_cache_dir",
+        "where generated models and engine caches live (default $B70LAB_CACHE_DIR, else $XDG_CACHE_HOME/b70lab, else ~/.cache/b70lab)",
     )
     parser.addini(
         "b70_gates_dir",
