@@ -14,7 +14,6 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from ..contract import project
 from ..contract import schema as contract_mod
@@ -22,7 +21,7 @@ from ..evidence import record as evidence
 from ..evidence import run_folder
 from ..evidence.record import Evidence
 from ..judge import teacher
-from . import signing, store
+from . import derivation, signing, store
 from .store import SealError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -46,14 +45,6 @@ def patch_series(folder: Path) -> list[dict[str, str]]:
     return [{"name": p.name, "sha256": store.sha256_file(p)} for p in sorted(folder.glob("*.patch"))]
 
 
-def isa(identity: dict[str, Any]) -> str:
-    return str(identity.get("emulated") or ("avx512" if identity.get("avx512") else "avx2"))
-
-
-def _per_rank(starts: list[Evidence], key: str) -> dict[str, dict[str, Any]]:
-    return {f"start-{e.start_index}": {f"rank-{a.get('global_rank')}": a.get(key) for a in e.audits} for e in starts}
-
-
 def _no_fixes(starts: list[Evidence]) -> list[str]:
     return [
         f"start-{e.start_index} rank {a.get('global_rank')}"
@@ -61,42 +52,6 @@ def _no_fixes(starts: list[Evidence]) -> list[str]:
         for a in e.audits
         if not isinstance(a.get("runtime_fixes"), dict) or not a["runtime_fixes"]
     ]
-
-
-def record(
-    contract: contract_mod.Contract, starts: list[Evidence], headline: str, patches: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """record.json: source state, launcher, machine, models, oracle and result, read from the evidence."""
-    first = starts[0]
-    fp8 = _per_rank(starts, "fp8_attention")
-    portable = {bool((p or {}).get("portable")) for ranks in fp8.values() for p in ranks.values()}
-    return {
-        "contract": {"name": contract.name, "digest": contract.digest, "file": store.CONTRACT_FILE},
-        "source": {
-            "vllm": first.engine.vllm_version,
-            "torch": first.engine.torch_version,
-            "patches": patches,
-            "runtime_fixes": _per_rank(starts, "runtime_fixes"),
-        },
-        "launcher": {"command": first.engine.command, "environment": first.engine.environment},
-        "machine": {
-            "cpu": first.host,
-            "isa": isa(first.host or {}),
-            "fp8_attention_path": "portable" if portable == {True} else "native" if portable == {False} else "mixed",
-            "fp8_attention": fp8,
-        },
-        "models": {
-            "target": first.target.model_dump(mode="json") if first.target else None,
-            "draft": first.draft.model_dump(mode="json") if first.draft else None,
-        },
-        "oracle": {"teacher_snapshots": f"{store.SNAPSHOTS}/{teacher.folder_name(contract)}"},
-        "result": {
-            "headline": headline,
-            "promotion": run_folder.PROMOTION,
-            "starts": [f"start-{e.start_index}/{evidence.FILENAME}" for e in starts],
-        },
-        "paths": "this machine's paths are written <repo>, <home>, <venv> and <socket dir>",
-    }
 
 
 def _copy_run(run_dir: Path, starts: list[Evidence], into: Path, repo: list[Path]) -> None:
@@ -163,7 +118,7 @@ def seal(run_dir: Path, name: str, snapshots: Path, root: Path | None = None, su
                 f"the contract written to {store.CONTRACT_FILE} does not load back with digest {contract.digest}"
             )
         patches = patch_series(project.find(PATCHES))
-        document = record(contract, starts, headline, patches)
+        document = derivation.record(contract, starts, headline, patches)
         text = anonymize(json.dumps(document, indent=1, sort_keys=True) + "\n", repo)
         (work / store.RECORD_FILE).write_text(text, encoding="utf-8")
         promotable, rejudged = _judged(work, work / store.SNAPSHOTS)

@@ -9,6 +9,7 @@ digest over name-and-digest lines, every missing, edited or added file named), s
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,9 @@ from ..contract import project
 from ..digests import file_sha256, sha256_canonical
 from ..errors import LabError
 from ..evidence.record import read_json
-from . import signing
+from . import derivation, signing
+from .layout import CONTRACT_FILE, RECORD_FILE, REPRO, SEAL_FILE, SNAPSHOTS  # noqa: F401  (store's vocabulary)
 
-REPRO = "repro"  # the lab's folder of sealed records, in its repository
-SEAL_FILE = "SEAL.json"
-RECORD_FILE = "record.json"
-CONTRACT_FILE = "contract.toml"
-SNAPSHOTS = "__snapshots__"
 SCHEMA = "b70lab.seal"
 # 2: the digest covers the whole of SEAL.json but itself (1: only its list of files). Both read.
 VERSION = 2
@@ -211,7 +208,33 @@ def _metadata_problems(seal: Seal, files_hold: bool) -> list[str]:
             f"{seal.folder / RECORD_FILE}: contract digest {str(recorded)[:16]}... is not contract.toml's, "
             f"{loaded[:16]}..."
         )
-    return problems
+    return problems + (_record_problems(seal) if not problems else [])  # an edited SEAL.json is named alone
+
+
+def _record_problems(seal: Seal) -> list[str]:
+    """record.json against what the sealed evidence says: every derived part (versions, runtime fixes, host,
+    launcher, models, oracle, result) computed again from the seal's own start files and contract, with SEAL.json's
+    headline; the patch series, files of the checkout, is taken as record.json states it."""
+    from ..contract import schema as contract_mod
+    from ..evidence import run_folder
+
+    where = seal.folder / RECORD_FILE
+    try:
+        recorded = seal.record()
+        starts = run_folder.read_starts(seal.folder)
+        contract = contract_mod.load(seal.folder / CONTRACT_FILE)
+        patches = (recorded.get("source") or {}).get("patches") or []
+        derived = json.loads(
+            json.dumps(derivation.record(contract, starts, str(seal.document.get("headline")), patches))
+        )
+    except LabError as e:
+        return [f"{where}: cannot be derived again from the sealed evidence: {e}"]
+    lines = derivation.differences(
+        {k: recorded.get(k) for k in derivation.DERIVED}, {k: derived.get(k) for k in derivation.DERIVED}
+    )
+    return [f"{where}: {line}" for line in lines[:6]] + (
+        [f"{where}: and {len(lines) - 6} more differences"] if len(lines) > 6 else []
+    )
 
 
 def headline_problem(seal: Seal, judged_line: str) -> str | None:

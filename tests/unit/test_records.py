@@ -154,10 +154,17 @@ def test_a_format_2_seal_names_a_renamed_folder_and_a_claimed_contract(sealed_v2
 
 def test_records_verify_names_a_headline_its_files_do_not_judge_to(sealed_v2: Path) -> None:
     document = json.loads((sealed_v2 / store.SEAL_FILE).read_text())
-    document["headline"] = document["headline"].replace("PROMOTABLE at", "PROMOTABLE at 1")
+    said = document["headline"]
+    document["headline"] = said.replace("PROMOTABLE at", "PROMOTABLE at 1")
     document["field_digests"] = store.field_digests(document)
     document["digest"] = store.content_digest(document)
     (sealed_v2 / store.SEAL_FILE).write_text(json.dumps(document))
+    (problem,) = store.verify(sealed_v2)  # record.json still says the sealed headline
+    assert problem.startswith(f"{sealed_v2 / store.RECORD_FILE}: result.headline: record.json says {said[:40]!r}"[:-1])
+    assert "the sealed evidence says 'PROMOTABLE at 1 " in problem
+    record_file = sealed_v2 / store.RECORD_FILE
+    record_file.write_text(record_file.read_text().replace(said, document["headline"]))
+    _reseal_as_a_forger_would(sealed_v2)
     assert store.verify(sealed_v2) == []  # consistent: only the verdict the files judge to can tell
     out = subprocess.run(
         [sys.executable, "-m", "pytest_b70lab.cli", "records", "verify", str(sealed_v2)],
@@ -167,6 +174,28 @@ def test_records_verify_names_a_headline_its_files_do_not_judge_to(sealed_v2: Pa
     )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "SEAL.json: headline 'PROMOTABLE at 1" in out.stdout and "is not what its files judge to" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "path, value",
+    [(("source", "vllm"), "0.99.0"), (("machine", "cpu", "model"), "Another CPU"), (("machine", "isa"), "avx2")],
+)
+def test_a_record_that_says_other_than_its_evidence_is_named(
+    sealed_v2: Path, path: tuple[str, ...], value: str
+) -> None:
+    """record.json is derived again from the sealed evidence on verify: a version or host edited there, SEAL.json
+    re-digested over it as a forger would, is named by its field."""
+    record_file = sealed_v2 / store.RECORD_FILE
+    record = json.loads(record_file.read_text())
+    leaf = record
+    for key in path[:-1]:
+        leaf = leaf[key]
+    was, leaf[path[-1]] = leaf[path[-1]], value
+    record_file.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    _reseal_as_a_forger_would(sealed_v2)
+    assert store.verify(sealed_v2) == [
+        f"{record_file}: {'.'.join(path)}: record.json says {value!r}, the sealed evidence says {was!r}"
+    ]
 
 
 def test_a_format_1_seal_still_reads_and_says_its_metadata_is_not_sealed(sealed: Path) -> None:
