@@ -120,12 +120,14 @@ def _records_list(args: argparse.Namespace) -> int:
     if not seals:
         print(f"no sealed records in {args.root or store.records_root()}")
         return 0
+    replaced = store.superseded(seals)
     for s in seals:
         d = s.document
         if "error" in d:
             print(f"{s.name}: unreadable: {d['error']}")
             continue
         superseded = f"; supersedes {d['supersedes']}" if d.get("supersedes") else ""
+        superseded += f"; superseded by {replaced[s.name]}" if s.name in replaced else ""
         unsealed = "" if s.metadata_sealed else f" ({store.METADATA_NOT_SEALED})"
         print(
             f"{s.name}: contract {d['contract']['name']}, sealed {d['sealed_at']}{superseded}{unsealed}; "

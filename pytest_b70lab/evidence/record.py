@@ -586,6 +586,7 @@ def rederive(record: Evidence) -> Evidence:
     itself, as the harness would have written it."""
     from . import throughput
 
+    before = client_decode_figure(record)
     for r in (*record.requests, *record.repeats):
         r.token_ids_sha256 = sha256_ids(r.token_ids)
         r.text_sha256 = text_sha256(r.text)
@@ -593,15 +594,102 @@ def rederive(record: Evidence) -> Evidence:
             r.decode_rate = throughput.decode_rate(r.chunk_times, r.chunk_tokens)
         except ValueError:
             r.decode_rate = None
+    after = client_decode_figure(record)
+    if before and after and record.metrics_after is not None:
+        # The engine served the same requests as slowly as the edited arrival times say: its own per-token time
+        # moves with the client's (else the start contradicts its server: client_server_contradiction).
+        record.metrics_after = scaled_histogram_sum(
+            record.metrics_before, record.metrics_after, SERVER_PER_TOKEN, before / after
+        )
     if record.status == "ok":
         record.throughput = derived_throughput(record.requests, record.metrics_before, record.metrics_after)
     return record
+
+
+# The server's own per-token time (each request's decode time over its output tokens), which a start's client
+# figure must agree with. Measured on real starts (notes/2026-12-05-client-vs-server-decode-figures.md): 0.987 to
+# 1.001 over 35 starts and 0.991 to 1.005 over the committed bundles and seals; runs whose last chunks reached the
+# client a second late read 0.80 to 0.94. 5 % refuses those and any consistent rescaling of the client's figures
+# (doubled: 2.0), with room for CPUs not measured yet.
+SERVER_PER_TOKEN = "vllm:request_time_per_output_token_seconds"
+CLIENT_SERVER_TOLERANCE = 0.05
+
+
+def client_decode_figure(evidence: Evidence) -> float | None:
+    """The client's decode figure over every request the start served between its two /metrics scrapes (pass 1,
+    later passes, repeats): 1 / mean(1 / rate), the statistic whose server side is the mean per-token time."""
+    rates = [r.decode_rate for _, r in _every_request(evidence) if r.decode_rate]
+    return len(rates) / sum(1 / rate for rate in rates) if rates else None
+
+
+def client_server_contradiction(evidence: Evidence) -> str | None:
+    """The client's decode figure against the server's own counters, where both exist."""
+    from . import throughput
+
+    client = client_decode_figure(evidence)
+    _step, per_token_s, server = throughput.server_decode_figures(evidence.metrics_before, evidence.metrics_after)
+    if client is None or server is None:
+        return None
+    ratio = client / server
+    if abs(ratio - 1) <= CLIENT_SERVER_TOLERANCE:
+        return None
+    n = sum(1 for _, r in _every_request(evidence) if r.decode_rate)
+    return (
+        f"the client's decode figure {client:.2f} tok/s over its {n} requests is {ratio:.3f} of the server's own "
+        f"{server:.2f} tok/s ({SERVER_PER_TOKEN} between metrics_before and metrics_after): beyond "
+        f"{CLIENT_SERVER_TOLERANCE:.0%}, the token arrival times are not the engine's"
+    )
+
+
+def scaled_histogram_sum(before: str | None, after: str, name: str, factor: float) -> str:
+    """`after` with the histogram `name`'s observed sum since `before` multiplied by `factor`, every label set
+    alike. Text in, text out: prometheus_client parses exposition text but does not write it back as scraped."""
+    import re
+
+    from .metrics import families
+
+    sums = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families(before)
+        if f.name == name
+        for s in f.samples
+        if s.name.endswith("_sum")
+    }
+    out = []
+    for line in after.splitlines(keepends=True):
+        found = None if line.startswith("#") else re.match(rf"^({re.escape(name)}_sum)(\{{[^}}]*\}})?\s+(\S+)", line)
+        if found is None:
+            out.append(line)
+            continue
+        labels = tuple(sorted(next(iter(families(found[0]))).samples[0].labels.items()))  # this line's labels
+        start = sums.get((found[1], labels), 0.0)
+        value = start + (float(found[3]) - start) * factor
+        out.append(f"{found[1]}{found[2] or ''} {value!r}{line[found.end() :]}")
+    return "".join(out)
 
 
 def _same(recorded: float | None, recomputed: float | None) -> bool:
     if recorded is None or recomputed is None:
         return recorded is recomputed
     return abs(recorded - recomputed) <= 1e-9 * max(1.0, abs(recomputed))
+
+
+def _server_contradictions(evidence: Evidence) -> list[str]:
+    """vLLM's own decode figures against the two /metrics texts, and the client's figures against them."""
+    from . import throughput
+
+    t = evidence.throughput
+    step_s, _per_token, server_rate = throughput.server_decode_figures(evidence.metrics_before, evidence.metrics_after)
+    out = [
+        f"throughput.{name} is {recorded!r}, the /metrics texts before and after give {again!r}"
+        for name, recorded, again in (
+            ("server_mean_inter_token_s", t.server_mean_inter_token_s, step_s),
+            ("server_tokens_per_s", t.server_tokens_per_s, server_rate),
+        )
+        if not _same(recorded, again)
+    ]
+    disagreement = client_server_contradiction(evidence)
+    return out + ([disagreement] if disagreement else [])
 
 
 def contradictions(evidence: Evidence) -> list[str]:
@@ -645,15 +733,7 @@ def contradictions(evidence: Evidence) -> list[str]:
             f"is {median!r}"
         )
     if evidence.status == "ok":
-        step_s, _per_token, server_rate = throughput.server_decode_figures(
-            evidence.metrics_before, evidence.metrics_after
-        )
-        for name, recorded, again in (
-            ("server_mean_inter_token_s", t.server_mean_inter_token_s, step_s),
-            ("server_tokens_per_s", t.server_tokens_per_s, server_rate),
-        ):
-            if not _same(recorded, again):
-                out.append(f"throughput.{name} is {recorded!r}, the /metrics texts before and after give {again!r}")
+        out += _server_contradictions(evidence)
     out += schedule_contradictions(evidence)
     if evidence.role != evidence.contract.kind:
         out.append(f"role is {evidence.role!r}, its contract is a {evidence.contract.kind!r} contract")

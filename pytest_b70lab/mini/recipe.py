@@ -79,24 +79,22 @@ class EngineLibrariesMissing(LabError, RuntimeError):
 
 
 def library_versions() -> dict[str, str]:
-    try:
-        import safetensors
-        import tokenizers
-        import torch
-        import transformers
-    except ImportError as e:
-        raise EngineLibrariesMissing(
-            f"the embedded default's mini is found by the versions of torch, transformers, tokenizers and "
-            f"safetensors, and {e.name} is not installed in this environment: install the engine (the `cpu` extra, from the lock: "
-            "`make setup`, or `pip install --no-deps -r requirements/lock.txt`)"
-        ) from e
+    """The installed versions, read from the distributions' metadata: importing torch only to name the mini would
+    cost a replay seconds, and a test that replays twice in one process (pytester) would load torch's C library
+    twice, which crashes."""
+    import importlib.metadata as md
 
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-        "safetensors": safetensors.__version__,
-    }
+    versions = {}
+    for name in ("torch", "transformers", "tokenizers", "safetensors"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError as e:
+            raise EngineLibrariesMissing(
+                f"the embedded default's mini is found by the versions of torch, transformers, tokenizers and "
+                f"safetensors, and {name} is not installed in this environment: install the engine (the `cpu` "
+                "extra, from the lock: `make setup`, or `pip install --no-deps -r requirements/lock.txt`)"
+            ) from e
+    return versions
 
 
 def target_config(recipe: MiniRecipe, tok):

@@ -87,7 +87,7 @@ def reproduction_lines(config: pytest.Config, state: LabState) -> tuple[list[str
 
 
 def _doubling_as_reproduction(state: LabState) -> list[str]:
-    """A live session of a sealed contract compares itself with the newest such seal: tokens, the sealed
+    """A live session of a sealed contract compares itself with the newest such seal that no other supersedes: tokens, the sealed
     teacher and the runtime fixes on any host, the speed only on the seal's host class (elsewhere the line says
     why it is not compared). Never fails the session."""
     from ..records import reproduce, store
@@ -96,7 +96,7 @@ def _doubling_as_reproduction(state: LabState) -> list[str]:
         return []
     try:
         contract = state.contract
-        seals = [s for s in store.listing() if "error" not in s.document and s.contract_digest() == contract.digest]
+        seals = [s for s in store.current(store.listing()) if s.contract_digest() == contract.digest]
         if not seals:
             return []
         seal = max(seals, key=lambda s: str(s.document.get("sealed_at")))

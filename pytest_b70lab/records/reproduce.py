@@ -61,18 +61,41 @@ def _model_drift(sealed: Mapping[str, Any], here: Mapping[str, Any]) -> list[str
     return out
 
 
+def source_drift(seal: store.Seal) -> list[str]:
+    """What of the source state a seal was made under has moved in this checkout and environment: vLLM and torch,
+    the patch series, the runtime fixes the package knows. A seal with any is no longer current: the change that
+    moved it seals a new run (`b70lab seal --supersedes`)."""
+    from ..in_engine import dflash_fix
+    from ..in_engine.fixes import FIX_NAMES
+
+    known = {*FIX_NAMES, dflash_fix.FIX_NAME}  # what every rank's audit lists (worker_ext: both registries)
+    source = seal.record().get("source") or {}
+    drift = []
+    for name, sealed in (("vllm", source.get("vllm")), ("torch", source.get("torch"))):
+        if host.library_version(name) != sealed:
+            drift.append(f"{name} {host.library_version(name)} here, sealed {sealed}")
+    drift += _patch_drift(source.get("patches") or [], patch_series(project.find(PATCHES)))
+    recorded = {
+        name
+        for ranks in (source.get("runtime_fixes") or {}).values()
+        for fixes in ranks.values()
+        for name in fixes or {}
+    }
+    if recorded and recorded != known:
+        added, gone = sorted(known - recorded), sorted(recorded - known)
+        drift.append(
+            f"runtime fixes: {', '.join(added) or 'none'} added here, {', '.join(gone) or 'none'} gone since sealing"
+        )
+    return drift
+
+
 def machine_drift(
     seal: store.Seal, contract: Contract, models: Mapping[str, Any], environ: Mapping[str, str] = os.environ
 ) -> list[str]:
     """What differs between this machine and checkout and the sealed ones, one line each; [] when nothing
     does. `models`: {"target": ModelRef as a dict, "draft": ...} as this machine resolves the contract."""
     record = seal.record()
-    source = record.get("source") or {}
-    drift = []
-    for name, sealed in (("vllm", source.get("vllm")), ("torch", source.get("torch"))):
-        if host.library_version(name) != sealed:
-            drift.append(f"{name} {host.library_version(name)} here, sealed {sealed}")
-    drift += _patch_drift(source.get("patches") or [], patch_series(project.find(PATCHES)))
+    drift = source_drift(seal)
     sealed_env = (record.get("launcher") or {}).get("environment") or {}
     for name in FIX_SELECTION:
         if environ.get(name) != sealed_env.get(name):

@@ -91,8 +91,8 @@ def seal(run_dir: Path, name: str, snapshots: Path, root: Path | None = None, su
     target = root / name
     if target.exists():
         raise SealError(f"{target} exists: a sealed record is never overwritten; choose another --name")
-    if supersedes is not None:
-        store.verified(store.resolve(supersedes))
+    if supersedes is not None:  # by name, as a reader finds it beside this one
+        supersedes = store.verified(store.resolve(supersedes)).name
     starts = run_folder.read_starts(run_dir)
     promotable, headline = _judged(run_dir, snapshots)
     if not promotable:

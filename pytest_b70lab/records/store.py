@@ -264,6 +264,22 @@ def judged(folder: Path) -> Any:
     return judge_folder(folder, folder / SNAPSHOTS, named=f"{sealed.name}@{sealed.digest}")
 
 
+def superseded(seals: list[Seal]) -> dict[str, str]:
+    """{name: the seal that supersedes it}: a seal names the one it replaces (`b70lab seal --supersedes`), under its
+    digest. A superseded seal is still listed and verified, never chosen to compare with."""
+    return {
+        str(s.document["supersedes"]): s.name
+        for s in seals
+        if "error" not in s.document and s.document.get("supersedes")
+    }
+
+
+def current(seals: list[Seal]) -> list[Seal]:
+    """The readable seals that no other seal supersedes."""
+    replaced = superseded(seals)
+    return [s for s in seals if "error" not in s.document and s.name not in replaced]
+
+
 def listing(root: Path | None = None) -> list[Seal]:
     """Every seal under the records root (a folder with SEAL.json), by name; unreadable ones included with
     what is wrong (verify says it)."""

@@ -213,13 +213,48 @@ def test_evidence_that_contradicts_itself_is_refused_naming_the_field(copy_of_st
     assert re.search(message, text), f"{message!r} not in {text!r}"
 
 
+def test_client_figures_doubled_consistently_are_refused_against_the_server(copy_of_start: Path) -> None:
+    """Every arrival time halved and every figure derived from them written again by hand (the client's figures
+    doubled, consistent among themselves), the server's counters left as they were: refused, naming both figures."""
+    from pytest_b70lab.evidence import throughput
+
+    record = evidence.read(copy_of_start)
+    for r in (*record.requests, *record.repeats):
+        r.chunk_times = [t / 2 for t in r.chunk_times]
+        r.decode_rate = throughput.decode_rate(r.chunk_times, r.chunk_tokens)
+    record.throughput = evidence.derived_throughput(record.requests, record.metrics_before, record.metrics_after)
+    evidence.write(record, copy_of_start)
+    with pytest.raises(evidence.EvidenceError) as refused:
+        evidence.read(copy_of_start)
+    assert re.search(
+        r"the client's decode figure [\d.]+ tok/s over its \d+ requests is (1\.99\d|2\.0\d\d) of the server's own [\d.]+ tok/s "
+        r"\(vllm:request_time_per_output_token_seconds between metrics_before and metrics_after\): beyond 5%",
+        str(refused.value),
+    ), str(refused.value)
+
+
+def test_the_client_and_the_server_agree_on_every_committed_start() -> None:
+    from pytest_b70lab.evidence import run_folder, throughput
+
+    bundles = sorted(p for p in (Path(__file__).resolve().parents[2] / "fixtures" / "evidence").iterdir() if p.is_dir())
+    for start in (s for b in bundles for s in run_folder.read_starts(b)):
+        _, _, server = throughput.server_decode_figures(start.metrics_before, start.metrics_after)
+        client = evidence.client_decode_figure(start)
+        assert client and server and abs(client / server - 1) < 0.01, (start.start_index, client, server)
+
+
 def test_rederiving_an_edit_makes_the_evidence_agree_with_itself(copy_of_start: Path) -> None:
     """The consistent editor's tool: the stretched start, its figures derived again, loads, and every figure
     is the arrival times' (half the recorded rates)."""
     record = evidence.read(copy_of_start)
+    record0 = evidence.read(copy_of_start)
     rates = {r.prompt_id: r.decode_rate for r in record.requests}
     _stretch_arrivals(record)
     evidence.write(evidence.rederive(record), copy_of_start)
     again = evidence.read(copy_of_start)
     assert {r.prompt_id: r.decode_rate for r in again.requests} == pytest.approx({k: v / 2 for k, v in rates.items()})
     assert again.throughput.endpoint_median == pytest.approx(statistics.median(rates.values()) / 2)
+    # the server's own per-token time moved with the client's: the two still agree as recorded
+    assert evidence.client_decode_figure(again) / again.throughput.server_tokens_per_s == pytest.approx(
+        evidence.client_decode_figure(record0) / record0.throughput.server_tokens_per_s
+    )

@@ -14,7 +14,7 @@ import pytest
 from pytest_b70lab.cli import main
 from pytest_b70lab.contract import project
 from pytest_b70lab.evidence import record as evidence
-from pytest_b70lab.evidence import run_folder, throughput
+from pytest_b70lab.evidence import run_folder
 from pytest_b70lab.records import history
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,9 +50,7 @@ def _copies(root: Path) -> list[str]:
             start.lab_commit = commit
             for request in (*start.requests, *start.repeats):
                 request.chunk_times = [t * stretch for t in request.chunk_times]
-                request.decode_rate = throughput.decode_rate(request.chunk_times, request.chunk_tokens)
-            start.throughput = evidence.derived_throughput(start.requests, start.metrics_before, start.metrics_after)
-            evidence.write(start, folder / f"start-{start.start_index}")
+            evidence.write(evidence.rederive(start), folder / f"start-{start.start_index}")
         commits.append(commit)
     return commits
 

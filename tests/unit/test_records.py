@@ -53,12 +53,31 @@ def _reseal_as_a_forger_would(folder: Path) -> None:
     (folder / store.SEAL_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
 
 
+# The seal these tests edit copies of: a real promotion of the unquantized lane, sealed on an Intel Xeon before a
+# start recorded its CPU's family, stepping and cores, so that its host class is never the host's that runs them.
+EDITED_SEAL = "mini-laguna-cpu-20261204b"
+
+
 @pytest.fixture
 def sealed(tmp_path: Path) -> Path:
-    """A copy of the newest committed seal of the embedded default, to edit."""
-    assert SEALS, f"no committed seal under {REPO / store.REPRO}"
-    newest = max(SEALS, key=lambda s: str(s.document.get("sealed_at")))
-    return Path(shutil.copytree(newest.folder, tmp_path / newest.folder.name))
+    """A copy of the committed seal EDITED_SEAL, to edit."""
+    (chosen,) = [s for s in SEALS if s.name == EDITED_SEAL]
+    return Path(shutil.copytree(chosen.folder, tmp_path / chosen.folder.name))
+
+
+def test_a_superseded_seal_is_not_current_and_a_moved_source_is_named(sealed: Path, tmp_path: Path) -> None:
+    newer = seal(sealed, "newer", sealed / store.SNAPSHOTS, root=tmp_path / "records", supersedes=str(sealed))
+    seals = [store.read(sealed), store.read(newer)]
+    assert store.superseded(seals)[sealed.name] == "newer"
+    assert [s.name for s in store.current(seals)] == ["newer"]
+    record_file = newer / store.RECORD_FILE
+    record = json.loads(record_file.read_text())
+    record["source"]["vllm"] = "0.1.0"
+    record["source"]["patches"] = record["source"]["patches"][1:]
+    record_file.write_text(json.dumps(record))
+    drift = reproduce.source_drift(store.read(newer))
+    assert drift[0].startswith("vllm ") and drift[0].endswith(", sealed 0.1.0"), drift
+    assert any(line.startswith("patch 0001-") and "in this checkout, not in the seal" in line for line in drift)
 
 
 def test_every_committed_seal_holds_and_judges_promotable() -> None:
