@@ -47,6 +47,8 @@ CASES = [
         "mini-laguna-cpu@0d03c5e9a06fb8c6a7ddf28a2cbf4d8c66d578bb30e404fa61b19190a543978b",
     ),
     ("seal-mini-laguna-cpu-20261204b", "repro/mini-laguna-cpu-20261204b", None),
+    ("seal-mini-laguna-cpu-20261205", "repro/mini-laguna-cpu-20261205", None),
+    ("seal-mini-laguna-cpu-int4-20261205", "repro/mini-laguna-cpu-int4-20261205", None),
 ]
 
 

@@ -77,13 +77,14 @@ def test_the_series_is_rebuilt_from_run_folders_and_names_the_commit(
 def test_the_committed_seals_are_points_of_their_own_host_class(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["history", "mini-laguna-cpu", "--from", str(REPO / "repro")]) == 0
     out = capsys.readouterr().out
-    # One series: both seals of one host class, named by its label and key (recorded before the CPU's family,
-    # stepping and cores were, so a class of its own).
+    # One series per host class, named by its label and key: both seals of 2026-12-04 on an Intel Xeon (recorded
+    # before the CPU's family, stepping and cores were, so a class of their own), the 2026-12-05 seal on an AMD EPYC.
     heads = [line for line in out.splitlines() if line.startswith("mini-laguna-cpu on ")]
-    assert len(heads) == 1 and heads[0].endswith(": 2 points"), out
-    assert heads[0].startswith(
-        "mini-laguna-cpu on Intel(R) Xeon(R) Processor (AVX-512, AMX), FP8 attention native ["
-    ), out
+    assert len(heads) == 2, out
+    (xeon,) = [h for h in heads if h.startswith("mini-laguna-cpu on Intel(R) Xeon(R) Processor (AVX-512, AMX), ")]
+    assert xeon.endswith(": 2 points") and "FP8 attention native [" in xeon, out
+    (epyc,) = [h for h in heads if h is not xeon]
+    assert epyc.startswith("mini-laguna-cpu on AMD EPYC (AVX-512, no AMX), 2 cores, ") and epyc.endswith(": 1 points")
     lines = [line for line in out.splitlines() if line.rstrip().endswith(("-20261204", "-20261204b"))]
     assert len(lines) == 2 and all(" seal " in line for line in lines), out
     for line in lines:

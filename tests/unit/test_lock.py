@@ -245,4 +245,6 @@ def test_a_foreign_source_or_a_local_folder_is_caught(tmp_path: Path) -> None:
     problems = source_problems(lock, script)
     assert len(problems) == 2 and "mirror.example" in problems[0] and problems[1].startswith("numpy=="), problems
     (tmp_path / "Makefile").write_text("setup:\n\tpip install --find-links /srv/wheelhouse -r lock.txt\n")
-    assert local_sources(tmp_path, ("Makefile",)) == ["Makefile:2: pip install --find-links /srv/wheelhouse -r lock.txt"]
+    assert local_sources(tmp_path, ("Makefile",)) == [
+        "Makefile:2: pip install --find-links /srv/wheelhouse -r lock.txt"
+    ]

@@ -20,7 +20,7 @@ from pytest_b70lab.contract import schema as contract_mod
 from pytest_b70lab.evidence import record as evidence
 from pytest_b70lab.judge import folder as judge
 from pytest_b70lab.records import reproduce, store
-from pytest_b70lab.records.seal import patch_series, seal
+from pytest_b70lab.records.seal import SIZE_LIMIT, patch_series, seal
 
 REPO = Path(__file__).resolve().parents[2]
 SEALS = store.listing(REPO / store.REPRO)
@@ -65,6 +65,21 @@ def sealed(tmp_path: Path) -> Path:
     return Path(shutil.copytree(chosen.folder, tmp_path / chosen.folder.name))
 
 
+def test_the_embedded_default_has_a_current_seal_and_no_current_seal_is_stale() -> None:
+    """A change that moves the source state (a patch, the runtime fixes, vLLM, torch) or the embedded default's
+    contract seals a fresh gates run of it (`b70lab seal RUN --name NAME --supersedes OLD`), or this fails."""
+    from pytest_b70lab.contract.defaults import DEFAULT_CONTRACT
+
+    current = store.current(SEALS)
+    default = contract_mod.load(DEFAULT_CONTRACT)
+    assert [s.name for s in current if s.contract_digest() == default.digest], (
+        f"no current seal of the embedded default {default.name} (digest {default.digest[:16]}) under repro/: "
+        "run `make gates`, then `b70lab seal RUN --name NAME --supersedes` the seal it replaces"
+    )
+    stale = {s.name: drift for s in current if (drift := reproduce.source_drift(s))}
+    assert stale == {}, f"current seals no longer of this source state (seal a new run, --supersedes them): {stale}"
+
+
 def test_a_superseded_seal_is_not_current_and_a_moved_source_is_named(sealed: Path, tmp_path: Path) -> None:
     newer = seal(sealed, "newer", sealed / store.SNAPSHOTS, root=tmp_path / "records", supersedes=str(sealed))
     seals = [store.read(sealed), store.read(newer)]
@@ -86,7 +101,7 @@ def test_every_committed_seal_holds_and_judges_promotable() -> None:
         assert store.verify(s.folder) == [], s.folder
         decision = store.judged(s.folder)  # under the seal's own contract, whatever the repository's says now
         assert decision.promotable, judge.headline_line(decision, s.folder)
-        assert s.document["bytes"] <= 2**20, f"{s.name}: {s.document['bytes']} bytes, over 1 MiB"
+        assert s.document["bytes"] <= SIZE_LIMIT, f"{s.name}: {s.document['bytes']} bytes, over {SIZE_LIMIT} bytes"
         record = s.record()
         assert record["contract"]["digest"] == contract_mod.load(s.folder / store.CONTRACT_FILE).digest
         assert all(isinstance(ranks, dict) and ranks for ranks in record["source"]["runtime_fixes"].values())
