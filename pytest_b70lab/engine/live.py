@@ -242,7 +242,7 @@ def _new_record(
         ),
         status="failed",
         probe=probe,
-        host=host.cpu_identity(environ=env),
+        host={**host.cpu_identity(environ=env), "box": host.box_identity(env)},
         lab_commit=project.commit(),
     )
 

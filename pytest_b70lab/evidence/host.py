@@ -79,6 +79,50 @@ def cpu_identity(
     }
 
 
+# Which box a start ran on. The lab names its boxes (a fleet node's label; by hand, B70LAB_BOX); the digest tells two
+# boxes apart whatever they are called: the machine id and the kernel, hashed so that neither is written.
+BOX_ENV = "B70LAB_BOX"
+MACHINE_IDS = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
+
+
+def box_identity(
+    environ: Mapping[str, str] = os.environ, machine_ids: tuple[Path, ...] = MACHINE_IDS, uname: Any = None
+) -> dict[str, Any]:
+    """{label, digest} of the box a start runs on: the label B70LAB_BOX gives (None where unset), and a digest of
+    the machine id, the host name and the kernel (release and build). Speeds compare only between starts on one
+    box: gate 7 fails a run whose starts name two."""
+    machine_id = ""
+    for path in machine_ids:
+        try:
+            machine_id = path.read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if machine_id:
+            break
+    u = uname or os.uname()
+    identity = {"machine_id": machine_id, "node": u.nodename, "kernel": f"{u.release} {u.version}"}
+    return {"label": environ.get(BOX_ENV) or None, "digest": sha256_canonical(identity)[:16]}
+
+
+def box_of(identity: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A start's recorded box, or None for evidence written before starts recorded theirs."""
+    box = (identity or {}).get("box")
+    return box if isinstance(box, dict) and box.get("digest") else None
+
+
+def describe_box(box: Mapping[str, Any]) -> str:
+    return f"box {box['label']} [{box['digest']}]" if box.get("label") else f"box [{box['digest']}]"
+
+
+def machine_line(identity: Mapping[str, Any] | None) -> str:
+    """The CPU as `describe` says it, and the box where the start recorded one: what `evidence show` and the
+    report print of a start's machine."""
+    if not identity:
+        return "CPU not recorded"
+    box = box_of(identity)
+    return describe(dict(identity)) + (f", {describe_box(box)}" if box else "")
+
+
 def gpus(drm: Path = DRM) -> list[str]:
     """Each GPU the kernel shows (/sys/class/drm/cardN) as 'vendor:device (driver)' by PCI id, sorted: the B70's
     cards, none on the CPU machines. Read from sysfs, which needs no vendor tool (xpu-smi, nvidia-smi)."""

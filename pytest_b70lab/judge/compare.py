@@ -215,7 +215,7 @@ def show(run: Run) -> str:
         lines.append(f"{role:<9} " + (_model_line(model) if model else "none"))
     lines.append(f"engine    vllm {e.engine.vllm_version or '?'}, torch {e.engine.torch_version or '?'}")
     lines.append(
-        f"machine   {host.describe(e.host) if e.host else 'CPU not recorded'}; FP8 attention "
+        f"machine   {host.machine_line(e.host)}; FP8 attention "
         f"{host.fp8_attention_ran(e.audits) or 'not recorded'}; INT4 weights {host.int4_path_ran(e.audits) or 'none'}"
     )
     flags = parse_flags(e.engine.command)

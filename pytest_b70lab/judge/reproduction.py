@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract.schema import Contract
-from ..evidence import throughput
+from ..evidence import host, throughput
 from ..evidence.record import Evidence
 from ..evidence.sampling import SamplingRule, stopping_point
 from .exactness import first_difference
@@ -36,6 +36,7 @@ def reproduction(starts: list[Evidence], contract: Contract) -> Verdict:
         return c.done()
     first = starts[0]
     _fresh_starts(c, starts)
+    _one_box(c, starts)
     if not c.expect(bool(first.requests), "start-1 recorded no requests: there is no output to reproduce"):
         return c.done()
     for later in starts[1:]:
@@ -334,6 +335,20 @@ def _judge_speed(c: Check, d: SpeedDecision, m0: float | None) -> None:
                 bool(d.paired_within),
                 f"paired figure start-{n} / start-1 {d.paired.line()}: the geometric mean of the per-prompt "
                 f"decode-rate ratios is {d.paired.drift:.1%} from 1, tolerance {d.paired_tolerance:.0%}",
+            )
+
+
+def _one_box(c: Check, starts: list[Evidence]) -> None:
+    """Every start on start-1's box: speeds measured on two machines are not one engine's reproduction, whatever
+    their classes. Evidence from before starts recorded their box names none, and is not judged on it."""
+    boxes = {s.start_index: host.box_of(s.host) for s in starts}
+    first = boxes[starts[0].start_index]
+    for n, box in boxes.items():
+        if first is not None and box is not None and box["digest"] != first["digest"]:
+            c.expect(
+                False,
+                f"start-{n} ran on {host.describe_box(box)}, start-1 on {host.describe_box(first)}: two boxes, "
+                "so its speed and output are not a second start of the same engine",
             )
 
 

@@ -183,7 +183,7 @@ def _identity(run: Run) -> Raw:
         ["run folder", str(run.folder)],
         ["contract", Raw(f"<b>{_h(c.name)}</b> ({_h(c.kind)})<br><code>{_h(c.digest)}</code>")],
         ["engine", f"vLLM {first.engine.vllm_version or 'n/a'}, torch {first.engine.torch_version or 'n/a'}"],
-        ["machine", host.describe(first.host) if first.host else "CPU not recorded"],
+        ["machine", host.machine_line(first.host)],
         [
             "FP8 attention",
             " · ".join(

@@ -288,6 +288,12 @@ def test_the_recorded_run_compiled_once_and_loaded_once(recorded: Run) -> None:
     assert _audit(recorded, 1, 0)["compile_counters"]["dynamo_unique_graphs"] == 0
 
 
+def starts_on_two_boxes(run: Run) -> None:
+    """Each start names the box it ran on, and they are two (a planted pair across boxes)."""
+    for start, (label, digest) in zip(run.starts, (("box-a", "a" * 16), ("box-b", "b" * 16)), strict=False):
+        start.host = {**(start.host or {}), "box": {"label": label, "digest": digest}}
+
+
 def slower_second_start(run: Run) -> None:
     """The second start decodes at a third of the speed of the first."""
     s = run.starts[1]
@@ -567,6 +573,11 @@ MUTATIONS: list[tuple[Callable[[Run], None], str, str]] = [
     ),
     (loaded_start_also_traced, "compile-topology", "3 compiled graphs, the contract expects 2"),
     (slower_second_start, "fresh-start-reproduction", "tolerance"),
+    (
+        starts_on_two_boxes,
+        "fresh-start-reproduction",
+        "start-2 ran on box box-b [bbbbbbbbbbbbbbbb], start-1 on box box-a [aaaaaaaaaaaaaaaa]: two boxes",
+    ),
     (stretched_second_start, "fresh-start-reproduction", "paired figure start-2 / start-1 0.5"),
     (nan_arrival_time, "fresh-start-reproduction", "its arrival times give a decode rate of nan"),
     (zero_router_bias, "load-audit", "e_score_correction_bias on rank 0: sum 0"),

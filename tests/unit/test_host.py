@@ -99,3 +99,25 @@ def test_a_host_class_names_what_differs_and_reads_old_evidence_as_its_own_class
     old = {k: v for k, v in epyc.items() if k in ("model", "flags", "avx512", "amx", "emulated")}
     assert host.host_class(old, "native (_C)").not_compared(here), "a start recorded before the fields is its own class"
     assert host.host_class(epyc, "native (_C) / portable (_C_AVX2)").label.endswith("FP8 attention mixed")
+
+
+def test_a_box_is_named_by_its_label_and_told_apart_by_its_machine_id_and_kernel(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "machine-id").write_text("0123456789abcdef\n")
+    uname = os.uname_result(("Linux", "box-a", "6.1.0", "#1 SMP", "x86_64"))
+    box = host.box_identity({"B70LAB_BOX": "b70-01"}, (tmp_path / "machine-id",), uname)
+    assert box["label"] == "b70-01" and len(box["digest"]) == 16
+    assert "0123456789abcdef" not in str(box), "the machine id is hashed, never written"
+    assert host.box_identity({}, (tmp_path / "machine-id",), uname) == {"label": None, "digest": box["digest"]}
+    (tmp_path / "other-id").write_text("fedcba9876543210\n")
+    assert host.box_identity({}, (tmp_path / "other-id",), uname)["digest"] != box["digest"]
+    rebuilt = os.uname_result(("Linux", "box-a", "6.1.0", "#2 SMP", "x86_64"))
+    assert host.box_identity({}, (tmp_path / "machine-id",), rebuilt)["digest"] != box["digest"], "another kernel"
+    assert host.describe_box(box) == f"box b70-01 [{box['digest']}]"
+    assert host.box_of({"model": "AMD EPYC"}) is None, "evidence from before starts recorded their box"
+    assert host.box_of({"box": box}) == box
+    assert host.machine_line({"model": "AMD EPYC", "avx512": True, "box": box}) == (
+        f"AMD EPYC (AVX-512, no AMX), box b70-01 [{box['digest']}]"
+    )
+    assert host.machine_line(None) == "CPU not recorded"
