@@ -100,13 +100,16 @@ def _starts_section(sweep: dict[str, Any]) -> Raw:
                 _num(s.get("ready_s"), ".1f") if s else "",
                 _num(s.get("decode_median")) if s else "",
                 s.get("graphs", "") if s else "",
+                (s.get("box") or "not recorded") if s else "",
             ]
         )
     return _section(
         "starts",
         "Starts, in the order they ran",
         _table(
-            ["#", "start", "status", "launched (UTC)", "ready (s)", "decode tok/s (median)", "graphs"], rows, "numbers"
+            ["#", "start", "status", "launched (UTC)", "ready (s)", "decode tok/s (median)", "graphs", "box"],
+            rows,
+            "numbers",
         ),
         _p(
             "Graphs: compiled (the start traced and compiled them) or loaded (vLLM's AOT compile cache). "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contract.variants import Variant
-from ..evidence import metrics, run_folder, throughput
+from ..evidence import host, metrics, run_folder, throughput
 from ..evidence.record import Evidence, EvidenceError
 from ..evidence.run_folder import Run
 from ..judge import compare
@@ -29,6 +29,7 @@ class StartFacts:
     ready_s: float | None
     decode_median: float | None
     graphs: str  # "compiled" (this start traced its graphs), "loaded" (from the AOT cache) or "n/a"
+    box: str | None = None  # the box it ran on ("box LABEL [digest]"); None: recorded before starts named theirs
 
 
 @dataclass
@@ -128,6 +129,7 @@ def _start_facts(s: Evidence) -> StartFacts:
         s.ready_s,
         start_median(s) if s.status == "ok" else None,
         graphs,
+        host.describe_box(box) if (box := host.box_of(s.host)) else None,
     )
 
 

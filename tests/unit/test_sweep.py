@@ -208,6 +208,19 @@ def test_a_variant_on_another_host_class_gets_no_ratio_to_the_base_and_a_note_wh
     assert "this variant on Intel(R) Xeon(R) Platinum 8481C" in row.notes[-1] and base_row.paired_to_base is None
 
 
+def test_every_start_of_a_row_names_its_box(swept, rows, tmp_path: Path) -> None:
+    out, grid, judged = swept
+    assert all(s.box is None for row in rows for s in row.starts), "the committed bundles predate the box"
+    moved = Path(shutil.copytree(out, tmp_path / "sweep"))
+    for start in sorted(plan.variant_dir(moved, "target-only").glob("start-*")):
+        record = evidence.read(start)
+        assert record.host is not None
+        record.host["box"] = {"label": "b70-02", "digest": "0123456789abcdef"}
+        evidence.write(record, start)
+    _, row = table.rows(moved, grid[0], grid, judged)
+    assert [s.box for s in row.starts] == ["box b70-02 [0123456789abcdef]"] * 2
+
+
 def test_kv_capacity_and_acceptance_are_the_engines_own_figures(swept, rows) -> None:
     out, grid, _ = swept
     for v, row in zip(grid, rows, strict=False):
