@@ -622,12 +622,10 @@ def client_decode_figure(evidence: Evidence) -> float | None:
     return len(rates) / sum(1 / rate for rate in rates) if rates else None
 
 
-def client_server_contradiction(evidence: Evidence) -> str | None:
-    """The client's decode figure against the server's own counters, where both exist."""
-    from . import throughput
-
+def client_server_contradiction(evidence: Evidence, server: float | None) -> str | None:
+    """The client's decode figure against `server`, the server's own tokens per second from the start's two
+    /metrics texts (`throughput.server_decode_figures`, which the caller has already parsed), where both exist."""
     client = client_decode_figure(evidence)
-    _step, per_token_s, server = throughput.server_decode_figures(evidence.metrics_before, evidence.metrics_after)
     if client is None or server is None:
         return None
     ratio = client / server
@@ -688,7 +686,7 @@ def _server_contradictions(evidence: Evidence) -> list[str]:
         )
         if not _same(recorded, again)
     ]
-    disagreement = client_server_contradiction(evidence)
+    disagreement = client_server_contradiction(evidence, server_rate)
     return out + ([disagreement] if disagreement else [])
 
 
