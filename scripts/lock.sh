@@ -2,8 +2,8 @@
 # Regenerate requirements/lock.txt from pyproject.toml (`make lock`); tests/unit/test_lock.py checks offline, in
 # `make test`, that the two still agree. Needs the package index (PyPI), not .venv.
 #
-# What the lock is: `uv pip compile pyproject.toml --extra cpu --extra test` (the project's dependencies, the
-# embedded engine's extra and the test tools; not `xpu`, which cannot share an environment with `cpu`), for
+# What the lock is: `uv pip compile pyproject.toml --extra cpu --extra fleet --extra test` (the project's dependencies, the
+# embedded engine's extra, the fleet's (Ray) and the test tools; not `xpu`, which cannot share an environment with `cpu`), for
 # CPython 3.11 on x86_64 manylinux_2_28 linux (the CPU torch wheel's tag), whatever machine runs it, minus the three
 # wheels in requirements/lock-excludes.txt (torchvision, torchaudio, torchcodec: why there). scripts/setup-venv.sh
 # installs it with --no-deps.
@@ -94,7 +94,7 @@ new=$(mktemp "$lock.XXXXXX")
 log=$(mktemp)
 trap 'rm -f "$new" "$new.tmp" "$log"' EXIT
 # An empty output file: uv takes no preferences from the previous lock; the lock is a function of its inputs only.
-if ! "$uv" pip compile pyproject.toml --extra cpu --extra test \
+if ! "$uv" pip compile pyproject.toml --extra cpu --extra fleet --extra test \
     --no-config --exclude-newer "$EXCLUDE_NEWER" \
     --python-version "$PYTHON_VERSION" --python-platform "$PYTHON_PLATFORM" \
     --index-strategy unsafe-best-match "${sources[@]}" \
@@ -118,7 +118,7 @@ fi
 {
     sed -n '1,2p' "$new"
     cat <<EOF
-# (scripts/lock.sh: uv $uv_version pip compile pyproject.toml --extra cpu --extra test, for Python $PYTHON_VERSION on
+# (scripts/lock.sh: uv $uv_version pip compile pyproject.toml --extra cpu --extra fleet --extra test, for Python $PYTHON_VERSION on
 # $PYTHON_PLATFORM, --exclude-newer $EXCLUDE_NEWER.) Not in the lock: torchvision, torchaudio,
 # torchcodec (requirements/lock-excludes.txt); install with \`pip install --no-deps -r requirements/lock.txt\`
 # after torch (\`make setup\`: scripts/setup-venv.sh). Every pin is from PyPI but the CPU torch, which is from:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, contract, evidence, history, mini, probe, records, report, schema, sweep
+from . import bench, contract, evidence, fleet, history, mini, probe, records, report, schema, sweep
 
 # What `--help` ends with, per command: the invocations a lab engineer reaches for first.
 EXAMPLES = {
@@ -30,7 +30,9 @@ EXAMPLES = {
     "sweep": [
         "b70lab sweep --contract mini-laguna-cpu --vary speculative.num_speculative_tokens=3,7 --out data/sweeps/depth",
         "b70lab sweep --contract mini-laguna-cpu --vary engine.block_size=64 --schedule interleaved --out data/sweeps/page",
+        "b70lab sweep --contract mini-laguna-cpu-int4 --vary engine.block_size=32,64 --fleet head:6379 --out data/sweeps/f",
     ],
+    "fleet": ["b70lab fleet labels b70-01 --head head:6379"],
     "bench": [
         "b70lab bench",
         "b70lab bench --parts reproduction --sessions 10 --schedule both",
@@ -80,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         mini.add,
         contract.add,
         sweep.add,
+        fleet.add,
         bench.add,
         probe.add,
         report.add,

@@ -60,6 +60,23 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     sweep_p.add_argument("--no-probe", action="store_true", help="skip the collective probe before the first start")
     sweep_p.add_argument(
+        "--fleet",
+        default=None,
+        metavar="ADDRESS",
+        help="spread the sweep over the boxes of the Ray cluster at ADDRESS (host:port; needs the fleet extra): the "
+        "base and --shard-size variants a shard, each shard with all its rounds on one box, every variant paired "
+        "with its own shard's base (docs/fleet.md)",
+    )
+    sweep_p.add_argument(
+        "--shard-size", type=int, default=1, metavar="N", help="variants besides the base in each shard (default 1)"
+    )
+    sweep_p.add_argument(
+        "--host-class",
+        default=None,
+        metavar="KEY",
+        help="with --fleet: run only on boxes labelled with this host class (`b70lab fleet labels` prints a box's)",
+    )
+    sweep_p.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
@@ -97,6 +114,8 @@ def _sweep(args: argparse.Namespace) -> int:
         )
         return 1
     out = args.out.resolve()
+    if args.fleet:
+        return _fleet_sweep(args, base, grid, prompt_ids, out)
     if args.resume is not None:
         planned = runner.read_plan(out)
         runner.check_resumable(out, runner.as_measured(grid, planned.get("alone") or {}), planned)
@@ -143,9 +162,24 @@ def _sweep_arguments(args: argparse.Namespace) -> dict:
     from ..errors import LabError
     from ..sweep import runner
 
-    keys = ("contract", "vary", "named", "rounds", "prompts", "no_probe", "schedule")
+    keys = (
+        "contract",
+        "vary",
+        "named",
+        "rounds",
+        "prompts",
+        "no_probe",
+        "schedule",
+        "fleet",
+        "shard_size",
+        "host_class",
+    )
     if args.resume is not None:
-        given = [k for k in ("contract", "vary", "named", "rounds", "prompts", "out", "schedule") if getattr(args, k)]
+        given = [
+            k
+            for k in ("contract", "vary", "named", "rounds", "prompts", "out", "schedule", "fleet", "host_class")
+            if getattr(args, k)
+        ]
         if given or args.no_probe:
             raise LabError(
                 f"--resume takes the sweep's arguments from {args.resume / 'plan.json'}: leave out "
@@ -155,6 +189,7 @@ def _sweep_arguments(args: argparse.Namespace) -> dict:
         for key in keys:
             setattr(args, key, record.get(key))
         args.schedule = args.schedule or "sequential"  # a plan written before --schedule existed
+        args.shard_size = args.shard_size or 1
         args.out = args.resume
     elif args.contract is None or args.out is None:
         raise LabError("b70lab sweep needs --contract and --out (or --resume DIR to continue a sweep)")
@@ -163,3 +198,52 @@ def _sweep_arguments(args: argparse.Namespace) -> dict:
 
         args.schedule = contract.load(args.contract).reproduction.schedule
     return {key: getattr(args, key) for key in keys}
+
+
+def _fleet_sweep(args: argparse.Namespace, base, grid, prompt_ids, out: Path) -> int:
+    """The sweep over a Ray cluster's boxes (fleet/sweep.py): same exit codes as on one machine."""
+    from ..fleet import sweep as fleet_sweep
+    from ..mini.build import default_cache_root
+    from ..report import sweep as sweep_page
+    from ..sweep import document as sweep_document
+    from ..sweep import plan, runner, table
+
+    def say(msg: str) -> None:
+        print(f"b70lab: {msg}", file=sys.stderr, flush=True)
+
+    resume = args.resume is not None
+    shard_list = fleet_sweep.plan_shards(out, grid, args.shard_size, resume)
+    measured = runner.as_measured(grid, {})
+    schedule = args.schedule
+
+    def work_of(s):
+        return fleet_sweep.sweep_work(measured, s, args.rounds, schedule, prompt_ids, not args.no_probe)
+
+    cache_root = (args.cache_dir or default_cache_root()).resolve()
+    say(f"fleet sweep of {base.name}: {len(grid)} variants in {len(shard_list)} shards on {args.fleet} into {out}")
+    outcome = fleet_sweep.run(
+        measured,
+        out,
+        args.fleet,
+        work_of,
+        shard_list,
+        {k: getattr(args, k) for k in ("contract", "vary", "named", "rounds", "prompts", "no_probe", "schedule")}
+        | {"shard_size": args.shard_size, "host_class": args.host_class},
+        say,
+        resume=resume,
+        host_class=args.host_class,
+        cache_root=cache_root,
+        prompt_ids=prompt_ids,
+    )
+    rows = fleet_sweep.judge_and_tabulate(outcome, measured, prompt_ids, cache_root, say)
+    merged = outcome.merged()
+    named = tuple(n.strip() for n in args.named.split(",") if n.strip()) if args.named else ()
+    document = sweep_document.build(base, args.vary or [], named, args.rounds, schedule, prompt_ids, merged, rows)
+    document["fleet"] = {"address": args.fleet, "shards": [s.as_plan() for s in shard_list], "ledger": "fleet.json"}
+    page = sweep_page.write(sweep_document.write(out, document, rows))
+    print(table.format_table(rows))
+    print(f"written: {out / plan.SWEEP_JSON}, {page}, {out / plan.JUNIT}, {out / 'fleet.json'}")
+    problems = merged.problems + outcome.problems
+    for problem in problems:
+        print(f"b70lab: sweep problem: {problem}", file=sys.stderr)
+    return 1 if problems else 0

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .environment import XPU_EXECUTOR_BACKEND
+from .environment import EXECUTOR_BACKEND
 
 # The engine command's two module paths, recorded in every start's evidence: thin modules keep them
 # (in_engine/ has the code), and tests that find engine processes by their command line use these names.
@@ -109,8 +109,8 @@ class ServeConfig:
         ]
         if self.expert_parallel:
             args.append("--enable-expert-parallel")
-        if self.device == "xpu" and self.tensor_parallel > 1:
-            args += ["--distributed-executor-backend", XPU_EXECUTOR_BACKEND]
+        if self.tensor_parallel > 1:  # on every platform: an installed Ray must never become the executor
+            args += ["--distributed-executor-backend", EXECUTOR_BACKEND]
         if self.enforce_eager:
             args.append("--enforce-eager")
         if self.attention_backend:

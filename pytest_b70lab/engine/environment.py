@@ -39,9 +39,10 @@ def ranks_need_blocking_allreduce(world_size: int) -> bool:
 # vllm/platforms/xpu.py, set when torch.distributed.is_xccl_available()); there is no flag or variable for it.
 # vLLM's XPU installation docs ("distributed-backend"): torch-ccl below torch 2.8, the built-in xccl from 2.8.
 XPU_DIST_BACKEND = "xccl"
-# The rank processes: vLLM's own multiprocessing executor on one host, pinned so that an installed Ray cannot
-# change it (`--distributed-executor-backend`, vllm/config/parallel.py; mp is the XPU docs' single-node example).
-XPU_EXECUTOR_BACKEND = "mp"
+# The rank processes, on every platform: vLLM's own multiprocessing executor on one host, pinned so that an
+# installed Ray cannot change it (`--distributed-executor-backend`; vllm/config/parallel.py picks Ray when it is
+# installed and the process is in a Ray placement group; mp is the XPU docs' single-node example).
+EXECUTOR_BACKEND = "mp"
 # Per-rank inheritance that must not reach the ranks: vLLM's XPU worker sets LOCAL_RANK per rank and keeps an
 # inherited LOCAL_WORLD_SIZE (vllm/v1/worker/xpu_worker.py init_device), and torch's XCCL process group turns
 # them into CCL_PROCESS_LAUNCHER=none, CCL_LOCAL_RANK, CCL_LOCAL_SIZE (ProcessGroupXCCL.cpp), as oneCCL's
@@ -90,8 +91,42 @@ def xpu_profile_summary(world_size: int) -> str:
     return (
         f"xpu profile: {world_size} ranks on cards {xpu_environment(world_size)['ZE_AFFINITY_MASK']} "
         f"(rank i on the i-th), torch.distributed backend {XPU_DIST_BACKEND} (chosen by vLLM's XPU platform, "
-        f"needs torch >= 2.8 built with XCCL), executor {XPU_EXECUTOR_BACKEND}"
+        f"needs torch >= 2.8 built with XCCL), executor {EXECUTOR_BACKEND}"
     )
+
+
+# What a Ray worker's environment carries that an engine started from it must not inherit (issue 50, Ray 2.60):
+# Ray's own variables (RAY_*: the job, the raylet's pid, its auth mode and token), the thread count Ray forces on
+# a worker (OMP_NUM_THREADS=1, ray/_private/utils.py set_omp_num_threads_if_unset) and the device masks its
+# accelerator managers set for the task's resources (ray/_private/accelerators/*.py: an empty
+# CUDA_VISIBLE_DEVICES for a task that asked for no GPU would hide every card). Written out rather than read from
+# Ray, which this module never imports; tests/unit/test_fleet_environment.py holds the masks to the installed
+# Ray's own list. Dropped only when the caller is a Ray worker (RAY_RAYLET_PID set), so that a lab's own
+# OMP_NUM_THREADS or device mask outside Ray still reaches its engine as before.
+RAY_WORKER_MARK = "RAY_RAYLET_PID"
+RAY_SET_VARIABLES = ("OMP_NUM_THREADS",)
+RAY_DEVICE_MASKS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ZE_AFFINITY_MASK",
+    "ONEAPI_DEVICE_SELECTOR",
+    "NEURON_RT_VISIBLE_CORES",
+    "TPU_VISIBLE_CHIPS",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "HABANA_VISIBLE_MODULES",
+    "FURIOSA_DEVICES",
+    "RBLN_DEVICES",
+    "QBRUNTIME_VISIBLE_DEVICES",
+    "TT_VISIBLE_DEVICES",
+)
+
+
+def without_ray(env: dict[str, str]) -> dict[str, str]:
+    """`env` less what Ray sets for its workers, when it is a Ray worker's; otherwise unchanged."""
+    if RAY_WORKER_MARK not in env:
+        return dict(env)
+    dropped = set(RAY_SET_VARIABLES) | set(RAY_DEVICE_MASKS)
+    return {k: v for k, v in env.items() if not k.startswith("RAY_") and k not in dropped}
 
 
 def engine_environment(
@@ -103,8 +138,8 @@ def engine_environment(
     offline: bool = True,
     materialize: bool = True,
 ) -> dict[str, str]:
-    """The engine's environment: every cache inside `state_dir`, dev endpoints on; on CPU, the KV budget
-    and thread binding; on XPU, the B70 profile (xpu_environment). With materialize=False nothing is created
+    """The engine's environment: the caller's less what Ray sets for a worker (without_ray), every cache inside
+    `state_dir`, dev endpoints on; on CPU, the KV budget and thread binding; on XPU, the B70 profile (xpu_environment). With materialize=False nothing is created
     (to show a dry run's environment)."""
     caches = {
         "VLLM_CACHE_ROOT": "vllm",
@@ -120,7 +155,7 @@ def engine_environment(
     emulation = cpu_emulation.requested() if device == "cpu" else None
     if emulation:  # compiled code of the real CPU must never be loaded into the emulated one, nor the reverse
         state_dir = state_dir / f"emulate-{emulation}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TORCHINDUCTOR_"))}
+    env = {k: v for k, v in without_ray(dict(os.environ)).items() if not k.startswith(("VLLM_", "TORCHINDUCTOR_"))}
     for var, sub in caches.items():
         path = state_dir / sub
         if materialize:

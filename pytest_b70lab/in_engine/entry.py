@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import sys
 
-from . import cpu_emulation
+from . import cpu_emulation, no_ray
 
 _original_version = metadata.version
 
@@ -27,6 +27,8 @@ def _version(distribution_name: str) -> str:
 
 # At import, not in main(): spawned child processes re-import this module as their __main__.
 metadata.version = _version
+# Ray stays out of every engine process, whatever is installed beside vLLM (in_engine/no_ray.py).
+no_ray.install()
 # The CPU emulation must answer before vLLM imports its op library, and this is each process's first code.
 cpu_emulation.apply_from_environment()
 

@@ -15,12 +15,19 @@ from typing import Any
 
 import psutil
 
+from . import no_ray
+
 
 def _call(fn, default=None):
     try:
         return fn()
     except Exception as e:  # an audit reports what it could not read instead of failing the whole call
         return default if default is not None else f"unavailable: {type(e).__name__}: {e}"
+
+
+def _oom_score_adj() -> int:
+    with open("/proc/self/oom_score_adj") as f:
+        return int(f.read())
 
 
 # At most this much of a tensor is on the host at once while it is hashed: a production rank holds
@@ -204,6 +211,13 @@ class AuditExtension:
             "global_rank": getattr(self, "rank", None),
             "start_nonce": os.environ.get("B70LAB_START_NONCE"),
             "process_started": _call(lambda: psutil.Process().create_time()),
+            # What a fleet must not change (issue 50): the rank's scheduling priority and OOM score as it runs,
+            # and whether Ray got into it after all (in_engine/no_ray.py keeps it out).
+            "process": {
+                "niceness": _call(lambda: os.getpriority(os.PRIO_PROCESS, 0)),
+                "oom_score_adj": _call(_oom_score_adj),
+                "ray_loaded": no_ray.loaded(),
+            },
         }
         for key, getter in (("tp", "get_tp_group"), ("ep", "get_ep_group"), ("pp", "get_pp_group")):
             group = _call(lambda g=getter: getattr(ps, g)(), default=None)

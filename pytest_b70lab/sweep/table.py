@@ -57,6 +57,11 @@ class Row:
     kv_memory_bytes: int | None = None
     kv_cache_dtype: str | None = None
     notes: list[str] = field(default_factory=list)
+    # A fleet sweep's row: the shard it was measured in (its paired figure is against that shard's base), the
+    # box and host class its starts ran on. None on one machine.
+    shard: str | None = None
+    host_class: str | None = None
+    is_base: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,6 +79,8 @@ def rows(
     runs = {v.name: _read(variant_dir(out, v.name)) for v in variants}
     base_run = runs.get(base.name)
     out_rows = [_row(v, base, runs[v.name], base_run, (judged or {}).get(v.name, ""), out) for v in variants]
+    for row in out_rows:
+        row.is_base = row.variant == base.name
     for row in out_rows:
         if row.measured == "sequential" and (why := (alone or {}).get(row.variant)):
             row.measured = f"sequential: {why}"
@@ -277,7 +284,9 @@ def _capacity(row: Row, ok: list[Evidence]) -> None:
 
 def format_table(table: list[Row]) -> str:
     """The terminal's table: one line per variant, then each verdict line in full."""
+    sharded = any(r.shard for r in table)
     head = [
+        *(["shard", "box"] if sharded else []),
         "variant",
         "verdict",
         "starts",
@@ -291,13 +300,17 @@ def format_table(table: list[Row]) -> str:
     for r in table:
         p = r.paired_to_base
         ready = [f"{s.ready_s:.0f}" for s in r.starts if s.ready_s is not None]
+        boxes = sorted({s.box for s in r.starts if s.box}) or ["n/a"]
         lines.append(
             [
+                *([r.shard or "", ", ".join(boxes)] if sharded else []),
                 r.variant,
                 r.verdict.upper(),
                 f"{sum(s.status == 'ok' for s in r.starts)}/{r.starts_required}",
                 _num(r.decode_median),
-                "base" if r is table[0] else (f"{p['ratio']:.3f} [{p['low']:.3f}, {p['high']:.3f}]" if p else "n/a"),
+                "base"
+                if r.is_base or r is table[0]
+                else (f"{p['ratio']:.3f} [{p['low']:.3f}, {p['high']:.3f}]" if p else "n/a"),
                 _num(r.accepted_per_draft),
                 f"{r.kv_blocks} ({r.kv_tokens})" if r.kv_blocks is not None else "n/a",
                 ", ".join(ready) or "n/a",
@@ -305,7 +318,8 @@ def format_table(table: list[Row]) -> str:
         )
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     text = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False)).rstrip() for line in lines]
-    return "\n".join(text + [""] + [f"{r.variant}: {r.verdict_line}" for r in table])
+    verdicts = [f"{r.shard + ' ' if r.shard else ''}{r.variant}: {r.verdict_line}" for r in table]
+    return "\n".join(text + [""] + verdicts)
 
 
 def _num(value: float | None) -> str:
@@ -328,7 +342,8 @@ def junit_xml(table: list[Row], suite: str) -> str:
         errors="0",
     )
     for r in table:
-        case = ET.SubElement(ts, "testcase", classname=f"b70lab.sweep.{suite}", name=r.variant, time="0")
+        name = f"{r.shard}/{r.variant}" if r.shard else r.variant
+        case = ET.SubElement(ts, "testcase", classname=f"b70lab.sweep.{suite}", name=name, time="0")
         props = ET.SubElement(case, "properties")
         figures = {
             "verdict": r.verdict,

@@ -223,4 +223,5 @@ def test_the_xpu_profile_keeps_per_rank_variables_of_the_caller_away(tmp_path: P
         with pytest.raises(ValueError, match="4 distinct card indices"):
             xpu_environment(4, devices=bad)
     cpu = ServeConfig(model="m", tensor_parallel=4).args()
-    assert "--distributed-executor-backend" not in cpu, "the CPU launch keeps vLLM's own executor choice"
+    assert _value(cpu, "--distributed-executor-backend") == "mp", "an installed Ray must not become the executor"
+    assert "--distributed-executor-backend" not in ServeConfig(model="m", tensor_parallel=1).args()

@@ -22,7 +22,11 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCKED_EXTRAS = ("cpu", "test")  # scripts/lock.sh: uv pip compile pyproject.toml --extra cpu --extra test
+LOCKED_EXTRAS = (
+    "cpu",
+    "fleet",
+    "test",
+)  # scripts/lock.sh: uv pip compile pyproject.toml --extra cpu --extra fleet --extra test
 # The platform scripts/lock.sh resolves for (Python 3.11, x86_64 linux): environment markers are judged there.
 LOCK_ENVIRONMENT = {
     **default_environment(),

@@ -36,6 +36,7 @@ FOLDER_WALLS = {
     # judge a run and write or check its record). They may import every stage; only a surface imports them.
     "records": "workflow",
     "sweep": "workflow",
+    "fleet": "workflow",  # a sweep over several boxes with Ray: the only folder that imports Ray
     "plugin": "surface",
     "cli": "surface",
     "report": "surface",
@@ -180,6 +181,8 @@ def _rule(module: str, t: str, ext: str | None, stdlib: set[str]) -> str | None:
         return rule
     if ext == "syrupy" and module != "judge.snapshots":
         return "syrupy is imported through judge/snapshots.py alone"
+    if ext == "ray" and not module.startswith("fleet."):
+        return "Ray is imported by fleet/ alone (never by an engine's process: in_engine/no_ray.py)"
     if target == "workflow" and wall not in ("workflow", "surface"):
         return "only a surface imports a workflow"
     dispatches = module.startswith("cli") or (module.startswith("plugin") and t.split(".")[0] == "report")
@@ -293,6 +296,7 @@ def test_a_module_in_a_folder_without_a_wall_is_named(tmp_path: Path) -> None:
         ),
         ("quality.judge", "from ..records import store", "judgement imports no pytest, engine, mini, workflow"),
         ("judge.verdict", "import syrupy", "syrupy is imported through judge/snapshots.py alone"),
+        ("sweep.runner", "import ray", "Ray is imported by fleet/ alone"),
         ("engine.live", "from ..quality.judge import figure_of", "the engine imports no judgement"),
         ("engine.capability", "from ..judge import verdict", "the engine imports no judgement"),
         ("engine.starts", "from ..sweep import runner", "the engine imports no judgement"),

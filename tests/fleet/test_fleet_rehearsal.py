@@ -1,0 +1,136 @@
+"""The fleet on a real Ray cluster, without an engine (in `make test`, about a minute): a head and two box nodes
+on loopback with token authentication, a sweep rehearsed from the committed INT4 bundle (fleet/work.py
+RehearsalWork), one box killed mid-shard, the sweep resumed. The cluster runs in rehearsal_cluster.py, inside a
+network namespace of its own that holds only loopback (Ray 2.60 otherwise connects through the machine's
+interface address even when every node is given 127.0.0.1)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pytest_b70lab.judge.folder import headline_line, judge_folder
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu-int4"
+
+pytest.importorskip("ray", reason="the fleet extra (Ray) is not installed: make setup installs it from the lock")
+
+
+def _namespace() -> list[str]:
+    """unshare of a network namespace (as root; a user namespace too where not root, as the sandbox does)."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip (util-linux, iproute2) for a loopback-only network namespace")
+    return ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+
+
+@pytest.fixture(scope="module")
+def rehearsal() -> dict:
+    work = Path(tempfile.mkdtemp(prefix="b70ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    report = work / "report.json"
+    (work / "ray").mkdir()
+    # Every file of Ray's under the work folder: its temp dir (RAY_TMPDIR/ray; Ray 2.60's Cluster writes the address
+    # file there whatever temp_dir a node is given) and its home (~/.ray, where a token would be written).
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(16),
+        "HOME": str(work / "home"),
+        "RAY_TMPDIR": str(work),
+    }
+    env.pop("RAY_ADDRESS", None)
+    script = f"ip link set lo up && exec {sys.executable} {HERE / 'rehearsal_cluster.py'} {work} {report}"
+    try:
+        with open(work / "cluster.log", "w") as log:
+            done = subprocess.run(
+                [*_namespace(), "sh", "-c", script],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=300,
+                cwd=REPO,
+            )
+        tail = (work / "cluster.log").read_text()[-4000:]
+        assert done.returncode == 0, f"the rehearsal cluster failed (rc {done.returncode}); its output ends:\n{tail}"
+        result = json.loads(report.read_text())
+        result["left"] = [p.pid for p in psutil.process_iter() if _mentions(p, str(work))]
+        yield result
+    finally:
+        for p in psutil.process_iter():
+            if _mentions(p, str(work)):
+                p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _mentions(p: psutil.Process, text: str) -> bool:
+    try:
+        return text in " ".join(p.cmdline()) or text in " ".join(f"{k}={v}" for k, v in p.environ().items())
+    except psutil.Error:
+        return False
+
+
+def test_lost_box_is_a_ledger_line_and_the_shard_runs_again_whole(rehearsal: dict) -> None:
+    events = [
+        (e["shard"], e["attempt"], e["event"], e["box"].split()[1] if e["box"] else None) for e in rehearsal["ledger"]
+    ]
+    killed = rehearsal["killed"]
+    survivor = {"box-a": "box-b", "box-b": "box-a"}[killed]
+    assert ("shard-01", 1, "started", killed) in events and ("shard-01", 1, "lost", killed) in events, events
+    assert ("shard-01", 2, "finished", survivor) in events, events
+    assert [e for e in events if e[0] == "shard-02" and e[2] == "finished"], events
+    lost = next(e for e in rehearsal["ledger"] if e["event"] == "lost")
+    assert "NodeDiedError" in lost["error"] or "WorkerCrashed" in lost["error"], lost
+    assert rehearsal["problems"] == []
+
+
+def test_the_drivers_verdicts_are_the_bundles(rehearsal: dict) -> None:
+    expected = headline_line(judge_folder(BUNDLE, REPO / "tests" / "gates" / "__snapshots__"), BUNDLE)
+    rows = rehearsal["rows"]
+    assert [(r["shard"], r["variant"]) for r in rows] == [
+        ("shard-01", "base"),
+        ("shard-01", "again-1"),
+        ("shard-02", "base"),
+        ("shard-02", "again-2"),
+    ]
+    for row in rows:
+        assert row["verdict"] == ("pass" if expected.startswith("PROMOTABLE") else "fail"), row
+        assert row["verdict_line"].split(" - ")[-1] == expected.split(" - ")[-1], (row, expected)
+    assert [r["is_base"] for r in rows] == [True, False, True, False]
+
+
+def test_every_ray_socket_is_on_loopback_and_a_client_without_the_token_is_refused(rehearsal: dict) -> None:
+    assert rehearsal["sockets"], "no Ray socket was seen: the watcher saw nothing to check"
+    assert all(_loopback(ip) for ip in rehearsal["sockets"]), rehearsal["sockets"]
+    client = rehearsal["tokenless_client"]
+    assert client["returncode"] != 0 and "joined" not in client["output"], client
+    assert "token" in client["output"].lower() or "authentication" in client["output"].lower(), client
+
+
+def _loopback(text: str) -> bool:
+    address = ipaddress.ip_address(text)
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1, an IPv4 peer of a dual-stack socket
+    return (mapped or address).is_loopback
+
+
+def test_resume_keeps_the_finished_shard(rehearsal: dict) -> None:
+    resumed = rehearsal["resumed"]
+    first = len(rehearsal["ledger"])
+    new = resumed["ledger"][first:]
+    assert resumed["problems"] == [] and resumed["shards"] == ["shard-01", "shard-02"], resumed
+    assert {e["shard"] for e in new} == {"shard-01"}, new
+    assert [e["event"] for e in new] == ["started", "finished"] and new[0]["attempt"] == 3, new
+
+
+def test_nothing_of_ray_is_left(rehearsal: dict) -> None:
+    assert rehearsal["left"] == [], f"processes of the rehearsal's Ray cluster still run: {rehearsal['left']}"

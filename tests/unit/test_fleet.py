@@ -1,0 +1,134 @@
+"""The fleet's pure parts (fleet/shards.py, ledger.py, box.py) and what keeps Ray away from an engine
+(engine/environment.py without_ray, in_engine/no_ray.py). The fleet on a real Ray cluster: tests/fleet/."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from pytest_b70lab.engine import environment
+from pytest_b70lab.fleet import box
+from pytest_b70lab.fleet.ledger import Ledger, LedgerError
+from pytest_b70lab.fleet.shards import ShardError, from_plan, split
+
+
+def test_every_shard_repeats_the_base_and_each_variant_is_in_one() -> None:
+    shards = split(["base", "a", "b", "c"], 2)
+    assert [(s.name, s.variants) for s in shards] == [("shard-01", ("base", "a", "b")), ("shard-02", ("base", "c"))]
+    assert [s.variants for s in split(["base"], 1)] == [("base",)]
+    record = {"shards": [s.as_plan() for s in shards]}
+    assert from_plan(record, ["base", "a", "b", "c"]) == shards
+    with pytest.raises(ShardError, match="at least one variant"):
+        split(["base", "a"], 0)
+    with pytest.raises(ShardError, match="do not split the plan's variants"):
+        from_plan({"shards": [{"name": "shard-01", "variants": ["a", "base"]}]}, ["base", "a"])
+    with pytest.raises(ShardError, match="names no shards"):
+        from_plan({}, ["base"])
+
+
+def test_the_ledger_only_grows(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path)
+    ledger.add("shard-01", 1, "started", box="box box-a [0123]", node="n1")
+    ledger.add("shard-01", 1, "lost", box="box box-a [0123]", error="NodeDiedError: gone")
+    ledger.add("shard-01", 2, "finished", box="box box-b [4567]")
+    again = Ledger(tmp_path)
+    assert again.events == ledger.events and again.attempts("shard-01") == 2 and again.attempts("shard-02") == 0
+    assert again.finished("shard-01").box == "box box-b [4567]" and [e.event for e in again.lost("shard-01")] == [
+        "lost"
+    ]
+    document = json.loads(ledger.path.read_text())
+    document["events"][1]["error"] = "rewritten"  # someone edits the past
+    ledger.path.write_text(json.dumps(document))
+    with pytest.raises(LedgerError, match="changed under this driver"):
+        ledger.add("shard-02", 1, "started")
+    ledger.path.write_text("{not json")
+    with pytest.raises(LedgerError, match="fleet.json cannot be read back"):
+        Ledger(tmp_path)
+
+
+def test_a_shards_folder_comes_home_checked_file_by_file(tmp_path: Path) -> None:
+    folder = tmp_path / "box"
+    (folder / "variants" / "base" / "start-1").mkdir(parents=True)
+    (folder / "variants" / "base" / "start-1" / "evidence.json").write_text('{"a": 1}')
+    (folder / "plan.json").write_text("{}")
+    payload, digests = box.pack(folder)
+    box.unpack(payload, digests, tmp_path / "home")
+    assert (tmp_path / "home" / "variants" / "base" / "start-1" / "evidence.json").read_text() == '{"a": 1}'
+    digests["plan.json"] = "0" * 64
+    with pytest.raises(box.BoxError, match="plan.json: different after the transfer"):
+        box.unpack(payload, digests, tmp_path / "again")
+
+
+def test_a_box_measures_one_shard_at_a_time(tmp_path: Path) -> None:
+    folder, value = box.run(tmp_path, "sweep-x", "shard-01", 1, lambda f: (f / "x").write_text("1"))
+    assert folder == box.shard_folder(tmp_path, "sweep-x", "shard-01", 1) and (folder / "x").read_text() == "1"
+    with FileLock(str(tmp_path / box.FLEET_DIR / "box.lock")):  # a survivor of an earlier attempt holds the box
+        with pytest.raises(box.BoxError, match="another shard holds this box"):
+            box.run(tmp_path, "sweep-x", "shard-01", 2, lambda f: None)
+
+
+def test_normalise_leaves_a_process_that_already_runs_as_the_box_does() -> None:
+    facts = box.normalise(os.getpid())
+    assert facts["niceness"][0] == facts["niceness"][1] and facts["oom_score_adj"][0] == facts["oom_score_adj"][1]
+
+
+def test_an_engine_started_from_a_ray_worker_gets_none_of_rays_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    ray_worker = {
+        "RAY_RAYLET_PID": "12",
+        "RAY_AUTH_TOKEN": "secret",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    assert environment.without_ray({**ray_worker, "PATH": "/bin"}) == {"PATH": "/bin"}
+    outside = {"OMP_NUM_THREADS": "4", "PATH": "/bin"}  # a lab's own setting, outside Ray, is left alone
+    assert environment.without_ray(outside) == outside
+    for key, value in ray_worker.items():
+        monkeypatch.setenv(key, value)
+    env = environment.engine_environment(Path("/nonexistent"), 2, materialize=False)
+    assert (
+        not {k for k in env if k.startswith("RAY_")}
+        and "OMP_NUM_THREADS" not in env
+        and "CUDA_VISIBLE_DEVICES" not in env
+    )
+
+
+def test_the_device_masks_are_the_installed_rays() -> None:
+    accelerators = pytest.importorskip("ray._private.accelerators")
+    masks = {m.get_visible_accelerator_ids_env_var() for m in accelerators.get_all_accelerator_managers()} - {None}
+    assert masks <= set(environment.RAY_DEVICE_MASKS), sorted(masks - set(environment.RAY_DEVICE_MASKS))
+
+
+def test_no_engine_process_loads_ray() -> None:
+    """vLLM imports Ray where it is installed; the engine's entry refuses it, and vLLM then runs as without Ray."""
+    pytest.importorskip("ray")
+    code = (
+        "import sys, pytest_b70lab.in_engine.entry\n"
+        "from vllm.v1.executor import ray_utils\n"
+        "print('ray' in sys.modules, ray_utils.ray_is_available())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split()[-2:] == ["False", "False"], done.stdout + done.stderr[-2000:]
+
+
+def test_a_fleet_nobody_answers_at_is_said_at_once_and_leaves_no_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import socket
+
+    from pytest_b70lab.cli import main
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--contract", "mini-laguna-cpu-int4", "--vary", "engine.block_size=32,64"]
+    assert main([*argv, "--fleet", f"127.0.0.1:{port}", "--out", str(out)]) == 2
+    assert f"nothing answers at 127.0.0.1:{port}" in capsys.readouterr().err and not out.exists()
+    assert main([*argv, "--fleet", "head-without-port", "--out", str(out)]) == 2
+    assert "give the head's address as HOST:PORT" in capsys.readouterr().err
