@@ -14,6 +14,7 @@ from typing import Any
 from ..contract import schema as contract_mod
 from ..contract.variants import Variant
 from ..evidence import host, run_folder
+from ..evidence.record import EvidenceError
 from ..sweep import plan, runner, table
 from . import driver, shards
 from .ledger import Ledger
@@ -97,8 +98,8 @@ def run(
     kept = {s.name for s in shard_list if ledger.finished(s.name) and (out / shards.SHARDS_DIR / s.name).is_dir()}
     for s in shard_list:
         folder = out / shards.SHARDS_DIR / s.name
-        if s.name in kept:
-            say(f"fleet: {s.name} kept from the interrupted sweep (finished on {ledger.finished(s.name).box})")  # type: ignore[union-attr]
+        if s.name in kept and (done := ledger.finished(s.name)) is not None:
+            say(f"fleet: {s.name} kept from the interrupted sweep (finished on {done.box})")
         elif folder.exists():
             raise runner.SweepError(f"{folder} exists but the ledger has no finished attempt of {s.name}: move it away")
     driver.connect(address)
@@ -120,23 +121,21 @@ def _kept_result(out: Path, s: shards.Shard, ledger: Ledger) -> driver.ShardResu
     event = ledger.finished(s.name)
     assert event is not None
     folder = out / shards.SHARDS_DIR / s.name
-    starts = [
-        runner.PlannedStart(1, v, i)
-        for v in s.variants
-        for i in _start_indices(_shard_sweep(folder) / plan.VARIANTS / v)
-    ]
-    return driver.ShardResult(
-        s.name,
-        event.attempt,
-        {"label": event.box},
-        folder,
-        runner.Outcome(starts, {p.label(): "ok" for p in starts}),
-        {},
-    )
+    order, status = [], {}
+    for v in s.variants:  # each start's status as its evidence says it, read again (never taken from the ledger)
+        for start in _read_starts(_shard_sweep(folder) / plan.VARIANTS / v):
+            planned = runner.PlannedStart(start.start_index, v, start.start_index)
+            order.append(planned)
+            failure = start.failure.message.splitlines()[0] if start.failure else "?"
+            status[planned.label()] = "ok" if start.status == "ok" else f"failed: {failure}"
+    return driver.ShardResult(s.name, event.attempt, {"label": event.box}, folder, runner.Outcome(order, status), {})
 
 
-def _start_indices(variant: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in variant.glob("start-*") if p.name.split("-")[1].isdigit())
+def _read_starts(variant: Path) -> list[Any]:
+    try:
+        return list(run_folder.read_starts(variant))
+    except EvidenceError:  # the variant's row says why its folder does not read (table._read)
+        return []
 
 
 def _shard_sweep(folder: Path) -> Path:
@@ -183,9 +182,6 @@ def _box_contract_differs(where: Path, v: Variant) -> str:
 
 
 def _row_class(variant_folder: Path) -> str | None:
-    try:
-        starts = run_folder.read_starts(variant_folder)
-    except Exception:  # an unreadable folder's row already says why (table._read)
-        return None
+    starts = _read_starts(variant_folder)
     labels = {host.start_class(s).label for s in starts}
     return labels.pop() if len(labels) == 1 else ("mixed: " + "; ".join(sorted(labels)) if labels else None)
