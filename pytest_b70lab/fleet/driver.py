@@ -177,7 +177,7 @@ def run_shards(
                 continue
             folder = Path(out) / SHARDS_DIR / s.name
             box.unpack(item["payload"], item["digests"], folder)
-            ledger.add(s.name, attempt, "finished", **_box_facts(item["box"]))
+            ledger.add(s.name, attempt, "finished", worker=item["process"], **_box_facts(item["box"]))
             results[s.name] = ShardResult(s.name, attempt, item["box"], folder, item["outcome"], item["process"])
             say(f"fleet: {s.name} attempt {attempt} finished on {box.BoxFacts(**item['box']).line()} -> {folder}")
     if given_up:

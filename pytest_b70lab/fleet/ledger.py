@@ -35,6 +35,8 @@ class Event:
     host_class: str | None = None
     node: str | None = None  # Ray's node id of the box
     error: str | None = None  # Ray's error (lost) or the shard's (failed), first line
+    # finished: the Ray worker's niceness and OOM score [before, after] it was put back to the box's own
+    worker: dict[str, list[int]] | None = None
 
 
 def now() -> str:

@@ -210,12 +210,29 @@ def interleaved_to_base(base_run: Run, run: Run) -> throughput.PairedRatio | Non
     return throughput.interleaved_ratio(pairs)
 
 
+def two_boxes(base_run: Run, run: Run) -> str | None:
+    """Where the base's and the variant's starts name different boxes, which (a fleet pairs a variant only with its
+    own shard's base, on one box); None where they share one, or a side names none (recorded before boxes were)."""
+    sides = []
+    for which in (base_run, run):
+        found = {host.describe_box(b) for s in which.starts if (b := host.box_of(s.host)) is not None}
+        if not found:
+            return None
+        sides.append(found)
+    if sides[0] == sides[1]:
+        return None
+    return f"the base ran on {', '.join(sorted(sides[0]))}, this variant on {', '.join(sorted(sides[1]))}"
+
+
 def _against_base(row: Row, base_run: Run, run: Run) -> None:
     comparison = compare.compare_runs(_completed(base_run), _completed(run))
     row.outputs_identical_to_base = f"{comparison.identical_outputs}/{len(comparison.prompts)}"
     if comparison.speed_not_compared and comparison.host_classes:  # measured on another host class than the base
         base_on, variant_on = comparison.host_classes
         row.notes.append(f"speed to the base {base_on.not_compared(variant_on, 'base', 'this variant')}")
+        return
+    if (boxes := two_boxes(base_run, run)) is not None:  # a pair across boxes compares machines, not variants
+        row.notes.append(f"speed to the base not compared: {boxes}")
         return
     speed = comparison.speed
     if (p := interleaved_to_base(base_run, run) or speed.paired) is not None:

@@ -89,6 +89,10 @@ def test_lost_box_is_a_ledger_line_and_the_shard_runs_again_whole(rehearsal: dic
     assert ("shard-01", 1, "started", killed) in events and ("shard-01", 1, "lost", killed) in events, events
     assert ("shard-01", 2, "finished", survivor) in events, events
     assert [e for e in events if e[0] == "shard-02" and e[2] == "finished"], events
+    finished = [e for e in rehearsal["ledger"] if e["event"] == "finished"]
+    for e in finished:  # the box nodes run their workers as the box runs its own processes (docs/fleet.md)
+        assert e["worker"]["niceness"][0] == e["worker"]["niceness"][1], e
+        assert e["worker"]["oom_score_adj"] == [0, 0], e
     lost = next(e for e in rehearsal["ledger"] if e["event"] == "lost")
     assert "NodeDiedError" in lost["error"] or "WorkerCrashed" in lost["error"], lost
     assert rehearsal["problems"] == []

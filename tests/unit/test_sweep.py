@@ -125,6 +125,30 @@ def test_two_starts_of_one_session_compare_as_gate_7_compares_them() -> None:
     assert table.interleaved_to_base(Run(folder, (one,), None), Run(folder, (two,), None)) is None  # no start-1
 
 
+def test_a_variant_measured_on_another_box_than_its_base_is_not_paired_with_it() -> None:
+    """A fleet pairs each variant with its own shard's base; a planted pair across two boxes gets no speed figure."""
+    from pytest_b70lab.evidence.run_folder import Run, read_starts
+
+    folder = BUNDLES / "mini-laguna-cpu-int4"
+    one, two = read_starts(folder)
+
+    def on(box: str, start):  # type: ignore[no-untyped-def]
+        return start.model_copy(update={"host": {**(start.host or {}), "box": {"label": box, "digest": box[-1] * 16}}})
+
+    base_v = variants.Variant("base", contract.load("mini-laguna-cpu-int4"), {})
+    rows = {}
+    for name, boxes in (("same", ("box-a", "box-a")), ("planted", ("box-a", "box-b"))):
+        base_run = Run(folder, (on(boxes[0], one), on(boxes[0], two)), None)
+        run = Run(folder, (on(boxes[1], one), on(boxes[1], two)), None)
+        rows[name] = table._row(base_v, base_v, run, base_run, "", folder.parent)
+    assert rows["same"].paired_to_base is not None and not rows["same"].notes
+    assert rows["planted"].paired_to_base is None and rows["planted"].medians_to_base is None
+    assert rows["planted"].notes == [
+        "speed to the base not compared: the base ran on box box-a [aaaaaaaaaaaaaaaa], "
+        "this variant on box box-b [bbbbbbbbbbbbbbbb]"
+    ]
+
+
 def test_the_command_line_names_the_named_variants_as_variants_does() -> None:
     assert sweep_cli.NAMED_VARIANTS == variants.NAMED
 
