@@ -221,20 +221,28 @@ def _fleet_sweep(args: argparse.Namespace, base, grid, prompt_ids, out: Path) ->
 
     cache_root = (args.cache_dir or default_cache_root()).resolve()
     say(f"fleet sweep of {base.name}: {len(grid)} variants in {len(shard_list)} shards on {args.fleet} into {out}")
-    outcome = fleet_sweep.run(
-        measured,
-        out,
-        args.fleet,
-        work_of,
-        shard_list,
-        {k: getattr(args, k) for k in ("contract", "vary", "named", "rounds", "prompts", "no_probe", "schedule")}
-        | {"shard_size": args.shard_size, "host_class": args.host_class},
-        say,
-        resume=resume,
-        host_class=args.host_class,
-        cache_root=cache_root,
-        prompt_ids=prompt_ids,
-    )
+    try:
+        outcome = fleet_sweep.run(
+            measured,
+            out,
+            args.fleet,
+            work_of,
+            shard_list,
+            {k: getattr(args, k) for k in ("contract", "vary", "named", "rounds", "prompts", "no_probe", "schedule")}
+            | {"shard_size": args.shard_size, "host_class": args.host_class},
+            say,
+            resume=resume,
+            host_class=args.host_class,
+            cache_root=cache_root,
+            prompt_ids=prompt_ids,
+        )
+    except KeyboardInterrupt:  # the driver has left the cluster (fleet.sweep.run); Ray ends a job's tasks with its driver
+        print(
+            f"b70lab: fleet sweep interrupted; no table was written; finished shards are under {out / 'shards'} and "
+            f"every attempt in {out / 'fleet.json'}; continue with: b70lab sweep --resume {out}",
+            file=sys.stderr,
+        )
+        return 130
     rows = fleet_sweep.judge_and_tabulate(outcome, measured, prompt_ids, cache_root, say)
     merged = outcome.merged()
     named = tuple(n.strip() for n in args.named.split(",") if n.strip()) if args.named else ()
