@@ -236,7 +236,8 @@ def _fleet_sweep(args: argparse.Namespace, base, grid, prompt_ids, out: Path) ->
             cache_root=cache_root,
             prompt_ids=prompt_ids,
         )
-    except KeyboardInterrupt:  # the driver has left the cluster (fleet.sweep.run); Ray ends a job's tasks with its driver
+    except KeyboardInterrupt:
+        # The driver has left the cluster (fleet.sweep.run); Ray ends a job's tasks with its driver.
         print(
             f"b70lab: fleet sweep interrupted; no table was written; finished shards are under {out / 'shards'} and "
             f"every attempt in {out / 'fleet.json'}; continue with: b70lab sweep --resume {out}",
