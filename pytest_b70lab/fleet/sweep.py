@@ -126,8 +126,7 @@ def _kept_result(out: Path, s: shards.Shard, ledger: Ledger) -> driver.ShardResu
         for start in _read_starts(_shard_sweep(folder) / plan.VARIANTS / v):
             planned = runner.PlannedStart(start.start_index, v, start.start_index)
             order.append(planned)
-            failure = start.failure.message.splitlines()[0] if start.failure else "?"
-            status[planned.label()] = "ok" if start.status == "ok" else f"failed: {failure}"
+            status[planned.label()] = runner.ended_status(start) or "not run: interrupted"
     return driver.ShardResult(s.name, event.attempt, {"label": event.box}, folder, runner.Outcome(order, status), {})
 
 

@@ -145,6 +145,12 @@ def _kept(where: Path) -> str | None:
         record = evidence.read(where / evidence.FILENAME)
     except evidence.EvidenceError:
         return None
+    return ended_status(record)
+
+
+def ended_status(record: evidence.Evidence) -> str | None:
+    """A recorded start's status as a sweep's outcome keeps it ("ok", "failed: FIRST LINE"), or None where the
+    start was itself interrupted."""
     if record.status == "ok":
         return "ok"
     message = record.failure.message if record.failure else "?"
