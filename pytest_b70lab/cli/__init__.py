@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, contract, evidence, fleet, history, mini, probe, records, report, schema, sweep
+from . import batch, bench, contract, evidence, fleet, history, mini, probe, records, report, schema, sweep
 
 # What `--help` ends with, per command: the invocations a lab engineer reaches for first.
 EXAMPLES = {
@@ -33,6 +33,10 @@ EXAMPLES = {
         "b70lab sweep --contract mini-laguna-cpu-int4 --vary engine.block_size=32,64 --fleet head:6379 --out data/sweeps/f",
     ],
     "fleet": ["b70lab fleet labels b70-01 --head head:6379"],
+    "gates": [
+        "b70lab gates --fleet head:6379 --contract mini-laguna-cpu-int4 --contract mini-laguna-cpu --out data/batches/n1",
+        "b70lab gates --resume data/batches/n1",
+    ],
     "bench": [
         "b70lab bench",
         "b70lab bench --parts reproduction --sessions 10 --schedule both",
@@ -83,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         contract.add,
         sweep.add,
         fleet.add,
+        batch.add,
         bench.add,
         probe.add,
         report.add,

@@ -125,9 +125,10 @@ def run_shards(
     say: Progress,
     host_class: str | None = None,
     max_attempts: int = MAX_ATTEMPTS,
+    into: str = SHARDS_DIR,
 ) -> dict[str, ShardResult]:
-    """Every shard on a box (at most `max_attempts` attempts each); the finished ones' results. A shard lost on
-    every attempt is a FleetError after the others have finished."""
+    """Every shard on a box (at most `max_attempts` attempts each), each finished one's folder unpacked into
+    out/`into`/SHARD; their results. A shard lost on every attempt is a FleetError after the others have finished."""
     import ray
 
     task = ray.remote(num_returns="streaming", max_retries=0, retry_exceptions=False)(shard_task)
@@ -175,7 +176,7 @@ def run_shards(
                 ledger.add(s.name, attempt, "started", **_box_facts(item["box"]))
                 say(f"fleet: {s.name} attempt {attempt} running on {box.BoxFacts(**item['box']).line()}")
                 continue
-            folder = Path(out) / SHARDS_DIR / s.name
+            folder = Path(out) / into / s.name
             box.unpack(item["payload"], item["digests"], folder)
             ledger.add(s.name, attempt, "finished", worker=item["process"], **_box_facts(item["box"]))
             results[s.name] = ShardResult(s.name, attempt, item["box"], folder, item["outcome"], item["process"])

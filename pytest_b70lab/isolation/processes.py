@@ -57,6 +57,22 @@ def own_group_dying_with_parent() -> None:
         pass
 
 
+# The same, for a parent with threads (a Ray worker), where a preexec_fn may deadlock between fork and exec: the
+# child is started with start_new_session=True and runs this first, then execs the command. It checks that its
+# parent is still the one that started it, since a parent that died before the prctl would send no signal.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(143)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def dying_with_parent(command: list[str], python: str) -> list[str]:
+    """`command` wrapped to get SIGTERM when this process dies (start it with start_new_session=True)."""
+    return [python, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
+
+
 @dataclass(frozen=True)
 class ProcStat:
     pid: int

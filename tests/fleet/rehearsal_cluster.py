@@ -1,5 +1,6 @@
 """A real Ray cluster on loopback (a head and two box nodes), a fleet sweep rehearsed on it from a committed bundle,
-one box killed mid-shard, and the sweep resumed: run by test_fleet_rehearsal.py inside a network namespace that
+one box killed mid-shard, the sweep resumed, then a batch of two gate sessions (one laid from the bundle, one a real
+`pytest -m gates` on the box whose contract names a model that is not there): run by test_fleet_rehearsal.py inside a network namespace that
 holds only loopback, so no Ray socket can be on any other address. Writes what it saw as JSON to argv[2].
 
 Usage: python rehearsal_cluster.py WORKDIR REPORT.json"""
@@ -126,11 +127,49 @@ def main(work: Path, report_path: Path) -> int:
         "ledger": [e.__dict__ for e in Ledger(again).events],
         "shards": sorted(resumed.results),
     }
+    report["batch"] = gates_batch(cluster.address, work, contract, said)
     report["tokenless_client"] = _tokenless_client(cluster.address, work)
     ray.shutdown()
     cluster.shutdown()
     report_path.write_text(json.dumps(report, indent=1, default=str))
     return 0
+
+
+def gates_batch(address: str, work: Path, bundle_contract, said: list[str]) -> dict:  # type: ignore[no-untyped-def]
+    """Two gate sessions on the surviving box: the bundle laid as a session's run folder, and a real gates session
+    (pytest on the box, in the lab's folder) of a contract whose target is not there, so it stops at once."""
+    import tomllib
+
+    from pytest_b70lab.contract import schema
+    from pytest_b70lab.fleet import batch
+    from pytest_b70lab.fleet.ledger import Ledger
+    from pytest_b70lab.fleet.work import GateRehearsalWork
+
+    raw = tomllib.loads((REPO / "fixtures" / "contracts" / "mini-laguna-cpu-int4.toml").read_text())
+    raw["name"] = "mini-laguna-cpu-int4-no-model"
+    raw["target"] = {"source": "path", "path": "data/no-such-model/target"}
+    no_model = schema.Contract.model_validate(raw)
+    contracts = [bundle_contract, no_model]
+    sessions = batch.plan(contracts)
+    out = work / "batch"
+    batch.prepare(out, contracts, sessions, {"fleet": address, "lab_dir": str(REPO)})
+
+    def work_of(s):  # type: ignore[no-untyped-def]
+        if s.contract == bundle_contract.name:
+            return GateRehearsalWork(str(BUNDLE), 0.2)
+        return batch.session_work(s, no_model, REPO, ["--b70-no-probe"])
+
+    _, problems = batch.run(out, address, sessions, work_of, said.append)
+    rows = batch.judge(out, sessions, REPO / "tests" / "gates" / "__snapshots__", said.append)
+    written = batch.write(out, address, rows, problems)
+    return {
+        "problems": problems,
+        "rows": [r.as_dict() for r in rows],
+        "ledger": [e.__dict__ for e in Ledger(out).events],
+        "written": json.loads(written.read_text()),
+        "junit": (out / batch.JUNIT).read_text(),
+        "logs": {s.name: (out / batch.SESSIONS_DIR / s.name / "pytest.log").is_file() for s in sessions},
+    }
 
 
 def _tokenless_client(address: str, work: Path) -> dict:

@@ -136,5 +136,26 @@ def test_resume_keeps_the_finished_shard(rehearsal: dict) -> None:
     assert [e["event"] for e in new] == ["started", "finished"] and new[0]["attempt"] == 3, new
 
 
+def test_a_gates_batch_runs_each_session_on_a_box_and_judges_it_here(rehearsal: dict) -> None:
+    expected = headline_line(judge_folder(BUNDLE, REPO / "tests" / "gates" / "__snapshots__"), BUNDLE)
+    batch = rehearsal["batch"]
+    laid, real = batch["rows"]
+    assert batch["problems"] == [], batch
+    assert (laid["session"], laid["contract"]) == ("session-01", "mini-laguna-cpu-int4"), laid
+    assert laid["verdict"] == ("pass" if expected.startswith("PROMOTABLE") else "fail"), (laid, expected)
+    assert laid["verdict_line"].split(" - ")[-1] == expected.split(" - ")[-1], (laid, expected)
+    # The real session ran pytest on the box, in the lab's folder, and stopped at its missing target: the row
+    # says why, as the session's own verdict would.
+    assert real["verdict"] == "fail" and "could not begin" in real["verdict_line"], real
+    assert "data/no-such-model/target" in real["verdict_line"], real
+    assert batch["logs"] == {"session-01": False, "session-02": True}, batch["logs"]
+    for row in (laid, real):
+        assert row["box"] and row["box"].startswith("box ") and row["host_class"], row
+        assert row["attempts"] == 1 and row["lost"] == [], row
+    assert sorted(e["event"] for e in batch["ledger"]) == ["finished", "finished", "started", "started"], batch
+    failures = 1 + (laid["verdict"] == "fail")
+    assert f'failures="{failures}"' in batch["junit"] and 'errors="0"' in batch["junit"], batch["junit"]
+
+
 def test_nothing_of_ray_is_left(rehearsal: dict) -> None:
     assert rehearsal["left"] == [], f"processes of the rehearsal's Ray cluster still run: {rehearsal['left']}"

@@ -132,3 +132,118 @@ def test_a_fleet_nobody_answers_at_is_said_at_once_and_leaves_no_sweep(
     assert f"nothing answers at 127.0.0.1:{port}" in capsys.readouterr().err and not out.exists()
     assert main([*argv, "--fleet", "head-without-port", "--out", str(out)]) == 2
     assert "give the head's address as HOST:PORT" in capsys.readouterr().err
+
+
+def test_a_batch_plan_reads_back_and_holds_its_contracts_to_their_digests(tmp_path: Path) -> None:
+    from pytest_b70lab.contract import schema
+    from pytest_b70lab.fleet import batch
+
+    contracts = [schema.load("mini-laguna-cpu-int4"), schema.load("mini-laguna-cpu")]
+    sessions = batch.plan(contracts)
+    assert [(s.name, s.contract) for s in sessions] == [
+        ("session-01", "mini-laguna-cpu-int4"),
+        ("session-02", "mini-laguna-cpu"),
+    ]
+    out = tmp_path / "batch"
+    batch.prepare(out, contracts, sessions, {"fleet": "head:6379", "lab_dir": str(tmp_path)})
+    record, again, read = batch.read_plan(out)
+    assert again == sessions and [c.digest for c in read] == [c.digest for c in contracts]
+    assert record["fleet"] == "head:6379"
+    with pytest.raises(batch.BatchError, match="is not empty"):
+        batch.prepare(out, contracts, sessions, {})
+    toml = out / batch.CONTRACTS_DIR / "session-02.toml"
+    toml.write_text(
+        toml.read_text()
+        .replace("[engine]\n", "[engine]\nmax_model_len = 1024\n", 1)
+        .replace("max_model_len = 2048\n", "")
+    )
+    with pytest.raises(batch.BatchError, match="changed since the batch began"):
+        batch.read_plan(out)
+    (out / batch.BATCH_JSON).write_text("{}")
+    with pytest.raises(batch.BatchError, match="not a gates batch's folder"):
+        batch.read_plan(out)
+
+
+def test_a_batch_judges_each_session_from_its_evidence_and_names_what_did_not_come_back(tmp_path: Path) -> None:
+    import shutil
+
+    from pytest_b70lab.evidence import run_folder
+    from pytest_b70lab.fleet import batch
+    from pytest_b70lab.judge import replay
+    from pytest_b70lab.judge.folder import headline_line, judge_folder
+
+    bundle = Path(__file__).parents[2] / "fixtures" / "evidence" / "mini-laguna-cpu-int4"
+    snapshots = Path(__file__).parents[1] / "gates" / "__snapshots__"
+    recorded = replay.recorded_contract(run_folder.read_starts(bundle), bundle)
+    sessions = [
+        batch.Session("session-01", recorded.name, recorded.digest),
+        batch.Session("session-02", recorded.name, recorded.digest),
+        batch.Session("session-03", recorded.name, "0" * 64),
+        batch.Session("session-04", recorded.name, recorded.digest),
+    ]
+    ledger = Ledger(tmp_path)
+    for s in ("session-01", "session-03", "session-04"):
+        ledger.add(s, 1, "started", box="box box-a [0123]", host_class="amd-x")
+        ledger.add(s, 1, "finished", box="box box-a [0123]", host_class="amd-x")
+        if s != "session-04":
+            shutil.copytree(bundle, tmp_path / batch.SESSIONS_DIR / s / "run")
+    # a session whose pytest stopped before it made a run folder (a usage error): its exit code came back
+    (tmp_path / batch.SESSIONS_DIR / "session-04").mkdir()
+    (tmp_path / batch.SESSIONS_DIR / "session-04" / "session.json").write_text('{"returncode": 4, "command": []}')
+    ledger.add("session-02", 1, "lost", box="box box-b [4567]", error="NodeDiedError: the box went away")
+    rows = batch.judge(tmp_path, sessions, snapshots, lambda _: None)
+    expected = headline_line(judge_folder(bundle, snapshots), bundle)
+    assert rows[0].verdict == ("pass" if expected.startswith("PROMOTABLE") else "fail")
+    assert rows[0].verdict_line.split(" - ")[-1] == expected.split(" - ")[-1] and rows[0].box == "box box-a [0123]"
+    assert rows[1].verdict == "none" and "did not come back" in rows[1].verdict_line
+    assert rows[1].lost == ["attempt 1 on box box-b [4567]: NodeDiedError: the box went away"]
+    assert rows[2].verdict == "fail" and "not this session's contract" in rows[2].verdict_line
+    assert rows[3].verdict == "none" and "left no run folder (pytest exited 4" in rows[3].verdict_line
+    written = batch.write(tmp_path, "head:6379", rows, [])
+    junit = (tmp_path / batch.JUNIT).read_text()
+    assert json.loads(written.read_text())["sessions"][1]["verdict"] == "none"
+    assert 'errors="2"' in junit and "session-02/" in junit
+
+
+def test_a_child_dying_with_its_parent_ends_when_the_parent_is_killed(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    import psutil
+
+    code = (
+        "import subprocess, sys, time\n"
+        "from pytest_b70lab.isolation import processes\n"
+        "c = subprocess.Popen(processes.dying_with_parent(['sleep', '120'], sys.executable), start_new_session=True)\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + 20
+        while child.is_running() and child.name() != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.05)  # the wrapper sets its death signal, then becomes the command
+        assert child.name() == "sleep" and os.getpgid(child.pid) == child.pid
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    gone, _ = psutil.wait_procs([child], timeout=10)
+    assert gone, f"the child {child.pid} outlived its killed parent"
+
+
+def test_a_gates_batch_is_asked_for_with_its_fleet_or_resumed_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from pytest_b70lab.cli import main
+
+    assert main(["gates", "--contract", "mini-laguna-cpu-int4", "--out", str(tmp_path / "b")]) == 2
+    assert "needs --fleet ADDRESS" in capsys.readouterr().err
+    assert main(["gates", "--resume", str(tmp_path), "--contract", "mini-laguna-cpu-int4"]) == 2
+    assert "leave out --contract" in capsys.readouterr().err
+    assert main(["gates", "--resume", str(tmp_path)]) == 2
+    assert "not a gates batch's folder" in capsys.readouterr().err
+    argv = ["gates", "--contract", "mini-laguna-cpu-int4", "--out", str(tmp_path / "b"), "--fleet", "127.0.0.1:1"]
+    assert main(argv) == 2 and "nothing answers at 127.0.0.1:1" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
