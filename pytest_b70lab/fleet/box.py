@@ -1,5 +1,5 @@
-"""What a shard does on its box, inside the Ray worker that runs it: take the box (a box-local lock, so a re-run
-never overlaps a survivor), put the worker back to the niceness and OOM score the box's own processes run at
+"""What a shard does on its box, inside the Ray worker that runs it: take the box (a lock for the whole machine, so
+a re-run never overlaps a survivor and two Ray nodes on one machine never measure at once), put the worker back to the niceness and OOM score the box's own processes run at
 (Ray lowers a worker's priority and makes it the OOM killer's first choice; the engines it launches inherit
 both), run the shard's work into a box-local folder, and pack that folder for the driver. Nothing here imports
 Ray: the task wrapper (fleet/driver.py) hands in what Ray knows (the node's labels, the raylet's pid)."""
@@ -25,7 +25,8 @@ from ..evidence import host
 RESOURCE = "b70_box"  # the custom resource a box node offers once: a shard asks for all of it
 BOX_LABEL = "b70lab.box"  # the node label naming the box (`ray start --labels b70lab.box=NAME,...`)
 CLASS_LABEL = "b70lab.host-class"  # the node label naming its host class (`b70lab fleet labels` prints both)
-FLEET_DIR = "fleet"  # under the box's cache root: the lock and every shard's box-local folder
+FLEET_DIR = "fleet"  # under the box's cache root: every shard's box-local folder
+BOX_WAIT_S = 4 * 3600.0  # how long a shard waits for a box another shard holds (a sweep's shard takes an hour or two)
 
 
 class BoxError(LabError, RuntimeError):
@@ -85,16 +86,40 @@ def shard_folder(cache_root: Path, sweep: str, shard: str, attempt: int) -> Path
     return Path(cache_root) / FLEET_DIR / sweep / shard / f"attempt-{attempt}"
 
 
-def run(cache_root: Path, sweep: str, shard: str, attempt: int, work: Callable[[Path], Any]) -> tuple[Path, Any]:
+def machine_lock() -> Path:
+    """The lock that makes a machine one box: every Ray node on it takes the same file, so that two nodes on one
+    machine (a test's cluster, a box started twice) never measure at once, whatever their cache roots."""
+    return Path("/tmp") / f"b70lab-box-{os.getuid()}.lock"
+
+
+def run(
+    cache_root: Path,
+    sweep: str,
+    shard: str,
+    attempt: int,
+    work: Callable[[Path], Any],
+    *,
+    lock_path: Path | None = None,
+    wait_s: float = BOX_WAIT_S,
+    say: Callable[[str], None] | None = None,
+) -> tuple[Path, Any]:
     """The shard's work under the box's lock, into a fresh box-local folder; (that folder, what the work
-    returned). BoxError at once where another shard holds the box."""
-    lock_path = Path(cache_root) / FLEET_DIR / "box.lock"
+    returned). Where another shard holds the box, waits for it (a re-run never overlaps a survivor), and is a
+    BoxError after `wait_s`."""
+    lock_path = Path(lock_path or machine_lock())
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(lock_path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise BoxError(f"another shard holds this box ({lock_path}): a box measures one shard at a time") from None
+        if say is not None:
+            say(f"{shard}: another shard holds this box ({lock_path}); waiting for it, at most {wait_s:.0f} s")
+        try:
+            lock.acquire(timeout=wait_s)
+        except Timeout:
+            raise BoxError(
+                f"another shard held this box ({lock_path}) for {wait_s:.0f} s: a box measures one shard at a time"
+            ) from None
     try:
         folder = shard_folder(cache_root, sweep, shard, attempt)
         if folder.exists():  # this attempt's own leftovers (never another attempt's: each has its folder)

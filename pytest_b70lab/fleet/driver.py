@@ -56,7 +56,9 @@ def shard_task(sweep: str, shard: str, attempt: int, work: Any) -> Iterator[dict
     process = box.normalise(int(os.environ.get("RAY_RAYLET_PID") or 0) or None)
     cache_root = default_cache_root()
     lines: list[str] = []
-    folder, outcome = box.run(cache_root, sweep, shard, attempt, lambda f: work(f, cache_root, lines.append))
+    folder, outcome = box.run(
+        cache_root, sweep, shard, attempt, lambda f: work(f, cache_root, lines.append), say=lines.append
+    )
     payload, digests = box.pack(folder)
     yield {
         "box": asdict(facts),

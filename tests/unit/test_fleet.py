@@ -66,11 +66,14 @@ def test_a_shards_folder_comes_home_checked_file_by_file(tmp_path: Path) -> None
 
 
 def test_a_box_measures_one_shard_at_a_time(tmp_path: Path) -> None:
-    folder, value = box.run(tmp_path, "sweep-x", "shard-01", 1, lambda f: (f / "x").write_text("1"))
+    lock = tmp_path / "box.lock"
+    folder, value = box.run(tmp_path, "sweep-x", "shard-01", 1, lambda f: (f / "x").write_text("1"), lock_path=lock)
     assert folder == box.shard_folder(tmp_path, "sweep-x", "shard-01", 1) and (folder / "x").read_text() == "1"
-    with FileLock(str(tmp_path / box.FLEET_DIR / "box.lock")):  # a survivor of an earlier attempt holds the box
-        with pytest.raises(box.BoxError, match="another shard holds this box"):
-            box.run(tmp_path, "sweep-x", "shard-01", 2, lambda f: None)
+    said: list[str] = []
+    with FileLock(str(lock)):  # a survivor of an earlier attempt holds the box: the re-run waits, then gives up
+        with pytest.raises(box.BoxError, match="another shard held this box"):
+            box.run(tmp_path, "sweep-x", "shard-01", 2, lambda f: None, lock_path=lock, wait_s=0.3, say=said.append)
+    assert said and "waiting for it" in said[0]
 
 
 def test_normalise_leaves_a_process_that_already_runs_as_the_box_does() -> None:
