@@ -10,6 +10,7 @@ every pass and stopping when the interval first fits is what inflates the error 
 that is what this measures.
 
     .venv/bin/python scripts/gate7_sampling.py --tolerance 0.05 --passes 3 --max-passes 12 data/bench/p12/sessions/*
+    .venv/bin/python scripts/gate7_sampling.py --passes 3 --max-passes 8 --half-width 0.025 SESSIONS
 """
 
 from __future__ import annotations
@@ -75,6 +76,16 @@ def coverage(rng: np.random.Generator, pool: np.ndarray, prompts: int, passes: i
     return t_hits / n, boot_hits / n
 
 
+def half_widths(rng: np.random.Generator, pool: np.ndarray, prompts: int, passes: int, n: int) -> np.ndarray:
+    """The gate's 90 % interval's half-width, relative to its figure ((high - low) / 2 / figure), of `n` simulated
+    identical sessions at a fixed pass count."""
+    found = []
+    for _ in range(n):
+        figure = throughput.t_ratio(np.median(rng.choice(pool, size=(prompts, passes)), axis=1).tolist(), 0.90)
+        found.append((figure.high - figure.low) / 2 / figure.ratio)
+    return np.asarray(found)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="interleaved run folders (every pass is noise)")
@@ -83,6 +94,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--max-passes", type=int, default=12)
     ap.add_argument("--sessions", type=int, default=2000, help="simulated sessions per row")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--half-width",
+        type=float,
+        default=None,
+        metavar="W",
+        help="also: at each pass count, how often an identical session's interval is at most +/- W",
+    )
     a = ap.parse_args(argv)
     pool: list[float] = []
     prompts = set()
@@ -106,6 +124,11 @@ def main(argv: list[str]) -> int:
     for passes in sorted({a.passes, (a.passes + a.max_passes) // 2, a.max_passes}):
         t_cov, boot_cov = coverage(rng, noise, n_prompts, passes, min(a.sessions, 1000))
         print(f"coverage of the 90 % interval at {passes} passes: t {t_cov:.3f}, percentile bootstrap {boot_cov:.3f}")
+    if a.half_width is not None:
+        print(f"\n| passes | median half-width | sessions at most +/- {a.half_width * 100:g} % |\n|---|---|---|")
+        for passes in range(a.passes, a.max_passes + 1):
+            widths = half_widths(rng, noise, n_prompts, passes, min(a.sessions, 4000))
+            print(f"| {passes} | {np.median(widths) * 100:.2f} % | {np.mean(widths <= a.half_width):.2f} |")
     shifts = np.asarray(centres) - float(np.median(centres))
     print(
         f"the sessions' own shifts (each one's median log ratio, centred): {', '.join(f'{x:+.3f}' for x in shifts)};"
