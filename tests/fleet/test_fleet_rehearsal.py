@@ -134,6 +134,9 @@ def test_resume_keeps_the_finished_shard(rehearsal: dict) -> None:
     assert resumed["problems"] == [] and resumed["shards"] == ["shard-01", "shard-02"], resumed
     assert {e["shard"] for e in new} == {"shard-01"}, new
     assert [e["event"] for e in new] == ["started", "finished"] and new[0]["attempt"] == 3, new
+    # the re-run asked for the class of the shard's first box, read back from the interrupted sweep's ledger
+    assert new[0]["host_class"] == rehearsal["ledger"][0]["host_class"], new
+    assert any("shard-01 attempt 3 submitted" in line and " on class " in line for line in rehearsal["said"]), rehearsal
 
 
 def test_a_gates_batch_runs_each_session_on_a_box_and_judges_it_here(rehearsal: dict) -> None:
