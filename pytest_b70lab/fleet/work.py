@@ -153,14 +153,12 @@ class GateSessionWork:
             "gates",
             "-p",
             "no:cacheprovider",
-            "--rootdir",
-            str(lab),
-            "--b70-contract",
-            str(path),
-            "--b70-run-dir",
-            str(folder / RUN_DIR),
-            "--junitxml",
-            str(folder / SESSION_JUNIT),
+            # Path values joined with '=', as bench/reproduction.py does: a separate value would be read as a path
+            # argument (pytest's rootdir guess) before the plugin's options are known.
+            f"--rootdir={lab}",
+            f"--b70-contract={path}",
+            f"--b70-run-dir={folder / RUN_DIR}",
+            f"--junitxml={folder / SESSION_JUNIT}",
             *self.pytest_args,
         ]
         env = environment.without_ray(dict(os.environ))
