@@ -136,12 +136,7 @@ def run_shards(
     task = ray.remote(num_returns="streaming", max_retries=0, retry_exceptions=False)(shard_task)
     pending: dict[Any, tuple[Shard, int]] = {}
     where: dict[tuple[str, int], dict[str, Any]] = {}
-    # Each shard's host class: its first attempt's box's, also from a ledger an interrupted driver left (a resumed
-    # shard runs again on a box of the same class).
-    classes: dict[str, str | None] = {}
-    for event in ledger.events:
-        if event.event == "started" and event.host_class:
-            classes.setdefault(event.shard, event.host_class)
+    classes = _first_host_classes(ledger)
     given_up: list[str] = []
 
     def submit(s: Shard) -> None:
@@ -191,6 +186,16 @@ def run_shards(
     if given_up:
         raise FleetError("; ".join(given_up))
     return results
+
+
+def _first_host_classes(ledger: Ledger) -> dict[str, str | None]:
+    """Each shard's first attempt's host class, also from a ledger an interrupted driver left: a resumed shard runs
+    again on a box of the same class."""
+    classes: dict[str, str | None] = {}
+    for event in ledger.events:
+        if event.event == "started" and event.host_class:
+            classes.setdefault(event.shard, event.host_class)
+    return classes
 
 
 def _box_facts(facts: dict[str, Any] | None) -> dict[str, Any]:
