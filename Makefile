@@ -20,7 +20,7 @@ gates: setup
 
 test: setup lint docs
 	mkdir -p reports
-	$(PYTHON) -m pytest --junitxml=reports/junit.xml $(PYTEST_ARGS)
+	$(PYTHON) -m pytest --durations=25 --junitxml=reports/junit.xml $(PYTEST_ARGS)
 
 # The field's habits, before the tests: ruff's lint, its formatter and mypy on the package (settings in
 # pyproject.toml: strict for the walls' data and judgement modules).

@@ -241,8 +241,8 @@ def test_a_changed_flag_and_version_are_named(candidate: Path, tmp_path: Path) -
 
 
 def test_speeds_of_two_host_classes_are_not_compared_naming_why(candidate: Path, tmp_path: Path) -> None:
-    """The INT4 bundle (an AMD EPYC) against itself moved to an Intel Xeon: the figures are still computed, but the
-    headline, the diff and only_speed_changed say the speed was not compared."""
+    """The INT4 bundle (an AVX2-only AMD EPYC) against itself moved to an Intel Xeon: the figures are still computed,
+    but the headline, the diff and only_speed_changed say the speed was not compared."""
     here = copy_bundle(tmp_path, "mini-laguna-cpu-int4", "here")
     there = copy_bundle(tmp_path, "mini-laguna-cpu-int4", "there")
     for start in (1, 2):
@@ -250,12 +250,12 @@ def test_speeds_of_two_host_classes_are_not_compared_naming_why(candidate: Path,
     same = compare.compare_runs(compare.load_run(here), compare.load_run(here))
     assert same.speed_not_compared is None and same.host_classes is not None
     assert same.host_classes[0] == same.host_classes[1]
-    assert same.host_classes[0].label == "AMD EPYC (AVX-512, no AMX), FP8 attention native"
+    assert same.host_classes[0].label == "AMD EPYC (no AVX-512, no AMX), 2 cores, FP8 attention portable"
     c = compare.compare_runs(compare.load_run(here), compare.load_run(there))
     assert c.speed_not_compared is not None and c.speed.ratio == 1.0
     assert c.headline().startswith(
-        "speed B/A: not compared: A on AMD EPYC (AVX-512, no AMX), FP8 attention native, B on Intel(R) "
-        "Xeon(R) Platinum 8481C (AVX-512, AMX), FP8 attention native (host classes differ: model: "
+        "speed B/A: not compared: A on AMD EPYC (no AVX-512, no AMX), 2 cores, FP8 attention portable, B on "
+        "Intel(R) Xeon(R) Platinum 8481C (no AVX-512, AMX), 2 cores, FP8 attention portable (host classes differ: model: "
         "'AMD EPYC' vs 'Intel(R) Xeon(R) Platinum 8481C'; amx: False vs True)"
     ), c.headline()
     assert f"speed: {c.speed_not_compared}" in compare.format_comparison(c).splitlines()

@@ -49,6 +49,12 @@ CASES = [
     ("seal-mini-laguna-cpu-20261204b", "repro/mini-laguna-cpu-20261204b", None),
     ("seal-mini-laguna-cpu-20261205", "repro/mini-laguna-cpu-20261205", None),
     ("seal-mini-laguna-cpu-int4-20261205", "repro/mini-laguna-cpu-int4-20261205", None),
+    (
+        "seal-mini-laguna-cpu-int4-20261205@recorded",
+        "repro/mini-laguna-cpu-int4-20261205",
+        "mini-laguna-cpu-int4@318eb19d9c3a4aff389c2f32fd740dae5e30a0f0b8d82fdca816837bb985c0b6",
+    ),
+    ("seal-mini-laguna-cpu-int4-20261206", "repro/mini-laguna-cpu-int4-20261206", None),
 ]
 
 
