@@ -10,7 +10,8 @@ PROMOTABLE with every checkpoint tensor covered and every rank's INT4 layers on 
 
 On a CPU with AVX-512 the session runs under the AVX2 emulation (B70LAB_EMULATE_CPU=avx2: vLLM's AVX2 op
 library, torch and oneDNN at AVX2, native FP8 refused), so that every run of the suite runs the default on both FP8
-paths with one session each: this one the portable path, the gates lane (tests/gates) the machine's own. Live
+paths with one session each: this one the portable path, the gates lane (tests/gates) the machine's own. On an
+AVX2-only CPU the gates lane's session is already this one, and this test skips. Live
 sessions of the unquantized lane (`mini-laguna-cpu`, bf16 weights) stay in the suite: the lab layout
 (`mini-laguna-cpu-tp4ep4`), the sweep's smoke, the degraded-quality start and the fault rows.
 
@@ -45,10 +46,13 @@ def test_an_int4_path_checkpoint_is_promotable_on_the_portable_paths_with_full_l
     tmp_path: Path, b70_cache_root: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root)}
-    emulated = host.native_fp8_possible(host.cpu_identity())
-    if emulated:
-        env["B70LAB_EMULATE_CPU"] = "avx2"
+    if not host.native_fp8_possible(host.cpu_identity()):
+        # One 800-token session of the default is about 9 minutes on an AVX2-only CPU, where CI's budget is tightest.
+        pytest.skip(
+            "this CPU has no native FP8 path: the gates lane (tests/gates) runs this same contract on the portable "
+            "FP8 and INT4 paths natively, and gates 2, 3 and the load audit judge them there"
+        )
+    env = {**os.environ, "B70LAB_CACHE_DIR": str(b70_cache_root), "B70LAB_EMULATE_CPU": "avx2"}
     done = subprocess.run(
         [
             sys.executable,
@@ -80,7 +84,7 @@ def test_an_int4_path_checkpoint_is_promotable_on_the_portable_paths_with_full_l
     assert verdict["promotable"] and verdict["complete"] and verdict["contract"] == CONTRACT
     starts = read_starts(run_dir)
     for start in starts:
-        assert start.host["emulated"] == ("avx2" if emulated else None), start.host
+        assert start.host["emulated"] == "avx2", start.host
         for audit in start.audits:
             path = audit["fp8_attention"]
             assert (path["implementation"], path["op_library"], path["torch_cpu_capability"]) == (
