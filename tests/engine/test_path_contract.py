@@ -47,7 +47,7 @@ def test_an_int4_path_checkpoint_is_promotable_on_the_portable_paths_with_full_l
 ) -> None:
     run_dir = tmp_path / "run"
     if not host.native_fp8_possible(host.cpu_identity()):
-        # One 800-token session of the default is about 9 minutes on an AVX2-only CPU, where CI's budget is tightest.
+        # One 800-token session of the default took 384 s on an AVX2-only CPU, where CI's budget is tightest.
         pytest.skip(
             "this CPU has no native FP8 path: the gates lane (tests/gates) runs this same contract on the portable "
             "FP8 and INT4 paths natively, and gates 2, 3 and the load audit judge them there"
