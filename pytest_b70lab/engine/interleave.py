@@ -81,10 +81,15 @@ def label(live: LiveStart) -> str:
 
 
 class _Session:
-    def __init__(self, lives: list[LiveStart], passes: int, rule: sampling.SamplingRule | None = None):
-        if rule is not None and len(lives) != 2:
-            raise ValueError(f"passes are added to a session of two starts, not {len(lives)}")
-        self.lives, self.passes, self.rule = lives, passes, rule
+    def __init__(self, lives: list[LiveStart], passes: int):
+        self.lives, self.passes = lives, passes
+        # Each contract's starts, in the session's order, with its stopping rule (None: a fixed count of passes). A
+        # sweep's session holds several contracts: each stops by its own rule on its own first two starts, its
+        # starts then idling while the others are served, so that gate 7 finds each where its rule stops.
+        self.groups: dict[str, list[LiveStart]] = {}
+        for live in lives:
+            self.groups.setdefault(live.contract.name, []).append(live)
+        self.rules = {name: sampling.SamplingRule.of(g[0].contract.reproduction) for name, g in self.groups.items()}
         self.clock0 = time.monotonic()
         self.sequence = 0
         self.current = lives[0]  # the start being opened, served or closed: the one a failure is of
@@ -142,34 +147,49 @@ class _Session:
                 return
 
     def serve_passes(self, prompts: list) -> None:
-        for pass_index in range(1, (self.rule.max_passes if self.rule else self.passes) + 1):
-            for live in self.lives:
+        last = max((r.max_passes if r else self.passes) for r in self.rules.values())
+        for pass_index in range(1, last + 1):
+            serving = [live for live in self.lives if self._serves(live, pass_index)]
+            if not serving:
+                return
+            for live in serving:
                 assert live.record.schedule is not None
                 live.record.schedule.passes = max(live.record.schedule.passes, pass_index)
             for k, prompt in enumerate(prompts):
-                for j in order(pass_index, k, len(self.lives)):
-                    me = self.lives[j]
+                for j in order(pass_index, k, len(serving)):
+                    me = serving[j]
                     self.measure(me, [o for o in self.lives if o is not me], prompt, pass_index)
-            if self.rule is not None and self._stop(pass_index):
-                return
+            for name in {live.contract.name for live in serving}:
+                self._stop(name, pass_index)
 
-    def _stop(self, pass_index: int) -> bool:
-        """The stopping rule after this pass; where it stops, each start's schedule records why."""
-        assert self.rule is not None
-        first, later = (live.record for live in self.lives)
-        why = self.rule.decide(sampling.paired_through(first, later, pass_index), pass_index)
+    def _serves(self, live: LiveStart, pass_index: int) -> bool:
+        """Whether this pass serves the start: its contract's fixed count not yet reached, or its rule undecided."""
+        if self.rules[live.contract.name] is None:
+            return pass_index <= self.passes
+        assert live.record.schedule is not None
+        return live.record.schedule.sampling is None
+
+    def _stop(self, name: str, pass_index: int) -> None:
+        """The contract's stopping rule after this pass; where it stops, each of its starts' schedule records why.
+        A contract with one start in the session (a sweep's single round) has no pair to decide: it stops at the
+        rule's minimum."""
+        rule, group = self.rules[name], self.groups[name]
+        if rule is None:
+            return
+        if len(group) >= 2:
+            why = rule.decide(sampling.paired_through(group[0].record, group[1].record, pass_index), pass_index)
+        elif pass_index >= rule.min_passes:
+            why = f"after pass {pass_index}: one start of {name} in the session, no pair to decide; its minimum served"
+        else:
+            why = None
         if why is None:
-            return False
-        for live in self.lives:
+            return
+        for live in group:
             assert live.record.schedule is not None
             live.record.schedule.sampling = evidence.Sampling(
-                min_passes=self.rule.min_passes,
-                max_passes=self.rule.max_passes,
-                tolerance=self.rule.tolerance,
-                stopped=why,
+                min_passes=rule.min_passes, max_passes=rule.max_passes, tolerance=rule.tolerance, stopped=why
             )
-        self.lives[0].say(f"{self.lives[0].contract.name}: {pass_index} passes: {why}")
-        return True
+        group[0].say(f"{name}: {pass_index} passes: {why}")
 
 
 def run_interleaved(
@@ -177,13 +197,12 @@ def run_interleaved(
     passes: int,
     quality: list[QualitySample] | None = None,
     prompt_ids: list[str] | None = None,
-    rule: sampling.SamplingRule | None = None,
 ) -> list[evidence.Evidence]:
     """The launched starts of a session (a contract's two; a sweep's, of several contracts): each opened and ready
     while the ones before it idle, then the passes; quality samples (if any) on the first after its closing
     /metrics. Every start is torn down and its evidence written on every exit; a start that fails takes the
     others' measurement with it."""
-    session = _Session(lives, passes, rule)
+    session = _Session(lives, passes)
     try:
         for session.current in lives:
             session.current.open()

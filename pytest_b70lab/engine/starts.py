@@ -373,7 +373,6 @@ def _launch_starts(
         failed = Path(e.filename) if e.filename else kind_dir / run_folder.TABLES_COPY
         raise disk.DiskFullError(f"no start was launched: {disk.full_message(failed, e, run_dir)}") from None
     if contract.reproduction.schedule == "interleaved" and (starts or 2) >= 2:
-        from ..evidence.sampling import SamplingRule
         from .interleave import run_interleaved
 
         state, log = cache_root / "engine-state", run_dir / run_folder.LAUNCHES_LOG
@@ -381,8 +380,7 @@ def _launch_starts(
             launch(contract, models, d, state, i, progress, log, probe_result)
             for i, d in enumerate(start_dirs(run_dir, contract), 1)
         ]
-        rule = SamplingRule.of(contract.reproduction) if len(lives) == 2 else None
-        return run_interleaved(lives, contract.reproduction.passes, quality, prompt_ids, rule)
+        return run_interleaved(lives, contract.reproduction.passes, quality, prompt_ids)
     records: list[evidence.Evidence] = []
     for i, d in enumerate(start_dirs(run_dir, contract)[: starts or None], 1):
         records.append(
