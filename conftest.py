@@ -31,6 +31,7 @@ LANE_FOLDERS = {
     "quality": "tests/quality",
     "kernels": "tests/kernels",
     "faults": "tests/faults",
+    "fleet": "tests/fleet",
 }
 REPO = Path(__file__).resolve().parent
 

@@ -80,6 +80,7 @@ MARKERS = {
     "quality": "coding / structured output / tool use / repetition / long-context checks",
     "bench": "benchmarks: report medians and ratios, never assert on time",
     "faults": "the fault matrix: real faults injected into real engine starts (in_engine.faults), one session each",
+    "fleet": "a fleet sweep with engines on a real Ray cluster of two box nodes (tests/fleet; outside make test)",
     "b70_report_only": "a gates-session test that measures a figure for the verdict line (--b70-speedup) and judges "
     "no gate: its outcome never changes the verdict, only the exit status",
     "b70_gate": "b70_gate(name): the catalogue gate this test judges; its subject is its b70_start / b70_rank / "

@@ -23,26 +23,10 @@ PAUSE_S = 1.0  # a file of the bundle laid every second: a shard of the base and
 
 
 def start_cluster(work: Path):  # type: ignore[no-untyped-def]
-    """A head (no box resource) and two box nodes, every node on 127.0.0.1, each box with its own cache root and
-    the settings docs/fleet.md asks of a box (worker niceness and OOM score 0, no memory monitor)."""
-    from ray.cluster_utils import Cluster
+    """A head and two box nodes, each box with its own cache root."""
+    from ray_netns import start_cluster as start
 
-    from pytest_b70lab.fleet import box
-
-    node = {
-        "num_cpus": 1,
-        "object_store_memory": 80 * 1024 * 1024,
-        "include_dashboard": False,
-        "node_ip_address": "127.0.0.1",
-    }
-    quiet = {"RAY_worker_niceness": "0", "RAY_worker_oom_score_adjustment": "0", "RAY_memory_monitor_refresh_ms": "0"}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "num_cpus": 0, "temp_dir": str(work / "ray")})
-    boxes = {}
-    for label in ("box-a", "box-b"):
-        env = {**quiet, "B70LAB_CACHE_DIR": str(work / f"{label}-cache")}
-        labels = {box.BOX_LABEL: label, box.CLASS_LABEL: box.class_key()}
-        boxes[label] = cluster.add_node(**node, resources={box.RESOURCE: 1}, labels=labels, env_vars=env)
-    return cluster, boxes
+    return start(work, {label: work / f"{label}-cache" for label in ("box-a", "box-b")})
 
 
 def kill_first_box(cluster, boxes, out: Path, killed: dict) -> None:  # type: ignore[no-untyped-def]

@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
-import secrets
-import shutil
-import subprocess
-import sys
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
+import ray_netns
 
 from pytest_b70lab.judge.folder import headline_line, judge_folder
 
@@ -28,56 +23,17 @@ BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu-int4"
 pytest.importorskip("ray", reason="the fleet extra (Ray) is not installed: make setup installs it from the lock")
 
 
-def _namespace() -> list[str]:
-    """unshare of a network namespace (as root; a user namespace too where not root, as the sandbox does)."""
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        pytest.skip("needs unshare and ip (util-linux, iproute2) for a loopback-only network namespace")
-    return ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
-
-
 @pytest.fixture(scope="module")
-def rehearsal() -> dict:
-    work = Path(tempfile.mkdtemp(prefix="b70ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    report = work / "report.json"
-    (work / "ray").mkdir()
-    # Every file of Ray's under the work folder: its temp dir (RAY_TMPDIR/ray; Ray 2.60's Cluster writes the address
-    # file there whatever temp_dir a node is given) and its home (~/.ray, where a token would be written).
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": secrets.token_hex(16),
-        "HOME": str(work / "home"),
-        "RAY_TMPDIR": str(work),
-    }
-    env.pop("RAY_ADDRESS", None)
-    script = f"ip link set lo up && exec {sys.executable} {HERE / 'rehearsal_cluster.py'} {work} {report}"
-    try:
-        with open(work / "cluster.log", "w") as log:
-            done = subprocess.run(
-                [*_namespace(), "sh", "-c", script],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=300,
-                cwd=REPO,
-            )
-        tail = (work / "cluster.log").read_text()[-4000:]
-        assert done.returncode == 0, f"the rehearsal cluster failed (rc {done.returncode}); its output ends:\n{tail}"
+def rehearsal() -> Iterator[dict]:
+    if ray_netns.namespace() is None:
+        pytest.skip("needs unshare and ip (util-linux, iproute2) for a loopback-only network namespace")
+    with ray_netns.work_folder("b70ray-") as work:
+        report = work / "report.json"
+        code = ray_netns.run_script(HERE / "rehearsal_cluster.py", work, [str(report)], timeout_s=300)
+        assert code == 0, f"the rehearsal cluster failed (rc {code}); its output ends:\n{ray_netns.log_tail(work)}"
         result = json.loads(report.read_text())
-        result["left"] = [p.pid for p in psutil.process_iter() if _mentions(p, str(work))]
+        result["left"] = [p.pid for p in ray_netns.left_behind(str(work))]
         yield result
-    finally:
-        for p in psutil.process_iter():
-            if _mentions(p, str(work)):
-                p.kill()
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _mentions(p: psutil.Process, text: str) -> bool:
-    try:
-        return text in " ".join(p.cmdline()) or text in " ".join(f"{k}={v}" for k, v in p.environ().items())
-    except psutil.Error:
-        return False
 
 
 def test_lost_box_is_a_ledger_line_and_the_shard_runs_again_whole(rehearsal: dict) -> None:
