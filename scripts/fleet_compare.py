@@ -25,22 +25,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def start_cluster(work: Path):  # type: ignore[no-untyped-def]
-    """A head (no box resource) and two box nodes on 127.0.0.1, each started as `b70lab fleet labels` says."""
-    from ray.cluster_utils import Cluster
+    """A head (no box resource) and two box nodes on 127.0.0.1, started as the fleet tests start theirs (and as
+    `b70lab fleet labels` says), sharing the caller's cache root."""
+    sys.path.insert(0, str(REPO / "tests" / "fleet"))
+    from ray_netns import start_cluster as start
 
-    from pytest_b70lab.cli.fleet import BOX_NODE_ENVIRONMENT
-    from pytest_b70lab.fleet import box
+    from pytest_b70lab.mini.build import default_cache_root
 
-    node = {
-        "num_cpus": 1,
-        "object_store_memory": 100 * 1000 * 1000,
-        "include_dashboard": False,
-        "node_ip_address": "127.0.0.1",
-    }
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "num_cpus": 0, "temp_dir": str(work / "ray")})
-    for label in ("box-a", "box-b"):
-        labels = {box.BOX_LABEL: label, box.CLASS_LABEL: box.class_key()}
-        cluster.add_node(**node, resources={box.RESOURCE: 1}, labels=labels, env_vars=dict(BOX_NODE_ENVIRONMENT))
+    cache = default_cache_root()
+    cluster, _ = start(work, {"box-a": cache, "box-b": cache})
     return cluster
 
 
