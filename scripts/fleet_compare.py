@@ -3,12 +3,12 @@ without Ray, alternating (fleet, one box, one box, fleet, ...) so that the machi
 each variant's verdict and paired figure side by side. Both arms run with the cluster up (idle during the one-box
 sweeps), inside a network namespace that holds only loopback, as tests/fleet/ runs its clusters:
 
-    mkdir -p /tmp/b70fc && RAY_TMPDIR=/tmp/b70fc HOME=/tmp/b70fc/home RAY_AUTH_MODE=token \\
-        RAY_AUTH_TOKEN=$(openssl rand -hex 16) unshare -rn sh -c 'ip link set lo up && exec .venv/bin/python \\
-        scripts/fleet_compare.py /tmp/b70fc data/fleet-compare --repeats 3'
+    mkdir -p /tmp/b70fc && B70LAB_CACHE_DIR=$PWD/data/cache RAY_TMPDIR=/tmp/b70fc HOME=/tmp/b70fc/home \\
+        RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(openssl rand -hex 16) unshare -rn sh -c 'ip link set lo up && \\
+        exec .venv/bin/python scripts/fleet_compare.py /tmp/b70fc data/fleet-compare --repeats 3'
 
-(`unshare -n` as root.) The boxes use the caller's B70LAB_CACHE_DIR: two Ray nodes on one machine share its mini
-and compile caches, and its machine lock measures one shard at a time (fleet/box.py). Writes OUT/summary.json."""
+(`unshare -n` as root.) Both arms use the cache root B70LAB_CACHE_DIR names (HOME is Ray's, so name it): two Ray
+nodes on one machine share its mini and compile caches, and its machine lock measures one shard at a time (fleet/box.py). Writes OUT/summary.json."""
 
 from __future__ import annotations
 
