@@ -34,14 +34,14 @@ def fleet_sweep(request: pytest.FixtureRequest, b70_cache_root: Path) -> Iterato
     with ray_netns.work_folder("b70eng-") as work:
         report_path = work / "report.json"
         args = [str(report_path), str(b70_cache_root)]
-        code = ray_netns.run_script(HERE / "engine_cluster.py", work, args, timeout_s=TIMEOUT_S)
-        report = json.loads(report_path.read_text()) if report_path.is_file() else {}
-        assert code == 0, (
-            f"the engine cluster failed (rc {code}); its error:\n{report.get('error', '(none recorded)')}\n"
-            f"its output ends:\n{ray_netns.log_tail(work)}"
-        )
-        report["left"] = [p.pid for p in ray_netns.left_behind(str(work))]
-        try:
+        try:  # the boxes' folders go also when the cluster script fails
+            code = ray_netns.run_script(HERE / "engine_cluster.py", work, args, timeout_s=TIMEOUT_S)
+            report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+            assert code == 0, (
+                f"the engine cluster failed (rc {code}); its error:\n{report.get('error', '(none recorded)')}\n"
+                f"its output ends:\n{ray_netns.log_tail(work)}"
+            )
+            report["left"] = [p.pid for p in ray_netns.left_behind(str(work))]
             yield report, work / "sweep"
         finally:
             _remove_box_folders(work / "sweep", b70_cache_root)
