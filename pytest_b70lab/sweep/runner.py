@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract import project
 from ..contract import schema as contract_mod
@@ -36,6 +36,9 @@ from .plan import (
     teachers_dir,
     variant_dir,
 )
+
+if TYPE_CHECKING:
+    from ..engine.capability import Machine
 
 Progress = Callable[[str], None]
 
@@ -176,7 +179,11 @@ SCHEDULES = ("sequential", "interleaved")
 
 
 def session_members(
-    variants: list[Variant], schedule: str, rounds: int, decided: dict[str, str] | None = None
+    variants: list[Variant],
+    schedule: str,
+    rounds: int,
+    decided: dict[str, str] | None = None,
+    machine: Machine | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """(the variants an interleaved sweep serves side by side, every round's start of each alive together; the
     interleaved variants the machine cannot hold beside them, with why). Members are those whose contract's
@@ -184,7 +191,8 @@ def session_members(
     grid's order, the base first, while memory and /dev/shm hold every start of them (the preflight's figures);
     the others are measured one start at a time (measured_alone). A SweepError where the schedule cannot be
     kept at all: no such variant, or variants that ask for different passes (one session serves every start
-    the same passes). `decided`: a resumed sweep's `alone` from its plan.json, kept as the sweep began."""
+    the same passes). `decided`: a resumed sweep's `alone` from its plan.json, kept as the sweep began. `machine`:
+    the machine as observed once for every variant (default: observed now)."""
     if schedule not in SCHEDULES:
         raise SweepError(f"--schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
     if schedule == "sequential":
@@ -202,11 +210,12 @@ def session_members(
         return [v.name for v in members if v.name not in decided], dict(decided)
     from ..engine import capability
 
+    machine = machine or capability.Machine.observe(members[0].contract.engine.device)
     held: list[Variant] = []
     alone: dict[str, str] = {}
     for v in members:
         alive = [m.contract for m in (*held, v) for _ in range(rounds)]
-        if problems := capability.session_problems(alive):
+        if problems := capability.session_problems(alive, machine):
             alone[v.name] = "the machine cannot hold it beside the session: " + "; ".join(map(str, problems))
         else:
             held.append(v)

@@ -71,9 +71,18 @@ def test_an_interleaved_sweep_serves_the_variants_whose_contract_interleaves() -
     base = contract.load("mini-laguna-cpu")
     grid = variants.grid(base, ["speculative.num_speculative_tokens=3"], extra=("target-only",))
     assert base.reproduction.schedule == "interleaved"
+    one = base.reproduction.alive_together
+    assert capability.ram_need(grid[1].contract) == capability.ram_need(base)
+
+    def holding(starts: int) -> capability.Machine:
+        """A machine with memory and /dev/shm for this many starts of the base (the preflight's figures), and no
+        more: the test must not depend on what else the machine it runs on holds."""
+        ram, shm = capability.ram_need(base) // one, capability.shm_need(base) // one
+        return capability.Machine(available_memory=starts * ram, shm_free=starts * shm)
+
     assert runner.session_members(grid, "sequential", 2) == ([], {})
     # The teacher's starts stay one at a time (its contract is sequential): it runs before the session.
-    assert runner.session_members(grid, "interleaved", 2) == ([grid[0].name, grid[1].name], {})
+    assert runner.session_members(grid, "interleaved", 2, machine=holding(4)) == ([grid[0].name, grid[1].name], {})
     with pytest.raises(runner.SweepError, match="one of sequential, interleaved"):
         runner.session_members(grid, "both", 2)
     with pytest.raises(runner.SweepError, match="no variant's contract has"):
@@ -81,27 +90,17 @@ def test_an_interleaved_sweep_serves_the_variants_whose_contract_interleaves() -
     uneven = variants.grid(base, ["reproduction.passes=3,5"])
     with pytest.raises(runner.SweepError, match="different passes"):
         runner.session_members(uneven, "interleaved", 2)
-    # A session this machine cannot hold: the base takes its place first, a variant that does not fit beside it
-    # is measured one start at a time, and says why (the preflight's figures); one start of each plus one
-    # fits here, so with the rounds set to three quarters of what the machine holds only the base is served
-    # side by side.
-    machine = capability.Machine.observe("cpu")
-    assert machine.available_memory is not None and machine.shm_free is not None
-    one = base.reproduction.alive_together
-    holds = min(
-        machine.available_memory // (capability.ram_need(base) // one),
-        machine.shm_free // (capability.shm_need(base) // one),
-    )
-    rounds = max(1, holds * 3 // 4)
-    members, alone = runner.session_members(grid, "interleaved", rounds)
-    assert members == [grid[0].name] and list(alone) == [grid[1].name], (holds, members, alone)
-    assert alone[grid[1].name].startswith("the machine cannot hold it beside the session: ")
+    # A session the machine cannot hold: the base takes its place first, a variant that does not fit beside it
+    # is measured one start at a time, and says why (the preflight's figures).
+    members, alone = runner.session_members(grid, "interleaved", 2, machine=holding(3))
+    assert members == [grid[0].name] and list(alone) == [grid[1].name], (members, alone)
+    assert alone[grid[1].name].startswith("the machine cannot hold it beside the session: memory")
     sequential = runner.measured_alone(grid[1])
     assert sequential.name == grid[1].name and sequential.contract.reproduction.schedule == "sequential"
     assert (
         sequential.contract.reproduction.passes == 1 and sequential.contract.speculative == grid[1].contract.speculative
     )
-    members, alone = runner.session_members(grid, "interleaved", holds * 4)
+    members, alone = runner.session_members(grid, "interleaved", 2, machine=holding(1))
     assert members == [] and set(alone) == {grid[0].name, grid[1].name}
     assert runner.session_members(grid, "interleaved", 2, {grid[1].name: "as planned"}) == (
         [grid[0].name],
