@@ -11,6 +11,7 @@ import io
 import os
 import shutil
 import tarfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,11 @@ BOX_LABEL = "b70lab.box"  # the node label naming the box (`ray start --labels b
 CLASS_LABEL = "b70lab.host-class"  # the node label naming its host class (`b70lab fleet labels` prints both)
 FLEET_DIR = "fleet"  # under the box's cache root: every shard's box-local folder
 BOX_WAIT_S = 4 * 3600.0  # how long a shard waits for a box another shard holds (a sweep's shard takes an hour or two)
+# How long a box keeps its own copy of a shard's folder: the driver judges the copy it unpacked, and a transfer
+# that failed is a new attempt (a folder of its own), so the box's copy is only for a look at what it measured.
+# A shard's folder holds its evidence and engine logs (about 4 MB for two variants); without this a box's cache
+# grows by every sweep it ever measured.
+KEEP_SHARD_FOLDERS_S = 7 * 86400.0
 
 
 class BoxError(LabError, RuntimeError):
@@ -121,6 +127,9 @@ def run(
                 f"another shard held this box ({lock_path}) for {wait_s:.0f} s: a box measures one shard at a time"
             ) from None
     try:
+        for old in prune(cache_root):
+            if say is not None:
+                say(f"{shard}: removed the box's copy of {old} (older than {KEEP_SHARD_FOLDERS_S / 86400:.0f} days)")
         folder = shard_folder(cache_root, sweep, shard, attempt)
         if folder.exists():  # this attempt's own leftovers (never another attempt's: each has its folder)
             shutil.rmtree(folder)
@@ -128,6 +137,24 @@ def run(
         return folder, work(folder)
     finally:
         lock.release()
+
+
+def prune(cache_root: Path, keep_s: float = KEEP_SHARD_FOLDERS_S, now: float | None = None) -> list[Path]:
+    """Remove the box-local shard folders nothing was written into for `keep_s` (then their emptied shard and sweep
+    folders); the removed ones, relative to the fleet folder. Called under the box's lock, so no shard on this
+    machine is writing."""
+    root = Path(cache_root) / FLEET_DIR
+    now = time.time() if now is None else now
+    removed = []
+    for attempt in sorted(root.glob("*/*/attempt-*")):
+        newest = max((p.lstat().st_mtime for p in (attempt, *attempt.rglob("*"))), default=now)
+        if now - newest > keep_s:
+            shutil.rmtree(attempt)
+            removed.append(attempt.relative_to(root))
+    for emptied in sorted({*root.glob("*/*"), *root.glob("*")}, key=lambda p: -len(p.parts)):
+        if emptied.is_dir() and not any(emptied.iterdir()):
+            emptied.rmdir()
+    return removed
 
 
 def pack(folder: Path) -> tuple[bytes, dict[str, str]]:

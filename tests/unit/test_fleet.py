@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,28 @@ def test_a_box_measures_one_shard_at_a_time(tmp_path: Path) -> None:
         with pytest.raises(box.BoxError, match="another shard held this box"):
             box.run(tmp_path, "sweep-x", "shard-01", 2, lambda f: None, lock_path=lock, wait_s=0.3, say=said.append)
     assert said and "waiting for it" in said[0]
+
+
+def test_a_box_removes_its_copies_of_shards_a_week_old(tmp_path: Path) -> None:
+    """Each shard's run removes the box's copies that nothing was written into for a week (the driver has its
+    own), with their emptied shard and sweep folders; a copy written into since stays, however old its folder."""
+    old = box.shard_folder(tmp_path, "sweep-old", "shard-01", 1)
+    recent = box.shard_folder(tmp_path, "sweep-new", "shard-01", 1)
+    touched = box.shard_folder(tmp_path, "sweep-new", "shard-02", 2)
+    for folder in (old, recent, touched):
+        (folder / "start-1").mkdir(parents=True)
+        (folder / "start-1" / "evidence.json").write_text("{}")
+    week_ago = time.time() - box.KEEP_SHARD_FOLDERS_S - 60
+    for p in (*old.rglob("*"), old, *touched.rglob("*"), touched):
+        os.utime(p, (week_ago, week_ago))
+    os.utime(touched / "start-1" / "evidence.json")  # written into just now
+    said: list[str] = []
+    folder, _ = box.run(
+        tmp_path, "sweep-x", "shard-01", 1, lambda f: None, lock_path=tmp_path / "lock", say=said.append
+    )
+    assert not old.exists() and not (tmp_path / box.FLEET_DIR / "sweep-old").exists()
+    assert recent.exists() and touched.exists() and folder.exists()
+    assert said == ["shard-01: removed the box's copy of sweep-old/shard-01/attempt-1 (older than 7 days)"]
 
 
 def test_normalise_leaves_a_process_that_already_runs_as_the_box_does() -> None:
