@@ -294,6 +294,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         from ..evidence import host
 
         fp8 = [f"b70lab: {host.fp8_path_line(c.engine.device, c.engine.kv_cache_dtype, c.expect.fp8_attention)}"]
+        if c.expect.int4_path is not None:  # an INT4 checkpoint's contract says which path it accepts
+            fp8.append(f"b70lab: {host.int4_path_line(c.engine.device, c.engine.dtype, c.expect.int4_path)}")
     except lab_errors() as e:
         contract = f"contract {state.contract_name} cannot be used: {str(e).splitlines()[0]}"
         fp8 = []

