@@ -1,7 +1,7 @@
 """Gate 7 of recorded gates sessions, one row each, and the counts a tolerance is set from: the paired figure, its
-interval and half-width (recomputed from the passes), the passes the session served and gate 7's verdict as judged, then the same recorded
-passes judged again by the stopping rule at other tolerances (where the rule would have stopped, and its verdict
-there). For `b70lab bench --parts reproduction` folders (SESSIONS/NN/) or any run folders of interleaved starts.
+interval and half-width (recomputed from the passes), the passes the session served and gate 7's verdict as
+judged, then the same recorded passes judged again by the stopping rule at other tolerances (where the rule would
+have stopped, and its verdict there). For `b70lab bench --parts reproduction` folders (SESSIONS/NN/) or any run folders of interleaved starts.
 
     .venv/bin/python scripts/gate7_sessions.py data/bench/t800-avx2n/sessions/* --tolerances 0.05 0.10
 
@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from pytest_b70lab.errors import LabError
 from pytest_b70lab.evidence.run_folder import read_starts
@@ -23,11 +24,9 @@ from pytest_b70lab.evidence.sampling import SamplingRule, paired_through, stoppi
 GATE_7 = "fresh-start-reproduction"
 
 
-def replayed(folder: Path, tolerance: float, min_passes: int, max_passes: int) -> str:
-    """Where the rule at `tolerance` stops on the folder's recorded passes, and its verdict there; 'undecided at
+def replayed(first: Any, later: Any, served: int, tolerance: float, min_passes: int, max_passes: int) -> str:
+    """Where the rule at `tolerance` stops on the session's recorded passes, and its verdict there; 'undecided at
     N' where the session served fewer passes than the rule would have asked for."""
-    first, later = read_starts(folder)[:2]
-    served = first.schedule.passes if first.schedule else 0
     rule = SamplingRule(min_passes, min(max_passes, served), tolerance)
     passes, _ = stopping_point(first, later, rule)
     paired = paired_through(first, later, passes)
@@ -38,9 +37,9 @@ def replayed(folder: Path, tolerance: float, min_passes: int, max_passes: int) -
     return f"undecided after {passes} (served {served})"
 
 
-def row(folder: Path, tolerances: list[float]) -> tuple[list[str], bool | None]:
-    """The session's cells, its figures recomputed from the passes (promotion.json gives the verdicts only), and
-    whether gate 7 passed (None: no verdict recorded)."""
+def row(folder: Path, tolerances: list[float]) -> tuple[list[str], float, bool | None]:
+    """The session's cells, its figures recomputed from the passes (promotion.json gives the verdicts only), its
+    interval's half-width, and whether gate 7 passed (None: no verdict recorded)."""
     first, later = read_starts(folder)[:2]
     served = first.schedule.passes if first.schedule else 0
     paired = paired_through(first, later, served)
@@ -52,19 +51,20 @@ def row(folder: Path, tolerances: list[float]) -> tuple[list[str], bool | None]:
         verdict = json.loads(verdict_file.read_text())
         gate = next(g["outcome"] for g in verdict["gates"] if g["gate"] == GATE_7)
         promotable = "PROMOTABLE" if verdict["promotable"] else "not: " + ", ".join(verdict.get("failed_gates", []))
+    half_width = (paired.high - paired.low) / 2 / paired.ratio
     cells = [
         folder.name,
         f"{paired.ratio:.3f}",
         f"[{paired.low:.3f}, {paired.high:.3f}]",
-        f"{(paired.high - paired.low) / 2 / paired.ratio:.1%}",
+        f"{half_width:.1%}",
         str(served),
         gate or "-",
         promotable,
     ]
     rule = first.schedule.sampling if first.schedule else None  # the session's own stopping rule, as recorded
     if rule is not None:
-        cells += [replayed(folder, t, rule.min_passes, rule.max_passes) for t in tolerances]
-    return cells, None if gate is None else gate == "passed"
+        cells += [replayed(first, later, served, t, rule.min_passes, rule.max_passes) for t in tolerances]
+    return cells, half_width, None if gate is None else gate == "passed"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,14 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{folder.name}: no start-2 (the session did not finish)", file=sys.stderr)
             continue
         try:
-            cells, ok = row(folder, args.tolerances)
+            cells, half_width, ok = row(folder, args.tolerances)
         except (LabError, KeyError, ValueError) as e:
             print(f"{folder}: {e}", file=sys.stderr)
             continue
         rows.append(cells)
         passed += bool(ok)
         judged += ok is not None
-        widths.append(float(cells[3].rstrip("%")) / 100)
+        widths.append(half_width)
     header = ["session", "paired", "interval", "half-width", "passes", "gate 7", "verdict"]
     header += [f"at T={t:g}" for t in args.tolerances]
     print("| " + " | ".join(header) + " |")

@@ -625,16 +625,19 @@ def _per_token_times(evidence: Evidence) -> list[tuple[str, float]]:
 def client_decode_figure(evidence: Evidence) -> float | None:
     """The client's decode figure over every request the start served between its two /metrics scrapes (pass 1,
     later passes, repeats): 1 / mean(1 / rate), the statistic whose server side is the mean per-token time."""
-    times = [t for _, t in _per_token_times(evidence)]
-    return len(times) / sum(times) if times else None
+    return _figure(_per_token_times(evidence))
 
 
-def client_figures_one_request_aside(evidence: Evidence) -> list[float]:
-    """The same figure once per request, that request's per-token time replaced by the median of its prompt's
-    other passes (the same tokens, the engine's same work); a request served once has no stand-in."""
+def _figure(times: list[tuple[str, float]]) -> float | None:
+    return len(times) / sum(t for _, t in times) if times else None
+
+
+def client_figures_one_request_aside(times: list[tuple[str, float]]) -> list[float]:
+    """The same figure once per request of `times` (`_per_token_times`), that request's per-token time replaced by
+    the median of its prompt's other passes (the same tokens, the engine's same work); a request served once has no
+    stand-in."""
     import statistics
 
-    times = _per_token_times(evidence)
     total, out = sum(t for _, t in times), []
     for k, (prompt, t) in enumerate(times):
         others = [u for j, (p, u) in enumerate(times) if p == prompt and j != k]
@@ -647,19 +650,19 @@ def client_server_contradiction(evidence: Evidence, server: float | None) -> str
     """The client's decode figure against `server`, the server's own tokens per second from the start's two
     /metrics texts (`throughput.server_decode_figures`, which the caller has already parsed), where both exist:
     agreeing as served, or with one request set aside (`client_figures_one_request_aside`)."""
-    client = client_decode_figure(evidence)
+    times = _per_token_times(evidence)
+    client = _figure(times)
     if client is None or server is None:
         return None
     ratio = client / server
     if abs(ratio - 1) <= CLIENT_SERVER_TOLERANCE:
         return None
-    aside = [f / server for f in client_figures_one_request_aside(evidence)]
+    aside = [f / server for f in client_figures_one_request_aside(times)]
     if any(abs(r - 1) <= CLIENT_SERVER_TOLERANCE for r in aside):
         return None
     nearest = f", {min(aside, key=lambda r: abs(r - 1)):.3f} at best with any one request set aside" if aside else ""
-    n = len(_per_token_times(evidence))
     return (
-        f"the client's decode figure {client:.2f} tok/s over its {n} requests is {ratio:.3f} of the server's own "
+        f"the client's decode figure {client:.2f} tok/s over its {len(times)} requests is {ratio:.3f} of the server's own "
         f"{server:.2f} tok/s ({SERVER_PER_TOKEN} between metrics_before and metrics_after){nearest}: beyond "
         f"{CLIENT_SERVER_TOLERANCE:.0%}, the token arrival times are not the engine's"
     )
