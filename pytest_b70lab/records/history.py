@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..digests import sha256_canonical
 from ..errors import LabError
 from ..evidence import host, throughput
 from ..evidence import record as evidence
@@ -55,6 +56,8 @@ class Point:
     low: float
     high: float
     starts: int
+    starts_digest: str  # which starts these are (starts_digest): the same run found in two folders is one point
+    also: tuple[str, ...] = ()  # the other folders holding the same starts (a run folder and its seal)
 
 
 @dataclass(frozen=True)
@@ -133,9 +136,16 @@ def point(folder: Path, files: Sequence[Path]) -> tuple[Point | None, str | None
             low=low,
             high=high,
             starts=len(starts),
+            starts_digest=starts_digest(starts),
         ),
         None,
     )
+
+
+def starts_digest(starts: Sequence[Evidence]) -> str:
+    """Which engine starts a run folder holds: each start's launch nonce and time (a seal's copy redacts the
+    machine's paths, so its evidence digests differ from its run folder's; the nonce is each start's own)."""
+    return sha256_canonical([[s.start_index, s.identity.nonce if s.identity else None, s.created_at] for s in starts])
 
 
 def class_of(start: Evidence) -> str:
@@ -184,7 +194,7 @@ def build(paths: Iterable[Path], contract: str | None = None) -> tuple[list[Seri
     """The series under `paths` (of one contract, by name, where given), each with its change points, and the
     folders that gave no point, with why."""
     runs = find_runs(paths)
-    by_key: dict[tuple[str, str], Series] = {}
+    kept: dict[str, Point] = {}
     skipped: list[str] = []
     for folder, files in sorted(runs.items()):
         found, why = point(_shown(folder), files)
@@ -193,6 +203,10 @@ def build(paths: Iterable[Path], contract: str | None = None) -> tuple[list[Seri
             continue
         if contract is not None and found.contract != contract:
             continue
+        earlier = kept.get(found.starts_digest)
+        kept[found.starts_digest] = found if earlier is None else one_run(earlier, found)
+    by_key: dict[tuple[str, str], Series] = {}
+    for found in kept.values():
         key = (found.contract, found.host_class)
         by_key.setdefault(key, Series(*key)).points.append(found)
     series = sorted(by_key.values(), key=lambda s: (s.contract, s.host_class))
@@ -200,6 +214,14 @@ def build(paths: Iterable[Path], contract: str | None = None) -> tuple[list[Seri
         s.points.sort(key=lambda p: (p.when, p.folder))
         s.changes = change_points([p.figure for p in s.points])
     return series, skipped
+
+
+def one_run(a: Point, b: Point) -> Point:
+    """One point for the same starts found twice: a seal holds its run's evidence byte for byte, and a run folder
+    and its seal counted as two would double one run's weight (two points make a segment of the change-point
+    search). The seal is the point shown, the other folder named beside it."""
+    first, second = (b, a) if b.kind == "seal" and a.kind != "seal" else (a, b)
+    return replace(first, also=(*first.also, second.folder, *second.also))
 
 
 def _shown(folder: Path) -> Path:

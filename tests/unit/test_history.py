@@ -15,7 +15,7 @@ from pytest_b70lab.cli import main
 from pytest_b70lab.contract import project
 from pytest_b70lab.evidence import record as evidence
 from pytest_b70lab.evidence import run_folder
-from pytest_b70lab.records import history
+from pytest_b70lab.records import history, layout
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "fixtures" / "evidence" / "mini-laguna-cpu"
@@ -121,3 +121,33 @@ def test_a_start_records_the_lab_commit(tmp_path: Path, monkeypatch: pytest.Monk
     assert project.commit() == head
     (tmp_path / "contract.toml").write_text("x = 2\n")
     assert project.commit() == head + "-dirty"
+
+
+def test_a_run_and_its_seal_are_one_point(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    commits = _copies(tmp_path / "runs")
+    # The first slower run, sealed, is found under both folders: the seal's copy of each start has the machine's
+    # paths redacted (records.seal.anonymize), so its bytes and digests are not the run folder's.
+    run = tmp_path / "runs" / "run-07"
+    sealed = tmp_path / "repro" / "sealed-07"
+    for start in run_folder.read_starts(run):
+        start.target.ref = "<repo>/" + Path(start.target.ref).name
+        evidence.write(start, sealed / f"start-{start.start_index}")
+    one = evidence.FILENAME
+    assert evidence.read(sealed / "start-1" / one).digest != evidence.read(run / "start-1" / one).digest
+    (sealed / layout.SEAL_FILE).write_text("{}")
+
+    (series,), skipped = history.build([tmp_path / "runs", tmp_path / "repro"])
+    assert skipped == [] and len(series.points) == len(JITTER), "one run, one point"
+    (twice,) = [p for p in series.points if p.also]
+    assert (twice.kind, twice.commit, twice.folder, twice.also) == (
+        "seal",
+        commits[SLOWER_FROM],
+        str(sealed),
+        (str(run),),
+    )
+    (change,) = series.changes
+    assert series.points[change.index] is twice
+
+    assert main(["history", "--from", str(tmp_path / "runs"), "--from", str(tmp_path / "repro")]) == 0
+    out = capsys.readouterr().out
+    assert f"seal  {sealed} (also {run})" in out, out
