@@ -1,7 +1,8 @@
 """Gate 7 of recorded gates sessions, one row each, and the counts a tolerance is set from: the paired figure, its
 interval and half-width (recomputed from the passes), the passes the session served and gate 7's verdict as
 judged, then the same recorded passes judged again by the stopping rule at other tolerances (where the rule would
-have stopped, and its verdict there). For `b70lab bench --parts reproduction` folders (SESSIONS/NN/) or any run folders of interleaved starts.
+have stopped, and its verdict there). For `b70lab bench --parts reproduction` folders (SESSIONS/NN/) or any run
+folders of interleaved starts.
 
     .venv/bin/python scripts/gate7_sessions.py data/bench/t800-avx2n/sessions/* --tolerances 0.05 0.10
 
@@ -15,16 +16,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from pytest_b70lab.errors import LabError
+from pytest_b70lab.evidence.record import Evidence
 from pytest_b70lab.evidence.run_folder import read_starts
 from pytest_b70lab.evidence.sampling import SamplingRule, paired_through, stopping_point
 
 GATE_7 = "fresh-start-reproduction"
 
 
-def replayed(first: Any, later: Any, served: int, tolerance: float, min_passes: int, max_passes: int) -> str:
+def replayed(first: Evidence, later: Evidence, served: int, tolerance: float, min_passes: int, max_passes: int) -> str:
     """Where the rule at `tolerance` stops on the session's recorded passes, and its verdict there; 'undecided at
     N' where the session served fewer passes than the rule would have asked for."""
     rule = SamplingRule(min_passes, min(max_passes, served), tolerance)

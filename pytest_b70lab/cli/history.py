@@ -53,8 +53,7 @@ def _history(args: argparse.Namespace) -> int:
         for i, p in enumerate(s.points, 1):
             print(
                 f"  {i:>3}  {p.when[:19]}  {history.short(p.commit):<16}  {p.figure:8.2f} tok/s "
-                f"[{p.low:.2f}, {p.high:.2f}]  {p.kind:<4}  {p.folder}"
-                + (f" (also {', '.join(p.also)})" if p.also else "")
+                f"[{p.low:.2f}, {p.high:.2f}]  {p.kind:<4}  {p.where}"
             )
         for c in s.changes:
             print(f"  change: {s.change_line(c)}")

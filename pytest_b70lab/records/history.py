@@ -59,6 +59,11 @@ class Point:
     starts_digest: str  # which starts these are (starts_digest): the same run found in two folders is one point
     also: tuple[str, ...] = ()  # the other folders holding the same starts (a run folder and its seal)
 
+    @property
+    def where(self) -> str:
+        """Its folder as printed and drawn, with the other folders holding the same run."""
+        return self.folder + (f" (also {', '.join(self.also)})" if self.also else "")
+
 
 @dataclass(frozen=True)
 class ChangePoint:
@@ -217,9 +222,9 @@ def build(paths: Iterable[Path], contract: str | None = None) -> tuple[list[Seri
 
 
 def one_run(a: Point, b: Point) -> Point:
-    """One point for the same starts found twice: a seal holds its run's evidence byte for byte, and a run folder
-    and its seal counted as two would double one run's weight (two points make a segment of the change-point
-    search). The seal is the point shown, the other folder named beside it."""
+    """One point for the same starts found twice (a run folder and its seal, whose copy of the evidence has the
+    paths redacted): counted as two they would double one run's weight (two points make a segment of the
+    change-point search). The seal is the point shown, the other folder named beside it."""
     first, second = (b, a) if b.kind == "seal" and a.kind != "seal" else (a, b)
     return replace(first, also=(*first.also, second.folder, *second.also))
 

@@ -45,7 +45,7 @@ def _series_section(n: int, s: Series, plots: _Plots) -> Raw:
             f"{p.vllm} / {p.torch}",
             f"{p.figure:.2f} [{p.low:.2f}, {p.high:.2f}]",
             p.kind,
-            p.folder + (f" (also {', '.join(p.also)})" if p.also else ""),
+            p.where,
         ]
         for i, p in enumerate(s.points)
     ]
